@@ -1,0 +1,1 @@
+"""dynspec.bench: concurrency sweeps, threshold suggestion and overhead benchmarks."""

@@ -1,0 +1,1 @@
+"""dynspec-sim: a simulated SGLang server with a continuous-batching engine model."""

@@ -1,0 +1,1 @@
+"""dynspec.router: the load-aware router between the EAGLE and baseline pools."""

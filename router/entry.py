@@ -1,0 +1,156 @@
+"""What every dynspec entry point shares.
+
+- ``FlagParser``: an ``argparse`` parser whose every ``--flag`` can also come from the environment
+  variable ``DYNSPEC_<FLAG>`` (``--max-body-bytes`` -> ``DYNSPEC_MAX_BODY_BYTES``), and from a file
+  layer (the launcher's ``--config FILE.toml``). Precedence: command line, then environment, then
+  file, then the flag's default. Usage errors are one line and exit 2.
+- ``run_main``: runs an entry point so that a runtime failure is one line and exit 1 (a traceback
+  only with ``--log-level debug``).
+- ``configure_logging``: the one place logging is set up, called by each entry point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn
+
+ENV_PREFIX = "DYNSPEC_"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class UsageError(Exception):
+    """Bad usage found after parsing (a flag combination, a value out of range): exit 2."""
+
+
+def env_name(option: str) -> str:
+    return ENV_PREFIX + option.lstrip("-").upper().replace("-", "_")
+
+
+def _long_option(action: argparse.Action) -> str | None:
+    for opt in action.option_strings:
+        if opt.startswith("--"):
+            return opt
+    return None
+
+
+class FlagParser(argparse.ArgumentParser):
+    """An ArgumentParser with environment and file layers under the command line."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        # One line, exit 2: the usage block argparse prints by default buries the reason.
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        opt = _long_option(action)
+        if opt is not None and action.help is not argparse.SUPPRESS and opt != "--help":
+            action.help = f"{action.help or ''} [env {env_name(opt)}]".strip()
+        return action
+
+    def _convert(self, action: argparse.Action, raw: object, source: str) -> object:
+        opt = _long_option(action) or action.dest
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+            self.error(f"{source} for {opt}: expected true or false, got {raw!r}")
+        value: object = raw
+        if callable(action.type) and not isinstance(raw, (bool, list, dict)):
+            try:
+                value = action.type(raw if isinstance(raw, str) else str(raw))
+            except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+                self.error(f"{source} for {opt}: invalid value {raw!r} ({exc})")
+        if action.choices is not None and value not in action.choices:
+            choices = ", ".join(map(str, action.choices))
+            self.error(f"{source} for {opt}: invalid choice {raw!r} (choose from {choices})")
+        return value
+
+    def _apply_layer(self, values: Mapping[str, object], source: str) -> None:
+        for action in self._actions:
+            opt = _long_option(action)
+            if opt is None or opt == "--help":
+                continue
+            key = opt[2:]
+            for candidate in (key, key.replace("-", "_")):
+                if candidate in values:
+                    action.default = self._convert(action, values[candidate], source)
+                    action.required = False
+                    break
+
+    def parse_layered(
+        self,
+        argv: Sequence[str] | None = None,
+        file_values: Mapping[str, object] | None = None,
+        file_name: str = "config file",
+        environ: Mapping[str, str] | None = None,
+    ) -> argparse.Namespace:
+        """Parse ``argv`` over the environment layer, itself over ``file_values``."""
+        if file_values:
+            known = {(_long_option(a) or "")[2:] for a in self._actions}
+            known |= {k.replace("-", "_") for k in known}
+            unknown = sorted(k for k in file_values if k not in known)
+            if unknown:
+                self.error(f"{file_name}: unknown key {unknown[0]!r}")
+            self._apply_layer(file_values, file_name)
+        env = os.environ if environ is None else environ
+        env_values: dict[str, object] = {}
+        for action in self._actions:
+            opt = _long_option(action)
+            if opt is None or opt == "--help":
+                continue
+            name = env_name(opt)
+            if name in env:
+                env_values[opt[2:]] = env[name]
+        for key, raw in env_values.items():
+            action = next(a for a in self._actions if _long_option(a) == "--" + key)
+            action.default = self._convert(action, raw, f"${env_name('--' + key)}")
+            action.required = False
+        return self.parse_args(argv)
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def add_log_level(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=LOG_LEVELS,
+        help="logging level; 'debug' also shows tracebacks of failures",
+    )
+
+
+def run_main(prog: str, body: Callable[[], int | None], log_level: str = "info") -> NoReturn:
+    """Run ``body`` and exit with its code; turn failures into one line (exit 1, usage exit 2)."""
+    try:
+        code = body()
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as exc:
+        if log_level == "debug":
+            raise
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(0 if code is None else code)
