@@ -1,0 +1,329 @@
+"""Closed-loop load at a fixed concurrency against an OpenAI-compatible server or a dynspec router.
+
+One shared aiohttp session; ``C`` workers each send their next request as soon as the last one
+ends (the same load as ``sglang.bench_serving --max-concurrency C`` with an infinite request rate).
+Each level first runs warm-up requests through the same workers, so the measured requests start
+with ``C`` already in flight (a router is already in the mode that load puts it in).
+
+Per chunk the client does as little as it can, so that it is not the bottleneck at C=256 on a
+small machine: it looks for the content and ``"completion_tokens":`` by byte search instead of
+parsing the JSON. Token counts come from the usage the server sends (``stream_options``
+``include_usage`` and ``continuous_usage_stats``, which SGLang honours).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from dynspec.bench.metrics import RequestTrace
+
+logger = logging.getLogger(__name__)
+
+ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_DATA = b"data:"
+_DONE = b"[DONE]"
+_COMPLETION_TOKENS = b'"completion_tokens":'
+_PROMPT_TOKENS = b'"prompt_tokens":'
+_CONTENT = {"chat": b'"content":', "completions": b'"text":'}
+# Some words to build prompts from; a word is about one token for most tokenizers.
+_WORDS = (
+    "the of and to in is that for it as was with be by on not he this are or his from at which "
+    "but have an they you were her she there been one all we their has would when if so no what "
+    "up out more said time about can some could into them other then than its two these may do"
+)
+
+
+_WORD_LIST = _WORDS.split(" ")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class Target:
+    label: str
+    base_url: str
+    endpoint: str = "chat"
+
+    @property
+    def url(self) -> str:
+        return self.base_url + ENDPOINTS[self.endpoint]
+
+
+def parse_target(text: str, endpoint: str = "chat") -> Target:
+    """``URL`` or ``LABEL=URL``; a URL that ends in a known endpoint path selects that endpoint."""
+    label, sep, url = text.partition("=")
+    if not sep or "://" in label:
+        label, url = "", text
+    url = url.rstrip("/")
+    if "://" not in url:
+        raise ValueError(f"not a URL: {url!r}")
+    for name, path in ENDPOINTS.items():
+        if url.endswith(path):
+            url, endpoint = url[: -len(path)], name
+    if url.endswith("/v1"):
+        url = url[:-3]
+    return Target(label or url.split("://", 1)[1], url, endpoint)
+
+
+def random_prompts(n: int, input_len: int, output_len: int, seed: int = 0) -> list[Prompt]:
+    rng = random.Random(seed)
+    return [
+        Prompt(" ".join(rng.choices(_WORD_LIST, k=input_len)), input_len, output_len)
+        for _ in range(n)
+    ]
+
+
+def sharegpt_prompts(
+    path: Path, n: int, output_len: int | None = None, seed: int = 0
+) -> list[Prompt]:
+    """Prompts from a ShareGPT-format JSON file (first human turn, first reply's length).
+
+    Without a tokenizer, lengths are estimated at 4 characters per token; ``output_len`` overrides
+    the reply-derived output length.
+    """
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of conversations")
+    rows: list[Prompt] = []
+    for item in data:
+        turns = (
+            item.get("conversations", item.get("conversation")) if isinstance(item, dict) else None
+        )
+        if not isinstance(turns, list) or len(turns) < 2:
+            continue
+        prompt, reply = str(turns[0].get("value", "")), str(turns[1].get("value", ""))
+        if not prompt:
+            continue
+        out = output_len if output_len is not None else max(1, len(reply) // 4)
+        rows.append(Prompt(prompt, max(1, len(prompt) // 4), out))
+    if not rows:
+        raise ValueError(f"{path}: no usable conversations (need a human turn and a reply)")
+    random.Random(seed).shuffle(rows)
+    return [rows[i % len(rows)] for i in range(n)]
+
+
+def request_body(target: Target, model: str, prompt: Prompt, stream: bool = True) -> bytes:
+    body: dict[str, object] = {
+        "model": model,
+        "max_tokens": prompt.output_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,  # SGLang's extension: fixed output lengths, as bench_serving sends
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    if target.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt.text}]
+    else:
+        body["prompt"] = prompt.text
+    return json.dumps(body).encode()
+
+
+def _int_after(payload: bytes, key: bytes) -> int | None:
+    i = payload.rfind(key)
+    if i < 0:
+        return None
+    i += len(key)
+    n = len(payload)
+    while i < n and payload[i] == 0x20:
+        i += 1
+    j = i
+    while j < n and 0x30 <= payload[j] <= 0x39:
+        j += 1
+    return int(payload[i:j]) if j > i else None
+
+
+def _has_content(payload: bytes, key: bytes) -> bool:
+    i = payload.find(key)
+    if i < 0:
+        return False
+    i += len(key)
+    while i < len(payload) and payload[i] == 0x20:
+        i += 1
+    # A string that is not empty: '"' then anything but the closing '"'.
+    return payload[i : i + 1] == b'"' and payload[i + 1 : i + 2] not in (b'"', b"")
+
+
+async def send_request(
+    session: aiohttp.ClientSession,
+    target: Target,
+    body: bytes,
+    prompt: Prompt,
+    headers: dict[str, str],
+) -> RequestTrace:
+    """One streamed request; never raises (failures are in the trace)."""
+    trace = RequestTrace(send=time.perf_counter(), prompt_tokens=prompt.prompt_tokens)
+    content_key = _CONTENT[target.endpoint]
+    times = trace.chunk_times
+    tokens: list[int] = []
+    counted = True  # every content chunk carried a cumulative token count
+    cum = 0
+    usage_output: int | None = None
+    done = False
+    try:
+        async with session.post(target.url, data=body, headers=headers) as resp:
+            trace.backend = resp.headers.get("x-dynspec-backend")
+            if resp.status != 200:
+                text = await resp.text()
+                trace.error = f"HTTP {resp.status}: {text[:200]}"
+                trace.end = time.perf_counter()
+                return trace
+            async for line in resp.content:
+                if not line.startswith(_DATA):
+                    continue
+                now = time.perf_counter()
+                trace.end = now
+                payload = line[5:].strip()
+                if payload == _DONE:
+                    done = True
+                    continue
+                if payload.startswith(b'{"error"'):
+                    trace.error = payload[:200].decode(errors="replace")
+                    return trace
+                total = _int_after(payload, _COMPLETION_TOKENS)
+                if _has_content(payload, content_key):
+                    times.append(now)
+                    if total is None:
+                        counted = False
+                        tokens.append(1)
+                    else:
+                        tokens.append(total - cum)
+                        cum = total
+                elif total is not None:
+                    usage_output = total
+                    p = _int_after(payload, _PROMPT_TOKENS)
+                    if p is not None:
+                        trace.prompt_tokens = p
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        trace.end = time.perf_counter()
+        trace.error = f"{type(exc).__name__}: {exc}"
+        return trace
+    if not done:
+        trace.error = "stream ended without [DONE]"
+        return trace
+    trace.chunk_tokens = tokens if counted else None
+    trace.output_tokens = usage_output if usage_output is not None else sum(tokens)
+    trace.success = bool(times)
+    if not trace.success:
+        trace.error = "no content in the stream"
+    return trace
+
+
+@dataclass
+class LevelRun:
+    traces: list[RequestTrace]
+    duration: float
+    warmup_failed: int = 0
+    mode_switches: int | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+Progress = Callable[[int, int], None]
+
+
+async def run_level(
+    session: aiohttp.ClientSession,
+    target: Target,
+    model: str,
+    prompts: Sequence[Prompt],
+    *,
+    concurrency: int,
+    requests: int,
+    warmup: int,
+    headers: dict[str, str] | None = None,
+    progress: Progress | None = None,
+) -> LevelRun:
+    """``warmup`` then ``requests`` requests by ``concurrency`` closed-loop workers."""
+    total = warmup + requests
+    bodies = [request_body(target, model, p) for p in prompts]
+    traces: list[RequestTrace | None] = [None] * requests
+    warm_failed = 0
+    next_index = 0
+    finished = 0
+    hdrs = {"Content-Type": "application/json", **(headers or {})}
+
+    async def worker() -> None:
+        nonlocal next_index, finished, warm_failed
+        while next_index < total:
+            i = next_index
+            next_index += 1
+            k = i % len(prompts)
+            trace = await send_request(session, target, bodies[k], prompts[k], hdrs)
+            if i >= warmup:
+                traces[i - warmup] = trace
+                finished += 1
+                if progress is not None:
+                    progress(finished, requests)
+            elif not trace.success:
+                warm_failed += 1
+                if warm_failed == 1:
+                    logger.warning("%s: warm-up request failed: %s", target.label, trace.error)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    done = [t for t in traces if t is not None]
+    duration = max(t.end for t in done) - min(t.send for t in done) if done else 0.0
+    return LevelRun(done, duration, warm_failed)
+
+
+async def fetch_text(session: aiohttp.ClientSession, url: str, timeout: float = 10.0) -> str | None:
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            if resp.status != 200:
+                return None
+            return await resp.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return None
+
+
+def mode_switches(metrics_text: str) -> int | None:
+    """Sum of ``dynspec_mode_switches_total`` samples; None when this is not a dynspec router."""
+    if "dynspec_" not in metrics_text:
+        return None
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith("dynspec_mode_switches_total"):
+            total += float(line.rsplit(" ", 1)[-1])
+    return round(total)
+
+
+async def model_name(
+    session: aiohttp.ClientSession, target: Target, headers: dict[str, str] | None = None
+) -> str:
+    """The first model id in ``/v1/models``."""
+    url = target.base_url + "/v1/models"
+    try:
+        async with session.get(
+            url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)
+        ) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"{url} answered {resp.status}")
+            data = await resp.json()
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        raise RuntimeError(f"cannot reach {url}: {exc}") from exc
+    models = data.get("data") if isinstance(data, dict) else None
+    if not models:
+        raise RuntimeError(f"{url} lists no model")
+    return str(models[0]["id"])
+
+
+def make_session(request_timeout: float) -> aiohttp.ClientSession:
+    # No total timeout: a long stream is not an error; a silent one for request_timeout is.
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, force_close=False),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=request_timeout),
+    )

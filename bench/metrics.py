@@ -1,0 +1,145 @@
+"""Per-request traces in, SGLang ``bench_serving`` metrics out. Pure: no I/O, no clock.
+
+The definitions follow ``python/sglang/bench_serving.py`` so that numbers are comparable with it:
+
+- TTFT: from sending the request to the first chunk that carries content.
+- latency (E2E): from sending the request to the last line of the stream (``data: [DONE]``).
+- TPOT: ``(latency - TTFT) / (output_tokens - 1)``, only for requests with more than one token.
+- ITL: one value per token after the first chunk. A chunk that brings ``n`` new tokens contributes
+  ``n`` values of ``gap / n`` (``gap`` = time since the previous content chunk); a chunk that brings
+  no new token contributes nothing and its gap rolls into the next chunk, as bench_serving does.
+- throughputs are over the level's ``duration``; ``concurrency`` = sum of E2E latencies / duration
+  (the mean number of requests in flight, "achieved concurrency").
+- percentiles interpolate linearly between order statistics (numpy's default); std is the
+  population std.
+
+bench_serving reports mean/median/std/p99 (and p95/max for ITL); p90 keys are our addition with the
+same naming pattern.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestTrace:
+    """What the client saw of one request. Times are ``perf_counter()`` seconds."""
+
+    send: float
+    # Arrival of each chunk that carried content, in order.
+    chunk_times: list[float] = field(default_factory=list)
+    # New tokens in each of those chunks; None when the server did not say (then 1 per chunk).
+    chunk_tokens: list[int] | None = None
+    # Last line of the stream (``[DONE]``), or the end of the body when not streaming.
+    end: float = 0.0
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    success: bool = False
+    error: str = ""
+    # The router's pool for this request (``x-dynspec-backend``), when the target is a router.
+    backend: str | None = None
+
+    @property
+    def ttft(self) -> float:
+        return (self.chunk_times[0] if self.chunk_times else self.end) - self.send
+
+    @property
+    def latency(self) -> float:
+        return self.end - self.send
+
+    def itl(self) -> list[float]:
+        """Inter-token latencies, multi-token chunks split per token (bench_serving's rule)."""
+        times = self.chunk_times
+        tokens = self.chunk_tokens if self.chunk_tokens is not None else [1] * len(times)
+        out: list[float] = []
+        if not times:
+            return out
+        last = times[0]
+        for t, n in zip(times[1:], tokens[1:], strict=True):
+            if n <= 0:
+                continue
+            out.extend([(t - last) / n] * n)
+            last = t
+        return out
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Linear interpolation between order statistics, as ``numpy.percentile``'s default."""
+    if not values:
+        return 0.0
+    xs = sorted(values)
+    rank = (len(xs) - 1) * p / 100.0
+    lo = math.floor(rank)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (rank - lo)
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def std(values: Sequence[float]) -> float:
+    if not values:
+        return 0.0
+    m = mean(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / len(values))
+
+
+def _summary(prefix: str, values: Sequence[float], extra: Iterable[int] = ()) -> dict[str, float]:
+    ms = [v * 1000.0 for v in values]
+    out = {
+        f"mean_{prefix}_ms": mean(ms),
+        f"median_{prefix}_ms": percentile(ms, 50),
+        f"std_{prefix}_ms": std(ms),
+        f"p90_{prefix}_ms": percentile(ms, 90),
+        f"p99_{prefix}_ms": percentile(ms, 99),
+    }
+    for p in extra:
+        out[f"p{p}_{prefix}_ms"] = percentile(ms, p)
+    return out
+
+
+def compute(traces: Sequence[RequestTrace], duration: float) -> dict[str, float | int]:
+    """bench_serving's metrics over one level; ``duration`` is the level's wall time in seconds."""
+    ok = [t for t in traces if t.success]
+    ttfts = [t.ttft for t in ok]
+    latencies = [t.latency for t in ok]
+    tpots = [(t.latency - t.ttft) / (t.output_tokens - 1) for t in ok if t.output_tokens > 1]
+    itls = [x for t in ok for x in t.itl()]
+    total_input = sum(t.prompt_tokens for t in ok)
+    total_output = sum(t.output_tokens for t in ok)
+    dur = duration if duration > 0 else math.inf
+    result: dict[str, float | int] = {
+        "completed": len(ok),
+        "failed": len(traces) - len(ok),
+        "duration": duration,
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "request_throughput": len(ok) / dur,
+        "input_throughput": total_input / dur,
+        "output_throughput": total_output / dur,
+        "total_throughput": (total_input + total_output) / dur,
+        "concurrency": sum(latencies) / dur,
+    }
+    result.update(_summary("ttft", ttfts))
+    result.update(_summary("tpot", tpots))
+    result.update(_summary("itl", itls, extra=(95,)))
+    result["max_itl_ms"] = max(itls) * 1000.0 if itls else 0.0
+    # Stream chunks: SGLang sends one per decode step, so tokens per chunk is EAGLE's accept length.
+    chunks = sum(len(t.chunk_times) for t in ok)
+    result["mean_tokens_per_chunk"] = total_output / chunks if chunks else 0.0
+    result["max_tokens_per_chunk"] = max(
+        (n for t in ok if t.chunk_tokens is not None for n in t.chunk_tokens), default=0
+    )
+    result.update(_summary("e2e_latency", latencies))
+    return result
+
+
+def level_window(traces: Sequence[RequestTrace]) -> float:
+    """A level's duration: first send to last end among the traces (0 for none)."""
+    if not traces:
+        return 0.0
+    return max(t.end for t in traces) - min(t.send for t in traces)

@@ -1,0 +1,114 @@
+"""A measured sweep turned into a ``dynspec-sim`` profile (``launcher/sim/profile.py``'s schema).
+
+Per mode (the EAGLE target and the baseline target of the sweep):
+
+- ``throughput``: ``[C, output_throughput]`` per measured level, which is what the schema defines
+  (aggregate output tok/s that closed-loop clients at concurrency C measure). A level above the
+  server's running-request limit measures the limit's throughput; the simulator queues likewise.
+- ``accept_length`` / ``max_accept_length``: the mean and the most tokens per stream chunk seen at
+  the lowest level (SGLang sends one chunk per decode step), 1 for the baseline.
+- prefill: ``prefill_overhead_s`` is kept at the simulator's default and ``prefill_tokens_per_s``
+  is what is left of the p50 TTFT at the lowest level after that overhead and one decode step.
+
+The profile's ``source`` names the sweep file(s), the targets, and these assumptions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from dynspec.bench.report import Record, targets
+from dynspec.launcher.sim.profile import ModeProfile, Profile
+
+DEFAULT_PREFILL_OVERHEAD_S = 0.005
+
+
+def _guess(names: Sequence[str], word: str) -> str | None:
+    hits = [n for n in names if word in n.lower()]
+    return hits[0] if len(hits) == 1 else None
+
+
+def mode_profile(records: Sequence[Record], mode: str) -> ModeProfile:
+    by_c: dict[int, Record] = {}
+    for r in records:
+        if r.get("completed") and float(r.get("output_throughput") or 0) > 0:
+            by_c[int(r["max_concurrency"])] = r  # a repeated level: the last run counts
+    if not by_c:
+        raise ValueError(f"{mode}: no level with completed requests")
+    levels = sorted(by_c)
+    if levels[0] != 1:
+        raise ValueError(f"{mode}: the sweep needs a C=1 level (a profile starts at batch 1)")
+    first = by_c[1]
+    if mode == "eagle":
+        accept = float(first.get("mean_tokens_per_chunk") or 1.0)
+        max_accept = max(int(first.get("max_tokens_per_chunk") or 1), math.ceil(accept))
+        accept = min(max(accept, 1.0), float(max_accept))
+    else:
+        accept, max_accept = 1.0, 1
+    ttft = float(first.get("median_ttft_ms") or 0.0) / 1000.0
+    tpot = float(first.get("median_tpot_ms") or 0.0) / 1000.0
+    prompt = float(first.get("total_input_tokens") or 0) / max(1, int(first["completed"]))
+    left = ttft - DEFAULT_PREFILL_OVERHEAD_S - tpot
+    prefill_rate = 20000.0 if left <= 0 or prompt <= 0 else min(1e6, max(100.0, prompt / left))
+    return ModeProfile(
+        throughput=tuple((c, round(float(by_c[c]["output_throughput"]), 1)) for c in levels),
+        accept_length=round(accept, 3),
+        max_accept_length=max_accept,
+        max_running_requests=None,
+        prefill_tokens_per_s=round(prefill_rate, 1),
+        prefill_overhead_s=DEFAULT_PREFILL_OVERHEAD_S,
+        source=f"target {records[0].get('target')!r}, levels C={','.join(map(str, levels))}",
+    )
+
+
+def build_profile(
+    records: Sequence[Record],
+    sources: Sequence[Path],
+    *,
+    name: str,
+    eagle_target: str | None = None,
+    baseline_target: str | None = None,
+    model: str | None = None,
+) -> Profile:
+    # A routed target mixes both pools; it says nothing about one server.
+    names = [n for n in targets(records) if not _routed(records, n)]
+    eagle_target = eagle_target or _guess(names, "eagle")
+    baseline_target = baseline_target or _guess(names, "baseline")
+    chosen = {"eagle": eagle_target, "baseline": baseline_target}
+    modes: dict[str, ModeProfile] = {}
+    for mode, target in chosen.items():
+        if target is None:
+            continue
+        if target not in names:
+            raise ValueError(f"no target {target!r} in the sweep (found: {', '.join(names)})")
+        modes[mode] = mode_profile([r for r in records if r.get("target") == target], mode)
+    if not modes:
+        raise ValueError(
+            f"cannot tell which target is which (found: {', '.join(names) or 'none'}); "
+            "use --eagle-target and/or --baseline-target"
+        )
+    simulated = any(r.get("simulated") for r in records)
+    files = ", ".join(str(p) for p in sources)
+    mapping = ", ".join(f"{m} = target {t!r}" for m, t in chosen.items() if t is not None)
+    source = (
+        f"dynspec-bench profile from {files} ({mapping}). "
+        + ("The sweep itself ran against SIMULATED servers. " if simulated else "")
+        + "throughput = measured closed-loop output tok/s per level; accept_length = mean tokens "
+        "per stream chunk at C=1; prefill_tokens_per_s = C=1 p50 TTFT less "
+        f"{DEFAULT_PREFILL_OVERHEAD_S}s overhead and one p50 TPOT (an estimate); "
+        "max_running_requests left to SGLang's default."
+    )
+    models = {str(r["model"]) for r in records if r.get("model")}
+    return Profile(
+        name=name,
+        source=source,
+        modes=modes,
+        illustrative=False,
+        model=model or (models.pop() if len(models) == 1 else "simulated-model"),
+    )
+
+
+def _routed(records: Sequence[Record], name: str) -> bool:
+    return any(r.get("target") == name and "backend_share" in r for r in records)

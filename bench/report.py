@@ -1,0 +1,141 @@
+"""Sweep results: JSONL (one level per line), a Markdown table, a PNG plot.
+
+A JSONL line holds one target at one concurrency, with ``bench_serving``'s key names where they
+exist (``max_concurrency``, ``completed``, ``duration``, ``output_throughput``, ``median_tpot_ms``,
+``concurrency`` ...) and ours for the rest (``target``, ``url``, ``failed``, ``backend_share``,
+``mode_switches``, ``p90_*``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+Record = dict[str, Any]
+
+
+def append_jsonl(path: Path, record: Record) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, sort_keys=False) + "\n")
+        f.flush()
+
+
+def load_jsonl(path: Path) -> list[Record]:
+    records: list[Record] = []
+    with open(path, encoding="utf-8") as f:
+        for n, raw in enumerate(f, 1):
+            text = raw.strip()
+            if not text:
+                continue
+            try:
+                rec = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from None
+            if not isinstance(rec, dict):
+                raise ValueError(f"{path}:{n}: not a JSON object")
+            records.append(rec)
+    return records
+
+
+def targets(records: Iterable[Record]) -> list[str]:
+    seen: dict[str, None] = {}
+    for r in records:
+        seen.setdefault(str(r.get("target", "?")), None)
+    return list(seen)
+
+
+def _fmt(value: object, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _share(rec: Record) -> str:
+    share = rec.get("backend_share")
+    if not isinstance(share, dict) or not share:
+        return "-"
+    return " / ".join(f"{k} {100 * float(v):.0f}%" for k, v in sorted(share.items()))
+
+
+COLUMNS: Sequence[tuple[str, str, int]] = (
+    ("max_concurrency", "C", 0),
+    ("completed", "done", 0),
+    ("failed", "fail", 0),
+    ("concurrency", "achieved C", 1),
+    ("request_throughput", "req/s", 2),
+    ("output_throughput", "out tok/s", 1),
+    ("median_ttft_ms", "TTFT p50 ms", 1),
+    ("p99_ttft_ms", "TTFT p99 ms", 1),
+    ("median_tpot_ms", "TPOT p50 ms", 2),
+    ("p90_tpot_ms", "TPOT p90 ms", 2),
+    ("p99_tpot_ms", "TPOT p99 ms", 2),
+    ("median_itl_ms", "ITL p50 ms", 2),
+    ("median_e2e_latency_ms", "E2E p50 ms", 0),
+)
+
+
+def markdown_table(records: Sequence[Record], title: str | None = None) -> str:
+    routed = any("backend_share" in r for r in records)
+    head = ["target", *(c[1] for c in COLUMNS)]
+    if routed:
+        head += ["pools", "switches"]
+    lines = []
+    if title:
+        lines += [f"### {title}", ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in records:
+        cells = [str(r.get("target", "?"))]
+        cells += [_fmt(r.get(key), digits) for key, _, digits in COLUMNS]
+        if routed:
+            cells += [_share(r), _fmt(r.get("mode_switches"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(records: Sequence[Record], path: Path, title: str) -> None:
+    """Output tok/s and p50 TPOT against concurrency, one line per target, log-scale x."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_tp, ax_tpot) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name in targets(records):
+        rows = sorted(
+            (r for r in records if str(r.get("target")) == name and r.get("completed")),
+            key=lambda r: int(r["max_concurrency"]),
+        )
+        if not rows:
+            continue
+        cs = [int(r["max_concurrency"]) for r in rows]
+        ax_tp.plot(cs, [float(r["output_throughput"]) for r in rows], marker="o", label=name)
+        ax_tpot.plot(cs, [float(r["median_tpot_ms"]) for r in rows], marker="o", label=name)
+    for ax, ylabel in ((ax_tp, "output tokens/s (all requests)"), (ax_tpot, "p50 TPOT (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency (requests in flight, closed loop)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    ax_tpot.set_yscale("log")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(
+    jsonl: Path, records: Sequence[Record], title: str, table_heading: str | None = None
+) -> tuple[Path, Path]:
+    """The Markdown table and the PNG next to ``jsonl`` (same stem)."""
+    md = jsonl.with_suffix(".md")
+    png = jsonl.with_suffix(".png")
+    md.write_text(markdown_table(records, table_heading or title), encoding="utf-8")
+    plot(records, png, title)
+    return md, png
