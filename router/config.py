@@ -1,0 +1,225 @@
+"""The router's one frozen configuration, built once from flags and ``DYNSPEC_*`` variables."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from dynspec.router.entry import FlagParser, UsageError, add_log_level
+from dynspec.router.policy import POLICIES, PoolName
+from dynspec.router.pool import validate_settings
+
+PROG = "dynspec-router"
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    eagle_urls: tuple[str, ...]
+    baseline_urls: tuple[str, ...]
+    policy: str = "threshold"
+    threshold: int = 8
+    hysteresis: int = 2
+    host: str = "0.0.0.0"
+    port: int = 8000
+    api_key: str | None = None
+    backend_api_key: str | None = None
+    admin_api_key: str | None = None
+    max_body_bytes: int = 32 * MIB
+    request_timeout: float = 600.0
+    connect_timeout: float = 5.0
+    health_interval: float = 2.0
+    max_concurrency: int = 0
+    drain_timeout: float = 30.0
+    log_level: str = "info"
+
+    def servers(self) -> list[tuple[str, PoolName]]:
+        eagle: list[tuple[str, PoolName]] = [(u, "eagle") for u in self.eagle_urls]
+        baseline: list[tuple[str, PoolName]] = [(u, "baseline") for u in self.baseline_urls]
+        return eagle + baseline
+
+    def __repr__(self) -> str:
+        # Keys never reach a log line, even through a debug dump of the config.
+        def mask(v: str | None) -> str:
+            return "None" if v is None else "'***'"
+
+        return (
+            f"RouterConfig(eagle_urls={self.eagle_urls!r}, baseline_urls={self.baseline_urls!r}, "
+            f"policy={self.policy!r}, threshold={self.threshold}, hysteresis={self.hysteresis}, "
+            f"host={self.host!r}, port={self.port}, api_key={mask(self.api_key)}, "
+            f"backend_api_key={mask(self.backend_api_key)}, "
+            f"admin_api_key={mask(self.admin_api_key)}, max_body_bytes={self.max_body_bytes}, "
+            f"request_timeout={self.request_timeout}, connect_timeout={self.connect_timeout}, "
+            f"health_interval={self.health_interval}, max_concurrency={self.max_concurrency}, "
+            f"drain_timeout={self.drain_timeout}, log_level={self.log_level!r})"
+        )
+
+
+def parse_urls(text: str) -> tuple[str, ...]:
+    urls: list[str] = []
+    for raw in text.split(","):
+        url = raw.strip().rstrip("/")
+        if not url:
+            continue
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise argparse.ArgumentTypeError(f"not an http(s) URL: {raw.strip()!r}")
+        if parts.query or parts.fragment:
+            raise argparse.ArgumentTypeError(f"a server URL takes no query: {raw.strip()!r}")
+        urls.append(url)
+    return tuple(urls)
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be greater than 0")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
+def build_parser() -> FlagParser:
+    p = FlagParser(
+        prog=PROG,
+        description=(
+            "Load-aware router in front of an EAGLE-3 pool and a baseline pool of SGLang servers: "
+            "light load goes to EAGLE-3 (lower latency), heavy load to the baseline (more "
+            "throughput). OpenAI-compatible: POST /v1/chat/completions and /v1/completions."
+        ),
+    )
+    p.add_argument(
+        "--eagle-url",
+        type=parse_urls,
+        default=(),
+        help="EAGLE-3 server URL(s), comma-separated, e.g. http://127.0.0.1:30001",
+    )
+    p.add_argument(
+        "--baseline-url",
+        type=parse_urls,
+        default=(),
+        help="baseline server URL(s), comma-separated, e.g. http://127.0.0.1:30002",
+    )
+    p.add_argument("--policy", default="threshold", choices=sorted(POLICIES), help="routing policy")
+    p.add_argument(
+        "--threshold",
+        type=int,
+        default=8,
+        help="in eagle mode, a request whose load (in flight, counting it) exceeds this "
+        "switches to the baseline pool",
+    )
+    p.add_argument(
+        "--hysteresis",
+        type=int,
+        default=2,
+        help="in baseline mode, a request whose load is at or below threshold - hysteresis "
+        "switches back to the eagle pool",
+    )
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="clients must send 'Authorization: Bearer KEY' on /v1/* (default: no key)",
+    )
+    p.add_argument(
+        "--backend-api-key",
+        default=None,
+        help="key sent to the servers as 'Authorization: Bearer KEY' (the client's is never "
+        "forwarded)",
+    )
+    p.add_argument(
+        "--admin-api-key",
+        default=None,
+        help="key for /admin/* (and /status); without it the admin endpoints answer 403",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=_non_negative_int,
+        default=32 * MIB,
+        help="largest request body accepted; larger ones get 413",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=_positive_float,
+        default=600.0,
+        help="seconds to wait for a server's first byte and between two reads, else 504",
+    )
+    p.add_argument(
+        "--connect-timeout",
+        type=_positive_float,
+        default=5.0,
+        help="seconds to open a connection to a server (a failure is retried on another)",
+    )
+    p.add_argument(
+        "--health-interval",
+        type=_positive_float,
+        default=2.0,
+        help="seconds between two health checks of each server",
+    )
+    p.add_argument(
+        "--max-concurrency",
+        type=_non_negative_int,
+        default=0,
+        help="requests in flight beyond this get 503 with Retry-After (0: no limit)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=_positive_float,
+        default=30.0,
+        help="on SIGTERM/SIGINT, seconds to let in-flight requests finish before exiting",
+    )
+    add_log_level(p)
+    return p
+
+
+def _key(value: str | None) -> str | None:
+    return value if value else None
+
+
+def config_from_args(ns: argparse.Namespace) -> RouterConfig:
+    eagle: tuple[str, ...] = tuple(ns.eagle_url)
+    baseline: tuple[str, ...] = tuple(ns.baseline_url)
+    if not eagle and not baseline:
+        raise UsageError("give at least one server: --eagle-url and/or --baseline-url")
+    dupes = set(eagle) & set(baseline)
+    if dupes or len(set(eagle)) != len(eagle) or len(set(baseline)) != len(baseline):
+        raise UsageError("a server URL appears twice")
+    reason = validate_settings(ns.threshold, ns.hysteresis)
+    if reason is not None:
+        raise UsageError(reason)
+    if not 0 <= ns.port <= 65535:
+        raise UsageError(f"--port out of range: {ns.port}")
+    return RouterConfig(
+        eagle_urls=eagle,
+        baseline_urls=baseline,
+        policy=ns.policy,
+        threshold=ns.threshold,
+        hysteresis=ns.hysteresis,
+        host=ns.host,
+        port=ns.port,
+        api_key=_key(ns.api_key),
+        backend_api_key=_key(ns.backend_api_key),
+        admin_api_key=_key(ns.admin_api_key),
+        max_body_bytes=ns.max_body_bytes,
+        request_timeout=ns.request_timeout,
+        connect_timeout=ns.connect_timeout,
+        health_interval=ns.health_interval,
+        max_concurrency=ns.max_concurrency,
+        drain_timeout=ns.drain_timeout,
+        log_level=ns.log_level,
+    )
+
+
+def parse_config(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> RouterConfig:
+    """Flags over ``DYNSPEC_*``; argparse errors exit 2, semantic ones raise ``UsageError``."""
+    return config_from_args(build_parser().parse_layered(argv, environ=environ))

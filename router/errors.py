@@ -1,0 +1,103 @@
+"""The router's own errors, each rendered in the OpenAI error shape by one function."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import orjson
+
+
+class RouterError(Exception):
+    status: int = 500
+    type: ClassVar[str] = "server_error"
+    code: ClassVar[str | None] = None
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return []
+
+    def body(self) -> bytes:
+        return orjson.dumps(
+            {
+                "error": {
+                    "message": self.message,
+                    "type": self.type,
+                    "param": self.param,
+                    "code": self.code,
+                }
+            }
+        )
+
+
+class MethodNotAllowed(RouterError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class BadRequest(RouterError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class Unauthorized(RouterError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class Forbidden(RouterError):
+    status = 403
+    type = "invalid_request_error"
+    code = "forbidden"
+
+
+class NotFound(RouterError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class PayloadTooLarge(RouterError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class Unavailable(RouterError):
+    """503 with ``Retry-After``: no healthy server, or the concurrency limit is reached."""
+
+    status = 503
+    type = "server_error"
+    code = "service_unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"retry-after", str(self.retry_after).encode())]
+
+
+class NoServer(Unavailable):
+    code = "no_healthy_server"
+
+
+class Overloaded(Unavailable):
+    code = "too_many_requests_in_flight"
+
+
+class BadGateway(RouterError):
+    status = 502
+    type = "server_error"
+    code = "bad_gateway"
+
+
+class GatewayTimeout(RouterError):
+    status = 504
+    type = "server_error"
+    code = "upstream_timeout"

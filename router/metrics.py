@@ -1,0 +1,169 @@
+"""The router's Prometheus metrics, on a registry the caller owns.
+
+Counters and histograms are updated by the proxy once per request (never per chunk); the gauges
+(in flight, load, threshold, active pool, draining, server up) are read from ``Pools`` when
+``/metrics`` is scraped, so they can never disagree with the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from dynspec.router.policy import POOLS, PoolName
+from dynspec.router.pool import Pools
+
+UPSTREAM_ERROR_KINDS = ("connect", "timeout", "status", "protocol")
+# The status recorded for a client that left before its response ended (as nginx does).
+CLIENT_CLOSED = 499
+
+TTFT_BUCKETS = (
+    0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+DURATION_BUCKETS = (
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+)  # fmt: skip
+TPOT_BUCKETS = (
+    0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
+)  # fmt: skip
+
+
+class _StateCollector(Collector):
+    def __init__(self, pools: Pools) -> None:
+        self._pools = pools
+
+    def collect(self) -> Iterator[Metric]:
+        pools = self._pools
+        in_flight = GaugeMetricFamily(
+            "dynspec_in_flight_requests", "Requests in flight", labels=["pool"]
+        )
+        active = GaugeMetricFamily(
+            "dynspec_active_pool", "1 for the pool new requests go to, else 0", labels=["pool"]
+        )
+        draining = GaugeMetricFamily(
+            "dynspec_pool_draining",
+            "1 while the pool is inactive with requests still in flight",
+            labels=["pool"],
+        )
+        active_pool = pools.active_pool()
+        for pool in POOLS:
+            in_flight.add_metric([pool], pools.in_flight(pool))
+            active.add_metric([pool], 1 if pool == active_pool else 0)
+            draining.add_metric([pool], 1 if pools.draining(pool) else 0)
+        up = GaugeMetricFamily(
+            "dynspec_server_up", "1 when the server is healthy, else 0", labels=["pool", "server"]
+        )
+        for s in pools.servers:
+            up.add_metric([s.pool, s.url], 1 if s.healthy else 0)
+        yield in_flight
+        yield GaugeMetricFamily(
+            "dynspec_load", "Requests in flight over all servers", value=pools.load
+        )
+        yield GaugeMetricFamily(
+            "dynspec_threshold", "Current threshold", value=pools.settings.threshold
+        )
+        yield active
+        yield draining
+        yield up
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry, pools: Pools) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "dynspec_requests",
+            "Finished requests by HTTP status (499: the client left first)",
+            ["pool", "code"],
+            registry=registry,
+        )
+        self.mode_switches = Counter(
+            "dynspec_mode_switches", "Mode switches", ["to"], registry=registry
+        )
+        self.ttft = Histogram(
+            "dynspec_time_to_first_token_seconds",
+            "Time to the first streamed token, as the client sees it",
+            ["pool"],
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "dynspec_request_duration_seconds",
+            "Whole request, from arrival to the last byte",
+            ["pool"],
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.tpot = Histogram(
+            "dynspec_time_per_output_token_seconds",
+            "(duration - TTFT) / (output tokens - 1), streamed requests",
+            ["pool"],
+            buckets=TPOT_BUCKETS,
+            registry=registry,
+        )
+        self.output_tokens = Counter(
+            "dynspec_output_tokens", "Output tokens, from usage", ["pool"], registry=registry
+        )
+        self.prompt_tokens = Counter(
+            "dynspec_prompt_tokens", "Prompt tokens, from usage", ["pool"], registry=registry
+        )
+        self.upstream_errors = Counter(
+            "dynspec_upstream_errors",
+            "Upstream failures: connect, timeout, status (server answered 5xx), protocol",
+            ["pool", "kind"],
+            registry=registry,
+        )
+        self.client_disconnects = Counter(
+            "dynspec_client_disconnects",
+            "Clients that left mid-request",
+            ["pool"],
+            registry=registry,
+        )
+        # Children resolved once: a label lookup per request is a dict lookup, not a lock + hash.
+        for to in POOLS:
+            self.mode_switches.labels(to)
+        self._ttft = {p: self.ttft.labels(p) for p in POOLS}
+        self._duration = {p: self.duration.labels(p) for p in POOLS}
+        self._tpot = {p: self.tpot.labels(p) for p in POOLS}
+        self._output = {p: self.output_tokens.labels(p) for p in POOLS}
+        self._prompt = {p: self.prompt_tokens.labels(p) for p in POOLS}
+        self._disconnects = {p: self.client_disconnects.labels(p) for p in POOLS}
+        self._errors = {
+            (p, k): self.upstream_errors.labels(p, k) for p in POOLS for k in UPSTREAM_ERROR_KINDS
+        }
+        registry.register(_StateCollector(pools))
+
+    def switched(self, to: PoolName) -> None:
+        self.mode_switches.labels(to).inc()
+
+    def upstream_error(self, pool: PoolName, kind: str) -> None:
+        self._errors[pool, kind].inc()
+
+    def client_disconnect(self, pool: PoolName) -> None:
+        self._disconnects[pool].inc()
+
+    def finished(
+        self,
+        pool: PoolName,
+        code: int,
+        *,
+        duration: float,
+        ttft: float | None,
+        prompt_tokens: int | None,
+        output_tokens: int | None,
+    ) -> None:
+        self.requests.labels(pool, str(code)).inc()
+        self._duration[pool].observe(duration)
+        if ttft is not None:
+            self._ttft[pool].observe(ttft)
+        if prompt_tokens is not None:
+            self._prompt[pool].inc(prompt_tokens)
+        if output_tokens is not None:
+            self._output[pool].inc(output_tokens)
+            if ttft is not None and output_tokens > 1:
+                self._tpot[pool].observe((duration - ttft) / (output_tokens - 1))

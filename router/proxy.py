@@ -1,0 +1,506 @@
+"""The streaming relay: a bare ASGI handler for POST /v1/chat/completions and /v1/completions.
+
+Why bare ASGI and aiohttp (issue 3's table, shared/notes/proxy-hot-path.md): FastAPI's response
+machinery costs a third of the throughput at 256 concurrent streams and httpx's own transport
+collapses at that load, so the hot path skips both. One shared ``aiohttp.ClientSession`` (made in
+the app's lifespan) talks to the servers; upstream bytes go to the client as they arrive.
+
+Per chunk the relay does no JSON parsing and no logging. It looks at bytes only where needed:
+- until the first token is seen, a regex finds a non-empty ``content``/``text`` (the TTFT);
+- when it asked the server for usage on the client's behalf, it forwards whole SSE events only
+  (a chunk is cut after its last blank line and the rest waits for the next read), and the few
+  events that contain ``"choices":[]`` are parsed and the usage-only one is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from starlette.types import Receive, Scope, Send
+
+from dynspec.router.errors import (
+    BadGateway,
+    BadRequest,
+    GatewayTimeout,
+    NoServer,
+    PayloadTooLarge,
+    RouterError,
+    Unauthorized,
+)
+from dynspec.router.health import is_refused
+from dynspec.router.metrics import CLIENT_CLOSED, RouterMetrics
+from dynspec.router.pool import Lease, Pools
+
+logger = logging.getLogger(__name__)
+
+# Path -> the field a request must carry.
+PROXY_PATHS = {"/v1/chat/completions": "messages", "/v1/completions": "prompt"}
+
+# Request headers never sent upstream: hop-by-hop ones, ours to set (host, length, encoding),
+# and the client's credentials (the server gets --backend-api-key instead).
+_DROP_REQUEST = frozenset(
+    {
+        b"host",
+        b"authorization",
+        b"content-length",
+        b"connection",
+        b"keep-alive",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"expect",
+        b"accept-encoding",
+        b"cookie",
+    }
+)
+# Response headers never sent back: hop-by-hop ones, and date/server (uvicorn adds its own;
+# copying them would send each twice).
+_DROP_RESPONSE = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"date",
+        b"server",
+    }
+)
+_BACKEND = {
+    "eagle": (b"x-dynspec-backend", b"eagle"),
+    "baseline": (b"x-dynspec-backend", b"baseline"),
+}
+
+# A token reached the client: a non-empty content/text/reasoning string, or a tool call.
+_TOKEN = re.compile(rb'"(?:content|text|reasoning_content)":\s*"[^"]|"tool_calls":\s*\[\s*\{')
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+_EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
+# An incomplete SSE event longer than this is forwarded as it is (no framing to wait for).
+_MAX_CARRY = 1 << 20
+# Non-streamed bodies are kept up to this size to read their usage.
+_MAX_USAGE_SCAN = 1 << 20
+
+
+def _last_int(pattern: re.Pattern[bytes], blob: bytes) -> int | None:
+    found = pattern.findall(blob)
+    return int(found[-1]) if found else None
+
+
+async def send_error(
+    send: Send, exc: RouterError, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    body = exc.body()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *exc.headers(),
+        *(extra or []),
+    ]
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class _Exchange:
+    """One request's state, kept outside the coroutine so a cancellation cannot lose it."""
+
+    __slots__ = (
+        "body",
+        "client_gone",
+        "code",
+        "finished",
+        "headers",
+        "lease",
+        "output_tokens",
+        "path",
+        "prompt_tokens",
+        "rid",
+        "start",
+        "stream",
+        "strip",
+        "ttft",
+    )
+
+    def __init__(
+        self,
+        lease: Lease,
+        rid: str,
+        *,
+        path: str,
+        body: bytes,
+        headers: list[tuple[str, str]],
+        start: float,
+    ) -> None:
+        self.lease = lease
+        self.rid = rid
+        self.path = path
+        self.body = body
+        self.headers = headers
+        self.start = start
+        self.stream = False
+        self.strip = False
+        self.code = 0
+        self.ttft: float | None = None
+        self.prompt_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self.finished = False
+        self.client_gone = False
+
+
+class Proxy:
+    def __init__(
+        self,
+        pools: Pools,
+        metrics: RouterMetrics,
+        *,
+        api_key: str | None,
+        backend_api_key: str | None,
+        max_body_bytes: int,
+        request_timeout: float,
+        connect_timeout: float,
+        on_refused: Callable[[str], None] | None = None,
+    ) -> None:
+        self.pools = pools
+        self.metrics = metrics
+        self.session: aiohttp.ClientSession | None = None
+        self.max_body_bytes = max_body_bytes
+        self.on_refused = on_refused
+        self._api_auth = ("Bearer " + api_key).encode() if api_key else None
+        self._backend_auth = "Bearer " + backend_api_key if backend_api_key else None
+        # Connect and per-read timeouts only: a total timeout would cut long streams.
+        self.timeout = aiohttp.ClientTimeout(
+            total=None, connect=None, sock_connect=connect_timeout, sock_read=request_timeout
+        )
+        self._ids = itertools.count(1)
+
+    # -- request side ------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start = time.perf_counter()
+        required = PROXY_PATHS[scope["path"]]
+        auth: bytes | None = None
+        length: bytes | None = None
+        rid: str | None = None
+        headers: list[tuple[str, str]] = []
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                auth = value
+            elif name == b"content-length":
+                length = value
+            elif name == b"x-request-id":
+                rid = value.decode("latin-1")
+            if name not in _DROP_REQUEST:
+                headers.append((name.decode("latin-1"), value.decode("latin-1")))
+        headers.append(("accept-encoding", "identity"))
+        if self._backend_auth is not None:
+            headers.append(("authorization", self._backend_auth))
+        if rid is None:
+            rid = f"r{next(self._ids)}"
+        try:
+            if self._api_auth is not None and (
+                auth is None or not hmac.compare_digest(auth, self._api_auth)
+            ):
+                raise Unauthorized("missing or wrong API key")
+            body = await self._read_body(receive, length)
+            if body is None:
+                logger.debug("%s: client left while sending its body", rid)
+                return
+            body, stream, strip = self._prepare(body, required)
+            lease = self.pools.acquire()
+        except RouterError as exc:
+            extra = [(b"connection", b"close")] if isinstance(exc, PayloadTooLarge) else None
+            logger.debug("%s: %d %s", rid, exc.status, exc.message)
+            await send_error(send, exc, extra)
+            return
+        ex = _Exchange(lease, rid, path=scope["path"], body=body, headers=headers, start=start)
+        ex.stream = stream
+        ex.strip = strip
+        await self._relay(ex, receive, send)
+
+    async def _read_body(self, receive: Receive, length: bytes | None) -> bytes | None:
+        limit = self.max_body_bytes
+        too_large = PayloadTooLarge(f"request body is larger than {limit} bytes")
+        if length is not None:
+            try:
+                declared = int(length)
+            except ValueError:
+                raise BadRequest("invalid content-length") from None
+            if declared > limit:
+                raise too_large
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        first: bytes = message.get("body", b"")
+        if not message.get("more_body", False):
+            if len(first) > limit:
+                raise too_large
+            return first
+        buf = bytearray(first)
+        while True:
+            if len(buf) > limit:
+                raise too_large
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            buf += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        if len(buf) > limit:
+            raise too_large
+        return bytes(buf)
+
+    @staticmethod
+    def _prepare(body: bytes, required: str) -> tuple[bytes, bool, bool]:
+        """Validate the request; returns (body to send, streamed?, strip the usage chunk?)."""
+        try:
+            request = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise BadRequest("the request body is not valid JSON") from None
+        if not isinstance(request, dict):
+            raise BadRequest("the request body must be a JSON object")
+        if required not in request:
+            raise BadRequest(f"'{required}' is a required property", param=required)
+        stream = bool(request.get("stream") == 1)
+        if not stream:
+            return body, False, False
+        options = request.get("stream_options")
+        if options is None:
+            options = {}
+        if not isinstance(options, dict):
+            raise BadRequest("'stream_options' must be an object", param="stream_options")
+        if options.get("include_usage"):
+            return body, True, False
+        # Ask the server for usage (the token metrics need it); the client will not see it.
+        request["stream_options"] = {**options, "include_usage": True}
+        return orjson.dumps(request), True, True
+
+    # -- upstream side -----------------------------------------------------------------------------
+
+    async def _open(self, ex: _Exchange) -> aiohttp.ClientResponse:
+        """POST to the chosen server; a connect failure is retried once on another server."""
+        assert self.session is not None, "the proxy runs inside the app's lifespan"
+        tried: set[str] = set()
+        while True:
+            server = ex.lease.server
+            try:
+                return await self.session.post(
+                    server.url + ex.path, data=ex.body, headers=ex.headers, timeout=self.timeout
+                )
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                self.metrics.upstream_error(server.pool, "connect")
+                logger.warning("%s: cannot reach %s: %s", ex.rid, server.url, exc)
+                if is_refused(exc) and self.on_refused is not None:
+                    self.on_refused(server.url)
+                tried.add(server.url)
+                if len(tried) > 1:
+                    raise BadGateway("no server could be reached") from None
+                ex.lease.release()
+                try:
+                    # Same load as before: the request is moving, not arriving again.
+                    ex.lease = self.pools.acquire(frozenset(tried), limit=False)
+                except NoServer:
+                    raise BadGateway(
+                        f"the server {server.url} cannot be reached and no other can take "
+                        "the request"
+                    ) from None
+            except asyncio.TimeoutError:
+                self.metrics.upstream_error(server.pool, "timeout")
+                raise GatewayTimeout("the server did not answer in time") from None
+            except aiohttp.ClientError as exc:
+                self.metrics.upstream_error(server.pool, "protocol")
+                logger.warning("%s: %s failed before answering: %r", ex.rid, server.url, exc)
+                raise BadGateway("the server closed the connection without answering") from None
+
+    async def _relay(self, ex: _Exchange, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+
+        async def watch() -> None:
+            # The body is read; the next message is the disconnect (or the response's end).
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not ex.finished:
+                ex.client_gone = True
+                task.cancel()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await self._exchange(ex, send)
+        except asyncio.CancelledError:
+            if not ex.client_gone:
+                raise
+            # Our own cancellation, from the watcher: the client left. Not an error.
+            uncancel = getattr(task, "uncancel", None)
+            if uncancel is not None:
+                uncancel()
+            ex.code = CLIENT_CLOSED
+            self.metrics.client_disconnect(ex.lease.pool)
+            logger.debug("%s: client left, upstream request closed", ex.rid)
+        finally:
+            ex.finished = True
+            if not watcher.done():
+                watcher.cancel()
+            ex.lease.release()
+            self.metrics.finished(
+                ex.lease.pool,
+                ex.code,
+                duration=time.perf_counter() - ex.start,
+                ttft=ex.ttft,
+                prompt_tokens=ex.prompt_tokens,
+                output_tokens=ex.output_tokens,
+            )
+            logger.debug("%s: %s %d via %s", ex.rid, ex.lease.pool, ex.code, ex.lease.server.url)
+
+    async def _exchange(self, ex: _Exchange, send: Send) -> None:
+        try:
+            resp = await self._open(ex)
+        except RouterError as exc:
+            ex.code = exc.status
+            await send_error(send, exc, [_BACKEND[ex.lease.pool]])
+            return
+        pool = ex.lease.pool
+        try:
+            ex.code = resp.status
+            if resp.status >= 500:
+                self.metrics.upstream_error(pool, "status")
+            sse = ex.stream and resp.status == 200 and resp.content_type == "text/event-stream"
+            strip = ex.strip and sse
+            out: list[tuple[bytes, bytes]] = [_BACKEND[pool]]
+            for name, value in resp.raw_headers:
+                lname = name.lower()
+                if lname in _DROP_RESPONSE or (strip and lname == b"content-length"):
+                    continue
+                out.append((lname, value))
+            await send({"type": "http.response.start", "status": resp.status, "headers": out})
+            try:
+                if strip:
+                    await self._relay_stripping(ex, resp, send)
+                elif sse:
+                    await self._relay_stream(ex, resp, send)
+                else:
+                    await self._relay_body(ex, resp, send)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                # The server failed mid-response: end the client's connection without a proper
+                # end, so it sees a broken response, not a short one that looks complete.
+                kind = "timeout" if isinstance(exc, asyncio.TimeoutError) else "protocol"
+                self.metrics.upstream_error(pool, kind)
+                logger.warning(
+                    "%s: %s failed mid-response (%s): %r", ex.rid, ex.lease.server.url, kind, exc
+                )
+                return
+            ex.finished = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            # Closing (not releasing) an unfinished response drops the connection, which is how
+            # SGLang learns that the request was abandoned and aborts it.
+            if resp.content.is_eof():
+                resp.release()
+            else:
+                resp.close()
+
+    async def _relay_stream(self, ex: _Exchange, resp: aiohttp.ClientResponse, send: Send) -> None:
+        content = resp.content
+        prev = last = b""
+        while True:
+            data = await content.readany()
+            if not data:
+                break
+            if ex.ttft is None and _TOKEN.search(data):
+                ex.ttft = time.perf_counter() - ex.start
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+            prev, last = last, data
+        self._read_usage(ex, prev + last)
+
+    async def _relay_body(self, ex: _Exchange, resp: aiohttp.ClientResponse, send: Send) -> None:
+        content = resp.content
+        kept: list[bytes] = []
+        size = 0
+        while True:
+            data = await content.readany()
+            if not data:
+                break
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+            if size < _MAX_USAGE_SCAN:
+                kept.append(data)
+                size += len(data)
+        if resp.status == 200:
+            self._read_usage(ex, b"".join(kept))
+
+    async def _relay_stripping(
+        self, ex: _Exchange, resp: aiohttp.ClientResponse, send: Send
+    ) -> None:
+        content = resp.content
+        carry = b""
+        while True:
+            data = await content.readany()
+            if not data:
+                break
+            if carry:
+                data = carry + data
+                carry = b""
+            end = data.rfind(b"\n\n")
+            if end == -1:
+                if len(data) < _MAX_CARRY:
+                    carry = data
+                    continue
+            elif end + 2 < len(data):
+                carry = data[end + 2 :]
+                data = data[: end + 2]
+            if _EMPTY_CHOICES[0] in data or _EMPTY_CHOICES[1] in data:
+                data = self._strip_usage(ex, data)
+                if not data:
+                    continue
+            if ex.ttft is None and _TOKEN.search(data):
+                ex.ttft = time.perf_counter() - ex.start
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        if carry:
+            await send({"type": "http.response.body", "body": carry, "more_body": True})
+
+    def _strip_usage(self, ex: _Exchange, data: bytes) -> bytes:
+        """Drop the usage-only events (``"choices": []``) from whole SSE events, keep usage."""
+        kept: list[bytes] = []
+        for event in data.split(b"\n\n"):
+            if (_EMPTY_CHOICES[0] in event or _EMPTY_CHOICES[1] in event) and event.startswith(
+                b"data:"
+            ):
+                try:
+                    payload: Any = orjson.loads(event[5:])
+                except orjson.JSONDecodeError:
+                    payload = None
+                if isinstance(payload, dict) and payload.get("choices") == []:
+                    usage = payload.get("usage")
+                    if isinstance(usage, dict):
+                        self._set_usage(ex, usage)
+                    continue
+            kept.append(event)
+        return b"\n\n".join(kept)
+
+    @staticmethod
+    def _set_usage(ex: _Exchange, usage: dict[str, Any]) -> None:
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(prompt, int):
+            ex.prompt_tokens = prompt
+        if isinstance(completion, int):
+            ex.output_tokens = completion
+
+    @staticmethod
+    def _read_usage(ex: _Exchange, blob: bytes) -> None:
+        if b"_tokens" not in blob:
+            return
+        ex.prompt_tokens = _last_int(_PROMPT_TOKENS, blob)
+        ex.output_tokens = _last_int(_COMPLETION_TOKENS, blob)
