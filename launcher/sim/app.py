@@ -1,0 +1,658 @@
+"""The simulated server's HTTP surface: a bare ASGI app with SGLang 0.5.23's paths and bodies.
+
+Bare ASGI rather than FastAPI: the streaming path is the yardstick others are measured against, so
+each chunk costs one template concatenation and one ``send``. Paths:
+
+- ``/health``, ``/health_generate``: empty body; 503 until the startup delay has passed, then 200.
+- ``/model_info``, ``/server_info`` (and SGLang's deprecated ``/get_*`` aliases), ``/v1/models``.
+- ``/v1/chat/completions``, ``/v1/completions``: streamed or not; errors in SGLang's flat body.
+- ``/abort_request``: ``{"rid": ...}`` or ``{"abort_all": true}``.
+- ``/metrics``: SGLang's metric names and labels.
+- ``/sim/faults`` (GET, POST a JSON object of switches, DELETE to clear) and ``/sim/stats``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+import orjson
+
+from dynspec.launcher.sim import wire
+from dynspec.launcher.sim.engine import Engine, SimRequest
+from dynspec.launcher.sim.metrics import Metrics
+from dynspec.launcher.sim.profile import (
+    BASELINE_DEFAULT_MAX_RUNNING,
+    EAGLE_DEFAULT_MAX_RUNNING,
+    Profile,
+)
+
+logger = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+SGLANG_VERSION = "0.5.23"
+MAX_BODY_BYTES = 64 * 1024 * 1024
+_JSON = [(b"content-type", b"application/json")]
+_SSE = [(b"content-type", b"text/event-stream; charset=utf-8")]
+_METRICS = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+_FAULT_KEYS = {"health_status", "fail_status", "stall", "exit_after_chunks"}
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    profile: Profile
+    mode: str = "eagle"
+    served_model_name: str | None = None
+    max_running_requests: int | None = None
+    startup_delay: float = 0.0
+    speed: float = 1.0
+    seed: int | None = None
+    host: str = "127.0.0.1"
+    port: int = 30000
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.profile.model
+
+    @property
+    def max_running(self) -> int:
+        if self.max_running_requests is not None:
+            return self.max_running_requests
+        mp = self.profile.mode(self.mode)
+        if mp.max_running_requests is not None:
+            return int(mp.max_running_requests)
+        return EAGLE_DEFAULT_MAX_RUNNING if self.mode == "eagle" else BASELINE_DEFAULT_MAX_RUNNING
+
+
+@dataclass
+class Faults:
+    health_status: int | None = None
+    fail_status: int | None = None
+    stall: bool = False
+    exit_after_chunks: int | None = None
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "health_status": self.health_status or 200,
+            "fail_status": self.fail_status,
+            "stall": self.stall,
+            "exit_after_chunks": self.exit_after_chunks,
+        }
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, err_type: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.err_type = err_type
+
+
+def _validation(message: str) -> BadRequest:
+    # FastAPI request-validation errors: SGLang turns them into 400 with type "Bad Request".
+    return BadRequest(message, HTTPStatus.BAD_REQUEST.phrase)
+
+
+def _count_text_tokens(text: str) -> int:
+    return max(1, math.ceil(len(text) / 4)) if text else 0
+
+
+def _chat_prompt(messages: list[Any]) -> tuple[int, str]:
+    """Prompt tokens (about 4 characters a token plus template overhead) and the prompt key."""
+    tokens = 3
+    parts: list[str] = []
+    for msg in messages:
+        if not isinstance(msg, dict) or "role" not in msg:
+            raise _validation("each message must be an object with a 'role'")
+        content = msg.get("content")
+        text = ""
+        if isinstance(content, str):
+            text = content
+        elif isinstance(content, list):
+            text = " ".join(
+                str(p.get("text", "")) for p in content if isinstance(p, dict) and "text" in p
+            )
+        elif content is not None:
+            raise _validation("message content must be a string, a list of parts or null")
+        tokens += 4 + _count_text_tokens(text)
+        parts.append(f"{msg['role']}:{text}")
+    return tokens, "\x1e".join(parts)
+
+
+def _completion_prompt(prompt: Any) -> tuple[int, str]:
+    if isinstance(prompt, str):
+        return _count_text_tokens(prompt), prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return len(prompt), ",".join(map(str, prompt))
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return _count_text_tokens(prompt[0]), prompt[0]
+    raise _validation("prompt must be a string, a list of token ids, or a list of one string")
+
+
+def _positive_int(obj: dict[str, Any], key: str) -> int | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _validation(f"{key}: Input should be a valid integer")
+    if value <= 0:
+        raise _validation(f"Value error, {key} must be positive")
+    return value
+
+
+class SimApp:
+    """The ASGI application of one simulated SGLang server."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.mode_profile = config.profile.mode(config.mode)
+        self.speculative = config.mode == "eagle"
+        self.model = config.model_name
+        self.seed = (
+            config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "little")
+        )
+        self.metrics = Metrics(self.model, self.speculative)
+        self.faults = Faults()
+        self.engine: Engine | None = None
+        self.ready = False
+        self.started_at = time.time()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._chunks_left: int | None = None
+        self._routes: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {
+            "/health": self._health,
+            "/health_generate": self._health,
+            "/v1/chat/completions": self._chat,
+            "/v1/completions": self._completions,
+            "/metrics": self._metrics,
+            "/v1/models": self._models,
+            "/model_info": self._model_info,
+            "/get_model_info": self._model_info,
+            "/server_info": self._server_info,
+            "/get_server_info": self._server_info,
+            "/abort_request": self._abort_request,
+            "/sim/faults": self._faults,
+            "/sim/stats": self._stats,
+        }
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def startup(self) -> None:
+        cfg = self.config
+        self.engine = Engine(
+            mode_profile=self.mode_profile,
+            speculative=self.speculative,
+            max_running=cfg.max_running,
+            speed=cfg.speed,
+            seed=self.seed,
+            metrics=self.metrics,
+            max_total_tokens=cfg.profile.max_total_tokens,
+        )
+        self._tasks.append(asyncio.create_task(self._engine_task(self.engine)))
+        self._tasks.append(asyncio.create_task(self._open_after_delay(self.engine)))
+
+    async def _engine_task(self, engine: Engine) -> None:
+        try:
+            await engine.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("the engine loop failed")
+            os._exit(1)
+
+    async def _open_after_delay(self, engine: Engine) -> None:
+        if self.config.startup_delay > 0:
+            await asyncio.sleep(self.config.startup_delay)
+        engine.open()
+        self.ready = True
+        logger.info(
+            "ready: mode %s, profile %s, max running %d, speed %g",
+            self.config.mode,
+            self.config.profile.name,
+            self.config.max_running,
+            self.config.speed,
+        )
+
+    async def shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- ASGI --------------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            handler = self._routes.get(scope["path"])
+            if handler is None:
+                await _respond(send, 404, b'{"detail":"Not Found"}')
+                return
+            await handler(scope, receive, send)
+        elif kind == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await self.startup()
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await self.shutdown()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+
+    # -- simple endpoints --------------------------------------------------------------------
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        status = self.faults.health_status or (200 if self.ready else 503)
+        await _respond(send, status, b"", [])
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        card = {
+            "id": self.model,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "sglang",
+            "root": self.model,
+            "parent": None,
+            "max_model_len": self.config.profile.context_length,
+        }
+        await _respond(send, 200, orjson.dumps({"object": "list", "data": [card]}))
+
+    async def _model_info(self, scope: Scope, receive: Receive, send: Send) -> None:
+        info = {
+            "model_path": self.model,
+            "served_model_name": self.model,
+            "tokenizer_path": self.model,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "load_format": "auto",
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+        }
+        await _respond(send, 200, orjson.dumps(info))
+
+    def _server_args(self) -> dict[str, Any]:
+        cfg = self.config
+        mp = self.mode_profile
+        spec = self.speculative
+        return {
+            "model_path": self.model,
+            "tokenizer_path": self.model,
+            "served_model_name": self.model,
+            "host": cfg.host,
+            "port": cfg.port,
+            "tp_size": 1,
+            "dp_size": 1,
+            "pp_size": 1,
+            "context_length": cfg.profile.context_length,
+            "max_running_requests": cfg.max_running,
+            "max_total_tokens": cfg.profile.max_total_tokens,
+            "enable_metrics": True,
+            "speculative_algorithm": "EAGLE3" if spec else None,
+            "speculative_num_steps": mp.max_accept_length - 1 if spec else None,
+            "speculative_eagle_topk": 1 if spec else None,
+            "speculative_num_draft_tokens": mp.max_accept_length if spec else None,
+            "random_seed": self.seed,
+            "simulated": {
+                "profile": cfg.profile.name,
+                "illustrative": cfg.profile.illustrative,
+                "mode": cfg.mode,
+                "speed": cfg.speed,
+            },
+        }
+
+    async def _server_info(self, scope: Scope, receive: Receive, send: Send) -> None:
+        engine = self._engine()
+        args = self._server_args()
+        state: dict[str, Any] = {
+            **args,
+            "world_size": 1,
+            "effective_max_running_requests_per_dp": self.config.max_running,
+            "last_gen_throughput": engine.gen_throughput(),
+        }
+        if self.speculative:
+            state["avg_spec_accept_length"] = engine.last_accept_length or (
+                self.mode_profile.accept_length
+            )
+        info = {
+            **args,
+            "startup_time": self.started_at,
+            "internal_states": [state],
+            "version": SGLANG_VERSION,
+            "frontend": "python",
+        }
+        await _respond(send, 200, orjson.dumps(info))
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        engine = self._engine()
+        used = engine.used_tokens()
+        body = self.metrics.render(
+            running=len(engine.running),
+            queued=engine.queued(),
+            gen_throughput=engine.gen_throughput(),
+            token_usage=used / self.config.profile.max_total_tokens,
+            used_tokens=used,
+            accept_length=engine.last_accept_length,
+        )
+        await _respond(send, 200, body, _METRICS)
+
+    async def _stats(self, scope: Scope, receive: Receive, send: Send) -> None:
+        engine = self._engine()
+        s = engine.stats
+        body = {
+            "running": len(engine.running),
+            "queued": engine.queued(),
+            "steps": s.steps,
+            "prefill_steps": s.prefill_steps,
+            "late_steps": s.late_steps,
+            "max_lag_s": s.max_lag_s,
+            "total_lag_s": s.total_lag_s,
+            "sim_time_s": engine.now(),
+        }
+        await _respond(send, 200, orjson.dumps(body))
+
+    async def _abort_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "POST":
+            await _respond(send, 405, b'{"detail":"Method Not Allowed"}')
+            return
+        try:
+            obj = _parse_object(await _read_body(receive))
+        except BadRequest as exc:
+            await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
+            return
+        engine = self._engine()
+        if obj.get("abort_all"):
+            n = engine.abort_all()
+        else:
+            n = engine.abort_rid(str(obj.get("rid") or ""))
+        logger.debug("abort_request aborted %d request(s)", n)
+        await _respond(send, 200, b"", [])
+
+    async def _faults(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method = scope["method"]
+        if method == "DELETE":
+            self._set_faults({}, clear=True)
+        elif method == "POST":
+            try:
+                obj = _parse_object(await _read_body(receive))
+                self._set_faults(obj)
+            except BadRequest as exc:
+                await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
+                return
+        elif method != "GET":
+            await _respond(send, 405, b'{"detail":"Method Not Allowed"}')
+            return
+        await _respond(send, 200, orjson.dumps(self.faults.view()))
+
+    def _set_faults(self, obj: dict[str, Any], clear: bool = False) -> None:
+        unknown = sorted(set(obj) - _FAULT_KEYS)
+        if unknown:
+            raise BadRequest(f"unknown fault switch {unknown[0]!r}")
+
+        def status(key: str, nullable: bool) -> int | None:
+            v = obj[key]
+            if v is None and nullable:
+                return None
+            if isinstance(v, bool) or not isinstance(v, int) or not 100 <= v <= 599:
+                raise BadRequest(f"{key} must be an HTTP status code")
+            return v
+
+        f = self.faults
+        new = (
+            Faults()
+            if clear
+            else Faults(f.health_status, f.fail_status, f.stall, f.exit_after_chunks)
+        )
+        if "health_status" in obj:
+            new.health_status = status("health_status", nullable=True)
+            if new.health_status == 200:
+                new.health_status = None
+        if "fail_status" in obj:
+            new.fail_status = status("fail_status", nullable=True)
+        if "stall" in obj:
+            if not isinstance(obj["stall"], bool):
+                raise BadRequest("stall must be true or false")
+            new.stall = obj["stall"]
+        if "exit_after_chunks" in obj:
+            v = obj["exit_after_chunks"]
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise BadRequest("exit_after_chunks must be a non-negative integer or null")
+            new.exit_after_chunks = v
+        self.faults = new
+        self._chunks_left = new.exit_after_chunks
+        logger.info("faults now %s", new.view())
+
+    def _engine(self) -> Engine:
+        assert self.engine is not None, "the app has not started"
+        return self.engine
+
+    # -- generation --------------------------------------------------------------------------
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate(scope, receive, send, chat=True)
+
+    async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate(scope, receive, send, chat=False)
+
+    async def _generate(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
+        if scope["method"] != "POST":
+            await _respond(send, 405, b'{"detail":"Method Not Allowed"}')
+            return
+        try:
+            body = await _read_body(receive)
+        except BadRequest as exc:
+            await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
+            return
+        fail = self.faults.fail_status
+        if fail is not None:
+            phrase = HTTPStatus(fail).phrase if fail in HTTPStatus._value2member_map_ else "Error"
+            message = f"{phrase} (simulated fault)"
+            err_type = "InternalServerError" if fail == 500 else phrase.replace(" ", "")
+            await _respond(send, fail, wire.error_body(message, err_type, fail))
+            return
+        try:
+            req, stream, include_usage = self._make_request(body, chat)
+        except BadRequest as exc:
+            await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
+            return
+        engine = self._engine()
+        engine.submit(req)
+        watcher = asyncio.create_task(self._watch_disconnect(receive, engine, req))
+        try:
+            if stream:
+                await self._stream(send, req, chat, include_usage, watcher)
+            else:
+                await self._answer(send, req, chat)
+        finally:
+            watcher.cancel()
+
+    def _make_request(self, body: bytes, chat: bool) -> tuple[SimRequest, bool, bool]:
+        obj = _parse_object(body)
+        if chat:
+            if "messages" not in obj:
+                raise _validation("messages: Field required")
+            messages = obj["messages"]
+            if not isinstance(messages, list):
+                raise _validation("messages: Input should be a valid list")
+            if not messages:
+                raise BadRequest("Messages cannot be empty.")
+            prompt_tokens, key = _chat_prompt(messages)
+            max_new = _positive_int(obj, "max_completion_tokens") or _positive_int(
+                obj, "max_tokens"
+            )
+        else:
+            if "prompt" not in obj:
+                raise _validation("prompt: Field required")
+            prompt_tokens, key = _completion_prompt(obj["prompt"])
+            max_new = _positive_int(obj, "max_tokens") if "max_tokens" in obj else 16
+        stream = obj.get("stream", False)
+        if not isinstance(stream, bool):
+            raise _validation("stream: Input should be a valid boolean")
+        opts = obj.get("stream_options")
+        if opts is not None and not isinstance(opts, dict):
+            raise _validation("stream_options: Input should be a valid dictionary")
+        include_usage = bool(opts and opts.get("include_usage"))
+        ignore_eos = bool(obj.get("ignore_eos", False))
+        ctx = self.config.profile.context_length
+        if prompt_tokens >= ctx:
+            raise BadRequest(
+                f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+                f"({ctx} tokens)."
+            )
+        if max_new is not None and max_new + prompt_tokens > ctx:
+            raise BadRequest(
+                "Requested token count exceeds the model's maximum context length of "
+                f"{ctx} tokens. You requested a total of {max_new + prompt_tokens} tokens: "
+                f"{prompt_tokens} tokens from the input messages and {max_new} tokens for the "
+                "completion. Please reduce the number of tokens in the input messages or the "
+                "completion to fit within the limit."
+            )
+        rid = obj.get("rid")
+        if not isinstance(rid, str) or not rid:
+            rid = ("chatcmpl-" if chat else "cmpl-") + os.urandom(16).hex()
+        req = SimRequest(
+            rid=rid,
+            prompt_tokens=prompt_tokens,
+            max_new_tokens=max_new,
+            limit=ctx - prompt_tokens,
+            stream=stream,
+            seed=self.seed,
+            prompt_key=key,
+            ignore_eos=ignore_eos,
+        )
+        return req, stream, include_usage
+
+    async def _watch_disconnect(self, receive: Receive, engine: Engine, req: SimRequest) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not req.done and engine.abort(req):
+                    logger.debug("client left: aborted %s", req.rid)
+                return
+
+    async def _answer(self, send: Send, req: SimRequest, chat: bool) -> None:
+        while not req.done:
+            await req.wait(req.target)
+        created = int(time.time())
+        text = req.text(0, req.generated)
+        build = wire.chat_response if chat else wire.completion_response
+        body = build(
+            rid=req.rid,
+            created=created,
+            model=self.model,
+            text=text,
+            finish_reason=req.finish_reason,
+            matched_stop=req.matched_stop,
+            prompt_tokens=req.prompt_tokens,
+            completion_tokens=req.generated,
+        )
+        await _respond(send, 200, body)
+
+    async def _stream(
+        self,
+        send: Send,
+        req: SimRequest,
+        chat: bool,
+        include_usage: bool,
+        watcher: asyncio.Task[None],
+    ) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        created = int(time.time())
+        chunks: wire.ChatChunks | wire.CompletionChunks
+        chunks = (wire.ChatChunks if chat else wire.CompletionChunks)(req.rid, created, self.model)
+        sent = 0
+        content_chunks = 0
+        first = True
+        while True:
+            await req.wait(sent)
+            n = req.generated
+            events: list[bytes] = []
+            if chat:
+                assert isinstance(chunks, wire.ChatChunks)
+                if first:
+                    events.append(chunks.role())
+                    first = False
+                if n > sent:
+                    events.append(chunks.content(req.text(sent, n)))
+                if req.done:
+                    events.append(chunks.finish(req.finish_reason, req.matched_stop))
+            else:
+                assert isinstance(chunks, wire.CompletionChunks)
+                if req.done:
+                    events.append(
+                        chunks.last(req.text(sent, n), req.finish_reason, req.matched_stop)
+                    )
+                elif n > sent:
+                    events.append(chunks.text(req.text(sent, n)))
+            if n > sent:
+                content_chunks += 1
+            sent = n
+            if req.done:
+                if include_usage:
+                    events.append(chunks.usage(req.prompt_tokens, n))
+                events.append(wire.SSE_DONE)
+            await self._emit(send, events, last=req.done)
+            if req.done:
+                return
+            if self.faults.stall and content_chunks >= 1:
+                # A stalled stream: the connection stays open and silent until the client leaves.
+                await watcher
+                return
+
+    async def _emit(self, send: Send, events: list[bytes], last: bool) -> None:
+        left = self._chunks_left
+        if left is not None:
+            if len(events) >= left:
+                if left:
+                    await send({"type": "http.response.body", "body": b"".join(events[:left])})
+                logger.warning("exit_after_chunks reached: exiting abruptly")
+                os._exit(1)
+            self._chunks_left = left - len(events)
+        await send({"type": "http.response.body", "body": b"".join(events), "more_body": not last})
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks)
+        part = message.get("body", b"")
+        size += len(part)
+        if size > MAX_BODY_BYTES:
+            raise _validation("request body too large")
+        chunks.append(part)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _parse_object(body: bytes) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise _validation(f"JSON decode error: {exc}") from None
+    if not isinstance(obj, dict):
+        raise _validation("Input should be a valid dictionary or object to extract fields from")
+    return obj
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    hdrs = list(_JSON if headers is None else headers)
+    hdrs.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,163 @@
+"""``dynspec-sim``: one simulated SGLang server on uvicorn (uvloop + httptools)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+from collections.abc import Sequence
+
+from dynspec.router.entry import (
+    FlagParser,
+    UsageError,
+    add_log_level,
+    configure_logging,
+    run_main,
+)
+
+logger = logging.getLogger(__name__)
+PROG = "dynspec-sim"
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError("must be a positive number")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError("must be zero or more")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError("must be 0..65535")
+    return value
+
+
+def build_parser() -> FlagParser:
+    p = FlagParser(
+        prog=PROG,
+        description=(
+            "A simulated SGLang 0.5.23 server: the same HTTP surface (OpenAI chat and completions, "
+            "streamed or not, /health, /metrics, /server_info, /abort_request) with a modelled "
+            "continuous-batching engine whose speed comes from a profile. No GPU, no model."
+        ),
+    )
+    p.add_argument("--port", type=_port, default=30000, help="port to listen on")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument(
+        "--mode",
+        choices=("eagle", "baseline"),
+        default="eagle",
+        help="which server of the profile's pair to simulate (EAGLE-3 or plain decoding)",
+    )
+    p.add_argument(
+        "--profile",
+        default="demo",
+        help="a shipped profile name (demo, seed, eagle3-h100) or a profile FILE.json",
+    )
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="model name in /v1/models and answers (default: the profile's model)",
+    )
+    p.add_argument(
+        "--max-running-requests",
+        type=_positive_int,
+        default=None,
+        help="requests decoded at once; more wait in a FIFO queue "
+        "(default: the profile's, else 48 for eagle as SGLang forces, 1024 for baseline)",
+    )
+    p.add_argument(
+        "--startup-delay",
+        type=_non_negative_float,
+        default=0.0,
+        help="seconds (real time) during which /health and /health_generate answer 503",
+    )
+    p.add_argument(
+        "--speed",
+        type=_positive_float,
+        default=1.0,
+        help="simulated time runs this many times faster than real time (1 = real time)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="makes generated text and accept lengths reproducible (same seed + same prompt "
+        "= same answer and chunks); default: random",
+    )
+    add_log_level(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_layered(argv)
+    configure_logging(args.log_level)
+    run_main(PROG, lambda: serve(args), args.log_level)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from dynspec.launcher.sim.app import SimApp, SimConfig
+    from dynspec.launcher.sim.profile import ProfileError, load_profile
+
+    try:
+        profile = load_profile(args.profile)
+        profile.mode(args.mode)
+    except ProfileError as exc:
+        raise UsageError(str(exc)) from None
+    config = SimConfig(
+        profile=profile,
+        mode=args.mode,
+        served_model_name=args.served_model_name,
+        max_running_requests=args.max_running_requests,
+        startup_delay=args.startup_delay,
+        speed=args.speed,
+        seed=args.seed,
+        host=args.host,
+        port=args.port,
+    )
+    app = SimApp(config)
+    loop = "uvloop" if sys.platform != "win32" else "asyncio"
+    uv_config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        loop=loop,
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        log_level="warning" if args.log_level != "debug" else "debug",
+        timeout_keep_alive=60,
+        backlog=4096,
+    )
+    server = uvicorn.Server(uv_config)
+    logger.info(
+        "dynspec-sim %s on %s:%d, profile %s%s",
+        args.mode,
+        args.host,
+        args.port,
+        profile.name,
+        " (illustrative, not measured)" if profile.illustrative else "",
+    )
+    # Server.run() builds the event loop from config.loop (asyncio.run(server.serve()) would not).
+    server.run()
+    if not server.started:
+        raise RuntimeError(f"could not listen on {args.host}:{args.port}")
+    return 0

@@ -1,0 +1,183 @@
+"""SGLang 0.5.23's OpenAI-compatible bodies, byte for byte in shape.
+
+Chat streams (``serving_chat.py``, chunks built by ``sse_utils.build_sse_content`` with msgspec,
+so ``delta`` always has ``reasoning_content`` first and no ``usage`` key): a role chunk, content
+chunks, a separate finish chunk with ``finish_reason`` and ``matched_stop``, a usage chunk with
+``"choices": []`` only when ``stream_options.include_usage`` is true (pydantic, all usage fields),
+then ``data: [DONE]``. Completion streams (``serving_completions.py``, pydantic, ``"usage": null``
+in each chunk): text chunks, the last one carrying ``finish_reason``; the usage chunk drops nulls.
+Chunks are built from per-request byte templates: one ``orjson.dumps`` of the text per chunk.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+SSE_DONE = b"data: [DONE]\n\n"
+_TAIL_OPEN = b',"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n\n'
+_TAIL_OPEN_COMPLETION = (
+    b',"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null}\n\n'
+)
+
+
+def error_body(message: str, err_type: str = "BadRequestError", code: int = 400) -> bytes:
+    """SGLang's flat error body (``ErrorResponse``)."""
+    return orjson.dumps(
+        {"object": "error", "message": message, "type": err_type, "param": None, "code": code}
+    )
+
+
+def _finish_fields(finish_reason: str, matched_stop: int | None) -> bytes:
+    return (
+        b',"logprobs":null,"finish_reason":'
+        + orjson.dumps(finish_reason)
+        + b',"matched_stop":'
+        + orjson.dumps(matched_stop)
+    )
+
+
+class ChatChunks:
+    """The SSE events of one streamed chat completion."""
+
+    __slots__ = ("_head", "_usage_head")
+
+    def __init__(self, rid: str, created: int, model: str) -> None:
+        top = (
+            b'data: {"id":'
+            + orjson.dumps(rid)
+            + b',"object":"chat.completion.chunk","created":'
+            + str(created).encode()
+            + b',"model":'
+            + orjson.dumps(model)
+        )
+        self._head = top + b',"choices":[{"index":0,"delta":{"reasoning_content":null'
+        self._usage_head = top + b',"choices":[],"usage":'
+
+    def role(self) -> bytes:
+        return self._head + b',"role":"assistant","content":""}' + _TAIL_OPEN
+
+    def content(self, text: str) -> bytes:
+        return self._head + b',"content":' + orjson.dumps(text) + b"}" + _TAIL_OPEN
+
+    def finish(self, finish_reason: str, matched_stop: int | None) -> bytes:
+        return self._head + b"}" + _finish_fields(finish_reason, matched_stop) + b"}]}\n\n"
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        return self._usage_head + usage_json(prompt_tokens, completion_tokens) + b"}\n\n"
+
+
+class CompletionChunks:
+    """The SSE events of one streamed text completion."""
+
+    __slots__ = ("_head", "_usage_head")
+
+    def __init__(self, rid: str, created: int, model: str) -> None:
+        top = (
+            b'data: {"id":'
+            + orjson.dumps(rid)
+            + b',"object":"text_completion","created":'
+            + str(created).encode()
+            + b',"model":'
+            + orjson.dumps(model)
+        )
+        self._head = top + b',"choices":[{"index":0,"text":'
+        self._usage_head = top + b',"choices":[],"usage":'
+
+    def text(self, text: str) -> bytes:
+        return self._head + orjson.dumps(text) + _TAIL_OPEN_COMPLETION
+
+    def last(self, text: str, finish_reason: str, matched_stop: int | None) -> bytes:
+        return (
+            self._head
+            + orjson.dumps(text)
+            + _finish_fields(finish_reason, matched_stop)
+            + b'}],"usage":null}\n\n'
+        )
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        body = orjson.dumps(
+            {
+                "prompt_tokens": prompt_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+                "completion_tokens": completion_tokens,
+                "reasoning_tokens": 0,
+            }
+        )
+        return self._usage_head + body + b"}\n\n"
+
+
+def usage_json(prompt_tokens: int, completion_tokens: int) -> bytes:
+    return orjson.dumps(
+        {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens,
+            "prompt_tokens_details": None,
+            "reasoning_tokens": 0,
+            "completion_tokens_details": None,
+        }
+    )
+
+
+def chat_response(
+    *,
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str,
+    matched_stop: int | None,
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> bytes:
+    return orjson.dumps(
+        {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text, "reasoning_content": None},
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                    "matched_stop": matched_stop,
+                }
+            ],
+            "usage": orjson.Fragment(usage_json(prompt_tokens, completion_tokens)),
+            "metadata": {"weight_version": "default"},
+        }
+    )
+
+
+def completion_response(
+    *,
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str,
+    matched_stop: int | None,
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> bytes:
+    return orjson.dumps(
+        {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                    "matched_stop": matched_stop,
+                }
+            ],
+            "usage": orjson.Fragment(usage_json(prompt_tokens, completion_tokens)),
+            "metadata": {"weight_version": "default"},
+        }
+    )
