@@ -1,0 +1,5 @@
+from __future__ import annotations
+
+from dynspec.launcher.cli import main
+
+main()

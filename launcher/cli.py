@@ -1,0 +1,65 @@
+"""``dynspec-launch``: the command line, from flags to a supervised launch."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from dynspec.launcher.config import PROG, LaunchConfig, build_parser, load_config
+from dynspec.launcher.gpus import split_halves
+from dynspec.launcher.preflight import list_gpus, run_preflight
+from dynspec.launcher.printer import Printer
+from dynspec.launcher.spec import build_specs
+from dynspec.launcher.supervisor import Supervisor
+from dynspec.router.entry import UsageError, configure_logging, env_name, run_main
+
+log = logging.getLogger(__name__)
+
+
+def launcher_env_names() -> frozenset[str]:
+    """``DYNSPEC_*`` variables that set the launcher's own flags (not passed on to children)."""
+    names = set()
+    for action in build_parser()._actions:
+        for opt in action.option_strings:
+            if opt.startswith("--") and opt != "--help":
+                names.add(env_name(opt))
+    return frozenset(names)
+
+
+def with_detected_gpus(config: LaunchConfig) -> LaunchConfig:
+    """No --gpus: use every GPU nvidia-smi lists, split in halves."""
+    if config.simulate or (config.eagle_gpus and config.baseline_gpus):
+        return config
+    try:
+        eagle, baseline = split_halves(list_gpus())
+    except UsageError as exc:
+        raise UsageError(f"{exc} (or pass --gpus, e.g. --gpus 0-7)") from None
+    return dataclasses.replace(config, eagle_gpus=eagle, baseline_gpus=baseline)
+
+
+def launch(config: LaunchConfig) -> int:
+    config = with_detected_gpus(config)
+    specs = build_specs(config)
+    if config.dry_run:
+        for spec in specs:
+            print(spec.command_line())
+        return 0
+    if config.preflight:
+        run_preflight(config)
+    printer = Printer(sys.stdout)
+    supervisor = Supervisor(config, specs, printer, launcher_env_names())
+    return asyncio.run(supervisor.run())
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    try:
+        config = load_config(argv)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    configure_logging(config.log_level)
+    run_main(PROG, lambda: launch(config), config.log_level)

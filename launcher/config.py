@@ -1,0 +1,366 @@
+"""The launcher's settings: flags, ``DYNSPEC_*`` variables and ``--config FILE.toml`` in one config.
+
+Precedence, highest first: command-line flag, environment variable, config file, default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dynspec.launcher.gpus import GpuSet, parse_gpus, split_halves
+from dynspec.router.entry import FlagParser, UsageError, add_log_level, env_name
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+PROG = "dynspec-launch"
+RESTART_POLICIES = ("on-failure", "never")
+POLICIES = ("threshold",)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    simulate: bool
+    eagle_gpus: GpuSet
+    baseline_gpus: GpuSet
+    model_path: str | None
+    draft_model_path: str | None
+    served_model_name: str
+    speculative_num_steps: int | None
+    speculative_eagle_topk: int | None
+    speculative_num_draft_tokens: int | None
+    eagle_args: tuple[str, ...]
+    baseline_args: tuple[str, ...]
+    sglang_args: tuple[str, ...]
+    host: str
+    port: int
+    eagle_port: int
+    baseline_port: int
+    backend_host: str
+    policy: str
+    threshold: int
+    hysteresis: int
+    api_key: str | None
+    sim_profile: str
+    sim_speed: float
+    dry_run: bool
+    log_dir: Path
+    startup_timeout: float
+    drain_timeout: float
+    kill_grace: float
+    restart: str
+    log_level: str
+    server_command: tuple[str, ...] | None
+    preflight: bool
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be >= 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise ValueError("must be 1-65535")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def build_parser() -> FlagParser:
+    p = FlagParser(
+        prog=PROG,
+        description=(
+            "Start an EAGLE-3 SGLang server, a baseline SGLang server (same model) and the dynspec "
+            "router in front of them; supervise them; stop them all cleanly on Ctrl-C."
+        ),
+    )
+    g = p.add_argument_group("GPUs and model")
+    g.add_argument(
+        "--gpus",
+        help="GPUs to use, e.g. 0-7, 0,1,2,3 or 0-3,6,7; first half for the EAGLE server, second "
+        "half for the baseline, tp = half the count (default: every GPU nvidia-smi lists)",
+    )
+    g.add_argument("--eagle-gpus", help="GPUs of the EAGLE server (overrides the split)")
+    g.add_argument("--baseline-gpus", help="GPUs of the baseline server (overrides the split)")
+    g.add_argument("--model-path", help="model (local path or hub id); required unless --simulate")
+    g.add_argument(
+        "--draft-model-path", help="EAGLE-3 draft model (path or hub id); needed unless --simulate"
+    )
+    g.add_argument(
+        "--served-model-name",
+        help="model name clients send (default: the model path's last part; 'dynspec-sim' "
+        "with --simulate)",
+    )
+    s = p.add_argument_group("SGLang settings")
+    s.add_argument(
+        "--speculative-num-steps",
+        type=_positive_int,
+        help="EAGLE draft steps (omitted: SGLang chooses steps, topk and draft tokens)",
+    )
+    s.add_argument("--speculative-eagle-topk", type=_positive_int, help="EAGLE draft top-k")
+    s.add_argument(
+        "--speculative-num-draft-tokens", type=_positive_int, help="EAGLE draft tokens per step"
+    )
+    s.add_argument(
+        "--eagle-args",
+        default="",
+        help='extra SGLang flags for the EAGLE server, e.g. "--mem-fraction-static 0.8"; they '
+        "replace the launcher's own choice of the same flag",
+    )
+    s.add_argument("--baseline-args", default="", help="extra SGLang flags for the baseline server")
+    s.add_argument("--sglang-args", default="", help="extra SGLang flags for both servers")
+    n = p.add_argument_group("addresses")
+    n.add_argument("--host", default="0.0.0.0", help="router listen address")
+    n.add_argument("--port", type=_port, default=8000, help="router port")
+    n.add_argument("--eagle-port", type=_port, default=30001, help="EAGLE server port")
+    n.add_argument("--baseline-port", type=_port, default=30002, help="baseline server port")
+    n.add_argument("--backend-host", default="127.0.0.1", help="listen address of both servers")
+    r = p.add_argument_group("router")
+    r.add_argument("--policy", default="threshold", choices=POLICIES, help="routing policy")
+    r.add_argument(
+        "--threshold",
+        type=_positive_int,
+        default=8,
+        help="load above which new requests go to the baseline server",
+    )
+    r.add_argument(
+        "--hysteresis",
+        type=_non_negative_int,
+        default=2,
+        help="back to EAGLE when load <= threshold - hysteresis",
+    )
+    r.add_argument(
+        "--api-key",
+        help="key clients must send (Authorization: Bearer KEY); prefer the environment variable",
+    )
+    m = p.add_argument_group("simulation")
+    m.add_argument(
+        "--simulate",
+        action="store_true",
+        help="run simulated SGLang servers (dynspec-sim): no GPU, no model",
+    )
+    m.add_argument("--sim-profile", default="demo", help="dynspec-sim profile: NAME or FILE.json")
+    m.add_argument(
+        "--sim-speed",
+        type=float,
+        default=1.0,
+        help="dynspec-sim time runs this many times faster than real time",
+    )
+    o = p.add_argument_group("operation")
+    o.add_argument(
+        "--dry-run", action="store_true", help="print each process's command line, start nothing"
+    )
+    o.add_argument("--log-dir", default="./dynspec-logs", help="one log file per process here")
+    o.add_argument(
+        "--startup-timeout",
+        type=_seconds,
+        default=1800.0,
+        help="seconds a server may take to answer /health_generate with 200",
+    )
+    o.add_argument(
+        "--drain-timeout",
+        type=_seconds,
+        default=30.0,
+        help="on shutdown, seconds the router may take to finish requests in flight",
+    )
+    o.add_argument(
+        "--kill-grace",
+        type=_seconds,
+        default=20.0,
+        help="on shutdown, seconds between SIGTERM and SIGKILL for each server's process group",
+    )
+    o.add_argument(
+        "--restart",
+        default="on-failure",
+        choices=RESTART_POLICIES,
+        help="restart a server that dies after start-up (with backoff), or stop everything",
+    )
+    o.add_argument("--config", help="TOML file whose keys are these flags' names")
+    add_log_level(p)
+    # Test and expert hooks, not in --help: replace `python -m sglang.launch_server` by another
+    # command (a fake SGLang in tests), and skip the pre-flight checks.
+    p.add_argument("--server-command", help=argparse.SUPPRESS)
+    p.add_argument("--no-preflight", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"--config: {path} does not exist") from None
+    except OSError as exc:
+        raise UsageError(f"--config: cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"--config: {path} is not valid TOML: {exc}") from None
+    if "config" in data:
+        raise UsageError(f"--config: {path}: a config file cannot name another config file")
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            raise UsageError(f"--config: {path}: key {key!r} is a table; use flat flag names")
+        if isinstance(value, list):
+            # gpus = [0, 1, 2, 3] reads as "0,1,2,3"; eagle-args = ["--a", "1"] as "--a 1".
+            sep = "," if "gpus" in key else " "
+            quote = str if "gpus" in key else shlex.quote
+            values[key] = sep.join(quote(str(v)) for v in value)
+        else:
+            values[key] = value
+    return values
+
+
+def _split_args(text: str, flag: str) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:
+        raise UsageError(f"{flag}: cannot split {text!r}: {exc}") from None
+
+
+def _find_config(argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    path: str | None = known.config or environ.get(env_name("--config")) or None
+    return path
+
+
+def load_config(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> LaunchConfig:
+    """Parse the layers into a config; a bad value exits 2, a bad combination raises UsageError."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    env = os.environ if environ is None else environ
+    parser = build_parser()
+    config_path = _find_config(args_list, env)
+    file_values = read_config_file(config_path) if config_path else None
+    ns = parser.parse_layered(
+        args_list, file_values=file_values, file_name=str(config_path), environ=env
+    )
+    return config_from_namespace(ns)
+
+
+def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
+    simulate = bool(ns.simulate)
+    gpus = parse_gpus(ns.gpus) if ns.gpus else None
+    eagle_gpus = parse_gpus(ns.eagle_gpus, "--eagle-gpus") if ns.eagle_gpus else None
+    baseline_gpus = parse_gpus(ns.baseline_gpus, "--baseline-gpus") if ns.baseline_gpus else None
+    if eagle_gpus is None or baseline_gpus is None:
+        if gpus is None:
+            # Resolved later from nvidia-smi (see resolve_gpus); simulated servers need none.
+            gpus = ()
+        if eagle_gpus is not None:
+            baseline_gpus = tuple(g for g in gpus if g not in eagle_gpus)
+        elif baseline_gpus is not None:
+            eagle_gpus = tuple(g for g in gpus if g not in baseline_gpus)
+        elif gpus:
+            eagle_gpus, baseline_gpus = split_halves(gpus)
+        else:
+            eagle_gpus, baseline_gpus = (), ()
+        if (ns.eagle_gpus or ns.baseline_gpus) and not (eagle_gpus and baseline_gpus):
+            raise UsageError(
+                "--eagle-gpus/--baseline-gpus: no GPUs left for the other server "
+                "(give both, or a --gpus set that holds both)"
+            )
+    overlap = sorted(set(eagle_gpus) & set(baseline_gpus))
+    if overlap:
+        raise UsageError(f"GPU {overlap[0]} is given to both the EAGLE and the baseline server")
+
+    if not simulate:
+        if not ns.model_path:
+            raise UsageError("--model-path is required (or --simulate to run without a model)")
+        if not ns.draft_model_path:
+            raise UsageError(
+                "--draft-model-path is required: the EAGLE-3 draft model (or --simulate)"
+            )
+    if ns.speculative_num_steps is None and (
+        ns.speculative_eagle_topk is not None or ns.speculative_num_draft_tokens is not None
+    ):
+        # SGLang picks all three or none: a topk or draft-token count without steps is rejected.
+        raise UsageError(
+            "--speculative-eagle-topk and --speculative-num-draft-tokens need "
+            "--speculative-num-steps (omit all three to let SGLang choose)"
+        )
+    if ns.hysteresis >= ns.threshold:
+        raise UsageError(
+            f"--hysteresis {ns.hysteresis} must be below --threshold {ns.threshold} "
+            "(else the router never switches back to EAGLE)"
+        )
+    ports = {"--port": ns.port, "--eagle-port": ns.eagle_port, "--baseline-port": ns.baseline_port}
+    if len(set(ports.values())) != len(ports):
+        raise UsageError(
+            "--port, --eagle-port and --baseline-port must differ, got "
+            + ", ".join(f"{k} {v}" for k, v in ports.items())
+        )
+    if ns.sim_speed <= 0:
+        raise UsageError("--sim-speed must be above 0")
+
+    served = ns.served_model_name
+    if not served:
+        served = (
+            ns.model_path.rstrip("/").split("/")[-1]
+            if ns.model_path
+            else ("dynspec-sim" if simulate else "default")
+        )
+    server_command = (
+        _split_args(ns.server_command, "--server-command") if ns.server_command else None
+    )
+    return LaunchConfig(
+        simulate=simulate,
+        eagle_gpus=eagle_gpus,
+        baseline_gpus=baseline_gpus,
+        model_path=ns.model_path,
+        draft_model_path=ns.draft_model_path,
+        served_model_name=served,
+        speculative_num_steps=ns.speculative_num_steps,
+        speculative_eagle_topk=ns.speculative_eagle_topk,
+        speculative_num_draft_tokens=ns.speculative_num_draft_tokens,
+        eagle_args=_split_args(ns.eagle_args, "--eagle-args"),
+        baseline_args=_split_args(ns.baseline_args, "--baseline-args"),
+        sglang_args=_split_args(ns.sglang_args, "--sglang-args"),
+        host=ns.host,
+        port=ns.port,
+        eagle_port=ns.eagle_port,
+        baseline_port=ns.baseline_port,
+        backend_host=ns.backend_host,
+        policy=ns.policy,
+        threshold=ns.threshold,
+        hysteresis=ns.hysteresis,
+        api_key=ns.api_key or None,
+        sim_profile=ns.sim_profile,
+        sim_speed=float(ns.sim_speed),
+        dry_run=bool(ns.dry_run),
+        log_dir=Path(ns.log_dir),
+        startup_timeout=float(ns.startup_timeout),
+        drain_timeout=float(ns.drain_timeout),
+        kill_grace=float(ns.kill_grace),
+        restart=ns.restart,
+        log_level=ns.log_level,
+        server_command=server_command,
+        preflight=not ns.no_preflight,
+    )

@@ -1,0 +1,69 @@
+"""GPU sets: parse ``0-7`` / ``0,1,2,3`` / ``0-3,6,7``, split them into the two pools, name them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dynspec.router.entry import UsageError
+
+GpuSet = tuple[int, ...]
+
+
+def parse_gpus(text: str, flag: str = "--gpus") -> GpuSet:
+    """Parse a GPU list of ranges and single ids, in the order given; duplicates are an error."""
+    gpus: list[int] = []
+    for raw in text.split(","):
+        part = raw.strip()
+        if not part:
+            continue
+        lo_text, sep, hi_text = part.partition("-")
+        try:
+            lo = int(lo_text)
+            hi = int(hi_text) if sep else lo
+        except ValueError:
+            raise UsageError(f"{flag}: {part!r} is not a GPU id or range like 0-3") from None
+        if lo < 0 or hi < lo:
+            raise UsageError(f"{flag}: {part!r} is not a valid range (want low-high, low <= high)")
+        gpus.extend(range(lo, hi + 1))
+    if not gpus:
+        raise UsageError(f"{flag}: no GPUs given (e.g. {flag} 0-7)")
+    seen: set[int] = set()
+    for gpu in gpus:
+        if gpu in seen:
+            raise UsageError(f"{flag}: GPU {gpu} is listed twice")
+        seen.add(gpu)
+    return tuple(gpus)
+
+
+def split_halves(gpus: Sequence[int]) -> tuple[GpuSet, GpuSet]:
+    """First half for the EAGLE server, second half for the baseline server."""
+    if not gpus:
+        raise UsageError("--gpus: no GPUs given")
+    if len(gpus) % 2:
+        raise UsageError(
+            f"--gpus: {len(gpus)} GPUs cannot be split into two equal halves "
+            "(give an even count, or --eagle-gpus and --baseline-gpus)"
+        )
+    half = len(gpus) // 2
+    return tuple(gpus[:half]), tuple(gpus[half:])
+
+
+def format_gpus(gpus: Sequence[int]) -> str:
+    """Compact form: ``0-3``, ``0,2,5``, ``0-3,6,7`` (ranges of three or more are folded)."""
+    parts: list[str] = []
+    i = 0
+    while i < len(gpus):
+        j = i
+        while j + 1 < len(gpus) and gpus[j + 1] == gpus[j] + 1:
+            j += 1
+        if j - i >= 2:
+            parts.append(f"{gpus[i]}-{gpus[j]}")
+        else:
+            parts.extend(str(g) for g in gpus[i : j + 1])
+        i = j + 1
+    return ",".join(parts)
+
+
+def visible_devices(gpus: Sequence[int]) -> str:
+    """The value of ``CUDA_VISIBLE_DEVICES`` for these GPUs."""
+    return ",".join(str(g) for g in gpus)

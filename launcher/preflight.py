@@ -1,0 +1,139 @@
+"""Checks before anything starts: GPUs, free ports, model paths, SGLang itself.
+
+Each failure is a ``UsageError`` (one line, exit 2): it is cheaper to be told now than after a
+tp=4 server has spent three minutes loading weights.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.metadata
+import importlib.resources
+import importlib.util
+import logging
+import re
+import shutil
+import socket
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from dynspec.launcher.config import LaunchConfig
+from dynspec.launcher.gpus import format_gpus
+from dynspec.router.entry import UsageError
+
+log = logging.getLogger(__name__)
+
+# A Hugging Face hub id: "org/name" (one slash, no path-like start).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def sglang_requirement() -> str:
+    """The pinned SGLang requirement (``sglang==X``), read from the one file that holds it."""
+    text = (
+        importlib.resources.files("dynspec.launcher")
+        .joinpath("sglang-requirements.txt")
+        .read_text(encoding="utf-8")
+    )
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line.startswith("sglang"):
+            return line
+    raise RuntimeError("sglang-requirements.txt names no sglang release")
+
+
+def sglang_version() -> str:
+    return sglang_requirement().split("==", 1)[1].strip()
+
+
+def list_gpus(run: Callable[[Sequence[str]], str] | None = None) -> tuple[int, ...]:
+    """GPU indices that ``nvidia-smi`` lists; a UsageError when there is no driver or no GPU."""
+    if run is None:
+        if shutil.which("nvidia-smi") is None:
+            raise UsageError(
+                "no NVIDIA GPU found: nvidia-smi is not installed "
+                "(use --simulate to run without GPUs)"
+            )
+        run = _run_nvidia_smi
+    out = run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"])
+    gpus = tuple(int(line) for line in out.split() if line.strip().isdigit())
+    if not gpus:
+        raise UsageError("no NVIDIA GPU found: nvidia-smi lists none (use --simulate)")
+    return gpus
+
+
+def _run_nvidia_smi(argv: Sequence[str]) -> str:
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"nvidia-smi failed: {exc}") from None
+    if done.returncode != 0:
+        reason = (done.stderr or done.stdout).strip().splitlines()
+        raise UsageError(
+            f"nvidia-smi failed (exit {done.returncode}): {reason[0] if reason else 'no output'}"
+        )
+    return done.stdout
+
+
+def check_gpus(config: LaunchConfig, available: Sequence[int]) -> None:
+    wanted = [*config.eagle_gpus, *config.baseline_gpus]
+    missing = [g for g in wanted if g not in available]
+    if missing:
+        raise UsageError(
+            f"GPU {missing[0]} is not on this machine: nvidia-smi lists {len(available)} GPU(s) "
+            f"({format_gpus(sorted(available))}), the launch needs {format_gpus(wanted)}"
+        )
+
+
+def check_model_path(value: str | None, flag: str) -> None:
+    if not value:
+        raise UsageError(f"{flag} is required")
+    path = Path(value).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise UsageError(f"{flag} {value}: is a file, expected a model directory")
+        return
+    looks_like_path = value.startswith(("/", ".", "~")) or value.count("/") != 1
+    if looks_like_path or not _HUB_ID.match(value):
+        raise UsageError(f"{flag} {value}: no such directory, and not a hub id like org/name")
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    bind_host = host.strip("[]") or "0.0.0.0"
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # Same option uvicorn and SGLang set, so a port in TIME_WAIT is not reported as taken.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((bind_host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UsageError(f"port {port} ({what}) is already in use on {host}") from None
+            raise UsageError(f"cannot listen on {host}:{port} ({what}): {exc.strerror}") from None
+
+
+def check_sglang_installed() -> None:
+    pin = sglang_version()
+    if importlib.util.find_spec("sglang") is None:
+        raise UsageError(
+            f"SGLang is not installed in this Python: pip install 'dynspec[sglang]' (sglang=={pin})"
+        )
+    try:
+        installed = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return
+    if installed != pin:
+        log.warning("SGLang %s is installed; dynspec is tested with %s", installed, pin)
+
+
+def run_preflight(config: LaunchConfig, available_gpus: Sequence[int] | None = None) -> None:
+    """Every check that applies to ``config``; GPUs, paths and SGLang only when not simulating."""
+    if not config.simulate:
+        if config.server_command is None:
+            check_sglang_installed()
+        check_gpus(config, list_gpus() if available_gpus is None else available_gpus)
+        check_model_path(config.model_path, "--model-path")
+        check_model_path(config.draft_model_path, "--draft-model-path")
+    check_port_free(config.host, config.port, "router")
+    check_port_free(config.backend_host, config.eagle_port, "EAGLE server")
+    check_port_free(config.backend_host, config.baseline_port, "baseline server")

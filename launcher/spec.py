@@ -1,0 +1,287 @@
+"""Pure builders: what each process of a launch runs (argv, environment, health URL, log file).
+
+Nothing here starts a process, reads the environment or touches the network, so every command the
+launcher can build is tested without GPUs (and checked against SGLang's own parser in CI).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dynspec.launcher.config import LaunchConfig
+from dynspec.launcher.gpus import format_gpus, visible_devices
+from dynspec.router.entry import UsageError
+
+SGLANG_MODULE = "sglang.launch_server"
+SIM_MODULE = "dynspec.launcher.sim"
+ROUTER_MODULE = "dynspec.router"
+POOLS = ("eagle", "baseline")
+
+# The baseline server takes every request above the threshold, so its decode batches are large.
+# SGLang 0.5.23 sizes decode CUDA graphs from GPU memory (512 only on >= 60 GB GPUs at tp >= 4;
+# 32-160 on 24-60 GB GPUs); past that batch size decode runs without graphs, slower. 512 is what
+# SGLang itself picks on the large GPUs this design targets. --baseline-args overrides it.
+BASELINE_CUDA_GRAPH_MAX_BS = 512
+
+# Environment variables whose values must never be printed (dry-run shows a reference instead).
+SECRET_ENV = frozenset({"DYNSPEC_API_KEY"})
+
+# Flags the launcher owns: a user's extra SGLang flags may not change them, because the router's
+# URLs, the health checks and the GPU split are built from them. Value: the launcher flag to use.
+_RESERVED = {
+    "--model-path": "--model-path",
+    "--model": "--model-path",
+    "--tp-size": "--gpus / --eagle-gpus / --baseline-gpus",
+    "--tensor-parallel-size": "--gpus / --eagle-gpus / --baseline-gpus",
+    "--host": "--backend-host",
+    "--port": "--eagle-port / --baseline-port",
+    "--served-model-name": "--served-model-name",
+    "--speculative-algorithm": "(the EAGLE server always runs EAGLE3)",
+    "--speculative-draft-model-path": "--draft-model-path",
+    "--speculative-draft-model": "--draft-model-path",
+}
+
+# The launcher's own choices that a user's flag replaces: our flag -> user flags that replace it.
+_REPLACED_BY = {
+    "--enable-metrics": {"--enable-metrics"},
+    "--max-running-requests": {"--max-running-requests"},
+    "--cuda-graph-max-bs-decode": {
+        "--cuda-graph-max-bs-decode",
+        "--cuda-graph-bs-decode",
+        "--cuda-graph-config",
+        "--disable-cuda-graph",
+        "--disable-decode-cuda-graph",
+    },
+    "--speculative-num-steps": {"--speculative-num-steps"},
+    "--speculative-eagle-topk": {"--speculative-eagle-topk"},
+    "--speculative-num-draft-tokens": {"--speculative-num-draft-tokens"},
+}
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    name: str  # "eagle", "baseline" or "router"
+    prefix: str  # console prefix: "[eagle gpu0-3]", "[baseline gpu4-7]", "[router]"
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]  # set on top of the launcher's environment
+    health_url: str
+    log_file: Path
+    port: int
+
+    @property
+    def is_server(self) -> bool:
+        return self.name in POOLS
+
+    def command_line(self) -> str:
+        """A shell command a user can paste: environment first, secrets as ``$VAR`` references."""
+        parts = []
+        for key, value in self.env:
+            if key in SECRET_ENV:
+                parts.append(f'{key}="${key}"')
+            else:
+                parts.append(f"{key}={shlex.quote(value)}")
+        parts.append(shlex.join(self.argv))
+        return " ".join(parts)
+
+
+def eagle_max_running_requests(threshold: int) -> int:
+    """The EAGLE server's ``--max-running-requests``: the threshold plus a margin.
+
+    Behind the router the EAGLE server holds at most ``threshold`` requests that the router counts.
+    The margin covers what the router no longer counts but SGLang still runs: a stream whose client
+    left is released by the router at once but aborted by SGLang about 2 s later. And when the
+    baseline pool is down (being restarted), the router sends everything to EAGLE: requests above
+    this cap then wait in SGLang's queue instead of growing a batch where speculation loses anyway.
+    Half the threshold, at least 4: 8 -> 12, 32 -> 48 (SGLang's own cap for EAGLE servers).
+    """
+    return threshold + max(4, threshold // 2)
+
+
+def connect_host(listen_host: str) -> str:
+    """Where to reach a server that listens on ``listen_host`` from this machine."""
+    if listen_host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if listen_host == "::":
+        return "[::1]"
+    if ":" in listen_host and not listen_host.startswith("["):
+        return f"[{listen_host}]"
+    return listen_host
+
+
+def server_url(config: LaunchConfig, pool: str) -> str:
+    port = config.eagle_port if pool == "eagle" else config.baseline_port
+    return f"http://{connect_host(config.backend_host)}:{port}"
+
+
+def router_url(config: LaunchConfig) -> str:
+    return f"http://{connect_host(config.host)}:{config.port}"
+
+
+def _flag_names(args: Iterable[str]) -> set[str]:
+    return {a.split("=", 1)[0] for a in args if a.startswith("--")}
+
+
+def _check_user_args(args: Sequence[str], source: str, pool: str | None) -> None:
+    for name in sorted(_flag_names(args)):
+        if name in _RESERVED:
+            raise UsageError(f"{source}: {name} is set by the launcher; use {_RESERVED[name]}")
+        if name == "--cuda-graph-max-bs":
+            raise UsageError(
+                f"{source}: --cuda-graph-max-bs was removed in SGLang 0.5.23; "
+                "use --cuda-graph-max-bs-decode"
+            )
+        if pool == "baseline" and name.startswith("--speculative-"):
+            raise UsageError(f"{source}: {name} does not belong on the baseline server")
+
+
+def _last_value(args: Sequence[str], flag: str) -> str | None:
+    value: str | None = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _merge(own: Sequence[Sequence[str]], extra: Sequence[str]) -> list[str]:
+    """Our options, minus those the user's ``extra`` flags replace, then ``extra`` as given."""
+    given = _flag_names(extra)
+    argv: list[str] = []
+    for option in own:
+        if not (_REPLACED_BY.get(option[0], set()) & given):
+            argv.extend(option)
+    argv.extend(extra)
+    return argv
+
+
+def server_label(config: LaunchConfig, pool: str) -> str:
+    if config.simulate:
+        return "sim"
+    gpus = config.eagle_gpus if pool == "eagle" else config.baseline_gpus
+    return "gpu" + format_gpus(gpus)
+
+
+def build_server_spec(config: LaunchConfig, pool: str) -> ProcessSpec:
+    if pool not in POOLS:
+        raise ValueError(f"unknown pool {pool!r}")
+    eagle = pool == "eagle"
+    port = config.eagle_port if eagle else config.baseline_port
+    prefix = f"[{pool} {server_label(config, pool)}]"
+    base = server_url(config, pool)
+    log_file = config.log_dir / f"{pool}.log"
+    max_running = eagle_max_running_requests(config.threshold)
+    if config.simulate:
+        argv = [
+            sys.executable,
+            "-m",
+            SIM_MODULE,
+            "--mode",
+            pool,
+            "--profile",
+            config.sim_profile,
+            "--host",
+            config.backend_host,
+            "--port",
+            str(port),
+            "--served-model-name",
+            config.served_model_name,
+        ]
+        if eagle:
+            argv += ["--max-running-requests", str(max_running)]
+        argv += ["--speed", f"{config.sim_speed:g}", "--log-level", config.log_level]
+        return ProcessSpec(pool, prefix, tuple(argv), (), base + "/health_generate", log_file, port)
+
+    gpus = config.eagle_gpus if eagle else config.baseline_gpus
+    extra = [*config.sglang_args, *(config.eagle_args if eagle else config.baseline_args)]
+    _check_user_args(config.sglang_args, "--sglang-args", None)
+    _check_user_args(config.eagle_args, "--eagle-args", "eagle")
+    _check_user_args(config.baseline_args, "--baseline-args", "baseline")
+    assert config.model_path is not None and config.draft_model_path is not None
+    own: list[list[str]] = [
+        ["--model-path", config.model_path],
+        ["--served-model-name", config.served_model_name],
+        ["--tp-size", str(len(gpus))],
+        ["--host", config.backend_host],
+        ["--port", str(port)],
+        ["--enable-metrics"],
+    ]
+    if eagle:
+        own += [
+            ["--speculative-algorithm", "EAGLE3"],
+            ["--speculative-draft-model-path", config.draft_model_path],
+        ]
+        if config.speculative_num_steps is not None:
+            own.append(["--speculative-num-steps", str(config.speculative_num_steps)])
+        if config.speculative_eagle_topk is not None:
+            own.append(["--speculative-eagle-topk", str(config.speculative_eagle_topk)])
+        if config.speculative_num_draft_tokens is not None:
+            own.append(["--speculative-num-draft-tokens", str(config.speculative_num_draft_tokens)])
+        # CUDA graphs cover every batch the server may run: the user's cap if they set one.
+        graph_bs = _last_value(extra, "--max-running-requests") or str(max_running)
+        own += [
+            ["--max-running-requests", str(max_running)],
+            ["--cuda-graph-max-bs-decode", graph_bs],
+        ]
+    else:
+        own.append(["--cuda-graph-max-bs-decode", str(BASELINE_CUDA_GRAPH_MAX_BS)])
+    command = (
+        list(config.server_command)
+        if config.server_command
+        else [sys.executable, "-m", SGLANG_MODULE]
+    )
+    argv = [*command, *_merge(own, extra)]
+    env = (("CUDA_VISIBLE_DEVICES", visible_devices(gpus)),)
+    return ProcessSpec(pool, prefix, tuple(argv), env, base + "/health_generate", log_file, port)
+
+
+def build_router_spec(config: LaunchConfig) -> ProcessSpec:
+    argv = [
+        sys.executable,
+        "-m",
+        ROUTER_MODULE,
+        "--eagle-url",
+        server_url(config, "eagle"),
+        "--baseline-url",
+        server_url(config, "baseline"),
+        "--host",
+        config.host,
+        "--port",
+        str(config.port),
+        "--policy",
+        config.policy,
+        "--threshold",
+        str(config.threshold),
+        "--hysteresis",
+        str(config.hysteresis),
+        "--drain-timeout",
+        f"{config.drain_timeout:g}",
+        "--log-level",
+        config.log_level,
+    ]
+    # The key goes through the environment: a command line is visible to every user in `ps`.
+    env = (("DYNSPEC_API_KEY", config.api_key),) if config.api_key else ()
+    return ProcessSpec(
+        "router",
+        "[router]",
+        tuple(argv),
+        env,
+        router_url(config) + "/health",
+        config.log_dir / "router.log",
+        config.port,
+    )
+
+
+def build_specs(config: LaunchConfig) -> tuple[ProcessSpec, ProcessSpec, ProcessSpec]:
+    """EAGLE server, baseline server, router: in start order."""
+    if not config.simulate and not (config.eagle_gpus and config.baseline_gpus):
+        raise UsageError("no GPUs to split: pass --gpus (e.g. --gpus 0-7)")
+    return (
+        build_server_spec(config, "eagle"),
+        build_server_spec(config, "baseline"),
+        build_router_spec(config),
+    )

@@ -1,0 +1,372 @@
+"""The supervisor decides: start the servers, wait for them, start the router, watch, shut down.
+
+Signal handlers only record the signal; the main loop acts on it. Shutdown order: the router first
+(SIGTERM: it stops accepting and drains requests in flight, up to --drain-timeout), then each
+server's process group (SIGTERM, SIGKILL after --kill-grace). A second Ctrl-C kills at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shlex
+import signal
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+
+from dynspec.launcher.config import LaunchConfig
+from dynspec.launcher.printer import Printer
+from dynspec.launcher.process import Child, describe_exit, tail
+from dynspec.launcher.spec import ProcessSpec, connect_host
+
+TICK = 0.25
+STATUS_POLL = 0.25  # how often the router's /status is read to report pool switches
+ROUTER_START_TIMEOUT = 60.0
+PLAIN_PROGRESS_EVERY = 10.0  # seconds between progress lines when stdout is not a terminal
+RESTART_BACKOFF_MAX = 30.0
+
+
+class LaunchError(Exception):
+    """A runtime failure that stops everything (exit 1, one line)."""
+
+
+@dataclass
+class ServerState:
+    child: Child
+    healthy: bool = False
+    healthy_at: float = 0.0
+    probe_note: str = "starting"
+    failures: int = 0
+    restart_at: float | None = None
+    probe: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+def _describe(spec: ProcessSpec) -> str:
+    return f"{spec.name} server {spec.prefix}" if spec.is_server else spec.name
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config: LaunchConfig,
+        specs: Sequence[ProcessSpec],
+        printer: Printer,
+        drop_env: Collection[str] = (),
+    ) -> None:
+        self.config = config
+        self.printer = printer
+        self._started = False  # start-up done: server output is echoed on a terminal too
+        servers = [s for s in specs if s.is_server]
+        (router,) = [s for s in specs if not s.is_server]
+        self.servers = [
+            ServerState(Child(s, printer, self._echo_servers, drop_env)) for s in servers
+        ]
+        self.router = Child(router, printer, lambda: True, drop_env)
+        self.signals: list[int] = []
+        self._wake = asyncio.Event()
+        self._force = asyncio.Event()
+        self._http: httpx.AsyncClient | None = None
+        self._active_pool: str | None = None
+
+    # -- signals -------------------------------------------------------------------------------
+
+    def _on_signal(self, sig: int) -> None:
+        # Only record: the main loop (or the shutdown in progress) acts on it.
+        self.signals.append(sig)
+        self._wake.set()
+        if len(self.signals) >= 2:
+            self._force.set()
+
+    def _signal_code(self) -> int:
+        return 128 + self.signals[0]
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, but wake up at once on a signal."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+
+    # -- output --------------------------------------------------------------------------------
+
+    def _echo_servers(self) -> bool:
+        # On a terminal, start-up shows a live status block instead of the servers' log lines.
+        return self._started or not self.printer.tty
+
+    def say(self, text: str) -> None:
+        self.printer.line("[dynspec]", text, "dynspec")
+
+    # -- main ----------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal, int(sig))
+        # trust_env=False: a proxy from the environment must never see loopback health checks.
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(5.0), trust_env=False)
+        try:
+            return await self._run()
+        finally:
+            try:
+                await self._stop_all()
+            finally:
+                await self._http.aclose()
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+
+    async def _run(self) -> int:
+        for st in self.servers:
+            await st.child.start()
+            st.probe = asyncio.create_task(self._probe(st))
+        code = await self._startup()
+        if code is not None:
+            return code
+        self._started = True
+        await self.router.start()
+        code = await self._router_ready()
+        if code is not None:
+            return code
+        self._banner()
+        return await self._serve()
+
+    # -- start-up ------------------------------------------------------------------------------
+
+    async def _probe(self, st: ServerState) -> None:
+        """Poll the server's /health_generate until it answers 200."""
+        assert self._http is not None
+        url = st.child.spec.health_url
+        while st.child.running:
+            try:
+                r = await self._http.get(url, timeout=10.0)
+                if r.status_code == 200:
+                    st.healthy = True
+                    st.healthy_at = time.monotonic()
+                    return
+                st.probe_note = f"warming up (HTTP {r.status_code})"
+            except httpx.ConnectError:
+                st.probe_note = "loading (port not open yet)"
+            except httpx.HTTPError as exc:
+                st.probe_note = f"no answer yet ({type(exc).__name__})"
+            await asyncio.sleep(0.5)
+
+    def _fail(self, spec: ProcessSpec, what: str) -> LaunchError:
+        self.printer.clear_status()
+        if self.printer.tty and spec.is_server and not self._started:
+            # Its output was hidden behind the status block: show how it ended.
+            for line in tail(spec.log_file):
+                self.printer.line(spec.prefix, line, spec.name)
+        return LaunchError(f"{_describe(spec)} {what}; see its log: {spec.log_file}")
+
+    async def _startup(self) -> int | None:
+        began = time.monotonic()
+        deadline = began + self.config.startup_timeout
+        next_plain = began + PLAIN_PROGRESS_EVERY
+        while True:
+            if self.signals:
+                return self._signal_code()
+            for st in self.servers:
+                code = st.child.returncode
+                if code is not None:
+                    raise self._fail(st.child.spec, f"{describe_exit(code)} during start-up")
+            now = time.monotonic()
+            if all(st.healthy for st in self.servers):
+                self.printer.clear_status()
+                for st in self.servers:
+                    spent = st.healthy_at - st.child.started_at
+                    self.printer.line(
+                        st.child.spec.prefix, f"healthy after {spent:.0f}s", st.child.spec.name
+                    )
+                return None
+            if now > deadline:
+                late = [st.child.spec for st in self.servers if not st.healthy]
+                raise self._fail(
+                    late[0],
+                    f"did not answer /health_generate within {self.config.startup_timeout:g}s "
+                    "(--startup-timeout)",
+                )
+            if self.printer.tty:
+                self.printer.status([self._progress(st, now) for st in self.servers])
+            elif now >= next_plain:
+                next_plain = now + PLAIN_PROGRESS_EVERY
+                for st in self.servers:
+                    if not st.healthy:
+                        self.printer.line(
+                            st.child.spec.prefix,
+                            f"waiting {now - st.child.started_at:.0f}s: {st.probe_note}",
+                            st.child.spec.name,
+                        )
+            await self._sleep(TICK)
+
+    def _progress(self, st: ServerState, now: float) -> str:
+        spec = st.child.spec
+        if st.healthy:
+            return f"{spec.prefix} healthy after {st.healthy_at - st.child.started_at:.0f}s"
+        elapsed = now - st.child.started_at
+        return f"{spec.prefix} {elapsed:4.0f}s {st.probe_note} | {st.child.latest_line}"
+
+    async def _router_ready(self) -> int | None:
+        assert self._http is not None
+        deadline = time.monotonic() + ROUTER_START_TIMEOUT
+        while True:
+            if self.signals:
+                return self._signal_code()
+            if self.router.returncode is not None:
+                raise self._fail(
+                    self.router.spec, f"{describe_exit(self.router.returncode)} at start-up"
+                )
+            try:
+                r = await self._http.get(self.router.spec.health_url, timeout=2.0)
+                if r.status_code == 200:
+                    return None
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise self._fail(
+                    self.router.spec, f"did not answer /health within {ROUTER_START_TIMEOUT:g}s"
+                )
+            await self._sleep(TICK)
+
+    def _banner(self) -> None:
+        c = self.config
+        base = f"http://{connect_host(c.host)}:{c.port}"
+        body = json.dumps(
+            {
+                "model": c.served_model_name,
+                "messages": [{"role": "user", "content": "Hello!"}],
+                "max_tokens": 32,
+            }
+        )
+        curl = f"curl -s {base}/v1/chat/completions -H 'Content-Type: application/json'"
+        if c.api_key:
+            curl += ' -H "Authorization: Bearer $DYNSPEC_API_KEY"'
+        curl += f" -d {shlex.quote(body)}"
+        self.say(f"ready: OpenAI-compatible API at {base}/v1 (model {c.served_model_name!r})")
+        self.say(f"metrics: {base}/metrics   status: {base}/status")
+        self.say(f"try: {curl}")
+        self.say(
+            f"policy {c.policy}: EAGLE up to load {c.threshold}, baseline above it "
+            f"(back to EAGLE at load <= {c.threshold - c.hysteresis}); Ctrl-C stops everything"
+        )
+
+    # -- running -------------------------------------------------------------------------------
+
+    async def _serve(self) -> int:
+        next_poll = 0.0
+        while True:
+            if self.signals:
+                return self._signal_code()
+            if self.router.returncode is not None:
+                raise self._fail(self.router.spec, describe_exit(self.router.returncode))
+            for st in self.servers:
+                await self._supervise(st)
+            now = time.monotonic()
+            if now >= next_poll:
+                next_poll = now + STATUS_POLL
+                await self._poll_status()
+            await self._sleep(TICK)
+
+    async def _supervise(self, st: ServerState) -> None:
+        child = st.child
+        spec = child.spec
+        now = time.monotonic()
+        if st.restart_at is None and child.returncode is not None:
+            what = describe_exit(child.returncode)
+            # Its workers may still hold GPU memory: clear the whole group before a restart.
+            await child.stop(self.config.kill_grace, self._wake)
+            if self.config.restart == "never":
+                raise self._fail(spec, f"{what} (--restart never: stopping everything)")
+            st.healthy = False
+            st.failures += 1
+            delay = min(RESTART_BACKOFF_MAX, 2.0 ** (st.failures - 1))
+            st.restart_at = now + delay
+            self.printer.line(
+                spec.prefix,
+                f"{what}; restarting in {delay:g}s (log: {spec.log_file}); "
+                "the router serves from the other pool meanwhile",
+                spec.name,
+            )
+        elif st.restart_at is not None and now >= st.restart_at:
+            st.restart_at = None
+            st.probe_note = "starting"
+            await child.start()
+            st.probe = asyncio.create_task(self._probe(st))
+            self.printer.line(spec.prefix, f"restarted (start {child.starts})", spec.name)
+        elif child.running and not st.healthy:
+            if now - child.started_at > self.config.startup_timeout:
+                self.printer.line(
+                    spec.prefix,
+                    f"not healthy within {self.config.startup_timeout:g}s after restart; "
+                    "stopping it",
+                    spec.name,
+                )
+                await child.stop(self.config.kill_grace, self._wake)
+        elif child.running and st.healthy and st.failures and st.probe is not None:
+            spent = st.healthy_at - child.started_at
+            self.printer.line(spec.prefix, f"healthy again after {spent:.0f}s", spec.name)
+            st.failures = 0
+            st.probe = None
+
+    async def _poll_status(self) -> None:
+        """Report the router's active pool when it changes (the switch, made visible)."""
+        assert self._http is not None
+        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        url = self.router.spec.health_url.rsplit("/", 1)[0] + "/status"
+        try:
+            r = await self._http.get(url, headers=headers, timeout=2.0)
+            data = r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return
+        if not isinstance(data, dict):
+            return
+        pool = data.get("active_pool")
+        if not isinstance(pool, str) or pool == self._active_pool:
+            return
+        previous, self._active_pool = self._active_pool, pool
+        if previous is None:
+            return
+        servers = data.get("servers")
+        load = (
+            sum(int(s.get("in_flight", 0)) for s in servers if isinstance(s, dict))
+            if isinstance(servers, list)
+            else "?"
+        )
+        threshold = data.get("threshold", self.config.threshold)
+        hysteresis = data.get("hysteresis", self.config.hysteresis)
+        self.printer.line(
+            "[router]",
+            f"active pool {previous} -> {pool} (load {load}, threshold {threshold}, "
+            f"hysteresis {hysteresis})",
+            "router",
+        )
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    async def _stop_all(self) -> None:
+        self.printer.clear_status()
+        for st in self.servers:
+            if st.probe is not None:
+                st.probe.cancel()
+        if self.signals:
+            how = "killing everything now" if self._force.is_set() else "stopping"
+            name = signal.Signals(self.signals[0]).name
+            self.say(f"{name}: {how} (Ctrl-C again to kill at once)")
+        if self.router.pid is not None and not self.router.gone():
+            if self._force.is_set():
+                self.router.signal_group(signal.SIGKILL)
+            else:
+                drain = self.config.drain_timeout
+                self.say(f"router: draining requests in flight (up to {drain:g}s)")
+            # The router exits by itself once drained; the margin covers its own shutdown.
+            await self.router.stop(self.config.drain_timeout + 5.0, self._force)
+        else:
+            await self.router.close()
+        live = [st.child for st in self.servers if st.child.pid is not None]
+        if any(not c.gone() for c in live):
+            self.say("servers: SIGTERM to each process group")
+        await asyncio.gather(*(c.stop(self.config.kill_grace, self._force) for c in live))
+        for c in live:
+            if not c.gone():  # pragma: no cover - needs a process that survives SIGKILL
+                self.say(f"{c.spec.prefix} process group {c.pid} survived SIGKILL")
+        self.say("all processes stopped")
