@@ -1,0 +1,81 @@
+"""Flags, their DYNSPEC_* variables, and one-line usage errors with exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from dynspec.router.config import parse_config
+from dynspec.router.entry import UsageError
+
+
+def test_flags_and_environment() -> None:
+    env = {"DYNSPEC_THRESHOLD": "12", "DYNSPEC_API_KEY": "k1", "DYNSPEC_BASELINE_URL": "http://b:2/"}
+    cfg = parse_config(["--eagle-url", "http://e:1,http://e:3", "--hysteresis", "3"], env)
+    assert cfg.eagle_urls == ("http://e:1", "http://e:3")
+    assert cfg.baseline_urls == ("http://b:2",)
+    assert (cfg.threshold, cfg.hysteresis, cfg.api_key) == (12, 3, "k1")
+    assert "k1" not in repr(cfg)
+    # The command line wins over the environment.
+    assert parse_config(["--eagle-url", "http://e:1", "--threshold", "4"], env).threshold == 4
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--eagle-url", "http://e:1", "--threshold", "4", "--hysteresis", "4"],
+        ["--eagle-url", "http://e:1", "--baseline-url", "http://e:1"],
+    ],
+)
+def test_semantic_usage_errors(argv: list[str]) -> None:
+    with pytest.raises(UsageError):
+        parse_config(argv, {})
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--eagle-url", "ftp://e:1"],
+        ["--eagle-url", "http://e:1", "--threshold", "x"],
+        ["--eagle-url", "http://e:1", "--policy", "random"],
+        ["--eagle-url", "http://e:1", "--hysteresis", "9"],
+    ],
+)
+def test_cli_usage_error_is_one_line_exit_2(argv: list[str]) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "dynspec.router", *argv], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith("dynspec-router: error:")
+
+
+def test_help_lists_every_flag_with_its_variable() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "dynspec.router", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0
+    for flag in ("--eagle-url", "--baseline-url", "--policy", "--threshold", "--hysteresis",
+                 "--api-key", "--backend-api-key", "--admin-api-key", "--max-body-bytes",
+                 "--request-timeout", "--health-interval", "--max-concurrency", "--drain-timeout"):  # fmt: skip
+        assert flag in r.stdout
+    assert "DYNSPEC_MAX_BODY_BYTES" in r.stdout
+
+
+def test_port_in_use_is_runtime_error_exit_1() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = subprocess.run(
+            [sys.executable, "-m", "dynspec.router", "--eagle-url", "http://127.0.0.1:9",
+             "--host", "127.0.0.1", "--port", str(port)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert "cannot listen" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,112 @@
+"""Leases: the only way counts change; releasing twice is harmless; refusals change nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynspec.router.errors import NoServer, Overloaded
+from dynspec.router.health import HealthTracker, Probe
+from dynspec.router.policy import ThresholdPolicy
+from dynspec.router.pool import Pools, validate_settings
+
+
+def make(max_concurrency: int = 0, threshold: int = 2, hysteresis: int = 1) -> Pools:
+    pools = Pools(
+        [("http://e1", "eagle"), ("http://e2", "eagle"), ("http://b1", "baseline")],
+        ThresholdPolicy(),
+        threshold=threshold,
+        hysteresis=hysteresis,
+        max_concurrency=max_concurrency,
+    )
+    for s in pools.servers:
+        pools.set_healthy(s.url, True)
+    return pools
+
+
+def test_release_twice_counts_once() -> None:
+    pools = make()
+    lease = pools.acquire()
+    assert pools.load == 1 and lease.server.in_flight == 1
+    lease.release()
+    lease.release()
+    assert pools.load == 0 and lease.server.in_flight == 0
+
+
+def test_least_in_flight_spreads_and_mode_switches_with_callback() -> None:
+    switched: list[str] = []
+    pools = make()
+    pools.on_switch = switched.append
+    a, b = pools.acquire(), pools.acquire()
+    assert {a.server.url, b.server.url} == {"http://e1", "http://e2"}
+    c = pools.acquire()  # load 3 > threshold 2
+    assert c.pool == "baseline" and pools.mode == "baseline" and switched == ["baseline"]
+    for lease in (a, b, c):
+        lease.release()
+    d = pools.acquire()  # load 1 <= 2 - 1
+    assert d.pool == "eagle" and switched == ["baseline", "eagle"]
+    d.release()
+    assert pools.load == 0
+
+
+def test_max_concurrency_refuses_before_counting() -> None:
+    pools = make(max_concurrency=2, threshold=5)
+    leases = [pools.acquire(), pools.acquire()]
+    with pytest.raises(Overloaded):
+        pools.acquire()
+    assert pools.load == 2
+    # A retry moves a request that is already counted: never refused by the limit.
+    leases[0].release()
+    leases[0] = pools.acquire(frozenset({leases[0].server.url}), limit=False)
+    for lease in leases:
+        lease.release()
+    assert pools.load == 0
+
+
+def test_no_server_refuses_before_counting() -> None:
+    pools = make()
+    for s in pools.servers:
+        pools.set_healthy(s.url, False)
+    with pytest.raises(NoServer):
+        pools.acquire()
+    assert pools.load == 0 and all(s.in_flight == 0 for s in pools.servers)
+
+
+def test_drain_and_resume() -> None:
+    pools = make(threshold=5)
+    pools.drain("eagle")
+    lease = pools.acquire()
+    assert lease.pool == "baseline" and pools.active_pool() == "baseline"
+    assert not pools.draining("eagle")
+    pools.resume("eagle")
+    lease2 = pools.acquire()
+    assert lease2.pool == "eagle"
+    # The baseline request still runs while eagle is active again: baseline is draining.
+    assert pools.draining("baseline")
+    lease.release()
+    lease2.release()
+    assert not pools.draining("baseline")
+
+
+@pytest.mark.parametrize(
+    ("threshold", "hysteresis", "ok"),
+    [(8, 2, True), (1, 0, True), (0, 0, False), (8, 8, False), (8, -1, False), (8, 7, True)],
+)
+def test_validate_settings(threshold: int, hysteresis: int, ok: bool) -> None:
+    assert (validate_settings(threshold, hysteresis) is None) == ok
+
+
+# (probes in order, verdicts in order): a few failures mark down, one success up, refused at once.
+HEALTH_CASES = [
+    ([Probe.OK], [True]),
+    ([Probe.FAILED, Probe.FAILED, Probe.FAILED], [None, None, False]),
+    ([Probe.FAILED, Probe.OK, Probe.FAILED, Probe.FAILED], [None, True, None, None]),
+    ([Probe.REFUSED], [False]),
+    ([Probe.REFUSED, Probe.OK], [False, True]),
+    ([Probe.FAILED, Probe.FAILED, Probe.FAILED, Probe.FAILED], [None, None, False, False]),
+]
+
+
+@pytest.mark.parametrize(("probes", "verdicts"), HEALTH_CASES)
+def test_health_tracker(probes: list[Probe], verdicts: list[bool | None]) -> None:
+    tracker = HealthTracker(failures_to_down=3)
+    assert [tracker.verdict("http://s", p) for p in probes] == verdicts
