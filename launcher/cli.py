@@ -37,7 +37,7 @@ def with_detected_gpus(config: LaunchConfig) -> LaunchConfig:
     try:
         eagle, baseline = split_halves(list_gpus())
     except UsageError as exc:
-        raise UsageError(f"{exc} (or pass --gpus, e.g. --gpus 0-7)") from None
+        raise UsageError(f"no --gpus given, and {exc}") from None
     return dataclasses.replace(config, eagle_gpus=eagle, baseline_gpus=baseline)
 
 
@@ -62,4 +62,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         sys.exit(2)
     configure_logging(config.log_level)
+    if config.log_level != "debug":
+        # One line per health check and /status poll would drown the children's output.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     run_main(PROG, lambda: launch(config), config.log_level)

@@ -242,6 +242,28 @@ def _split_args(text: str, flag: str) -> tuple[str, ...]:
         raise UsageError(f"{flag}: cannot split {text!r}: {exc}") from None
 
 
+_EXTRA_ARGS_FLAGS = ("--eagle-args", "--baseline-args", "--sglang-args", "--server-command")
+
+
+def _join_extra_args(argv: Sequence[str]) -> list[str]:
+    """``--eagle-args --disable-cuda-graph`` -> ``--eagle-args=--disable-cuda-graph``.
+
+    argparse takes a lone value that starts with ``-`` for a flag of its own and fails; the value
+    of these flags always starts with ``-``, so bind it to its flag before parsing.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in _EXTRA_ARGS_FLAGS and i + 1 < len(argv):
+            out.append(f"{arg}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
 def _find_config(argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
@@ -254,7 +276,7 @@ def load_config(
     argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> LaunchConfig:
     """Parse the layers into a config; a bad value exits 2, a bad combination raises UsageError."""
-    args_list = list(sys.argv[1:] if argv is None else argv)
+    args_list = _join_extra_args(sys.argv[1:] if argv is None else argv)
     env = os.environ if environ is None else environ
     parser = build_parser()
     config_path = _find_config(args_list, env)

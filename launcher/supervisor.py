@@ -327,11 +327,9 @@ class Supervisor:
         if previous is None:
             return
         servers = data.get("servers")
-        load = (
-            sum(int(s.get("in_flight", 0)) for s in servers if isinstance(s, dict))
-            if isinstance(servers, list)
-            else "?"
-        )
+        load = data.get("load")
+        if not isinstance(load, int) and isinstance(servers, list):
+            load = sum(int(s.get("in_flight", 0)) for s in servers if isinstance(s, dict))
         threshold = data.get("threshold", self.config.threshold)
         hysteresis = data.get("hysteresis", self.config.hysteresis)
         self.printer.line(

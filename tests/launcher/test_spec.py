@@ -1,0 +1,162 @@
+from __future__ import annotations
+
+import shlex
+import sys
+
+import pytest
+from launch_cases import CASES, Case
+
+from dynspec.launcher.config import load_config
+from dynspec.launcher.spec import (
+    ProcessSpec,
+    build_specs,
+    connect_host,
+    eagle_max_running_requests,
+)
+from dynspec.router.entry import UsageError
+
+
+def specs(*argv: str) -> tuple[ProcessSpec, ProcessSpec, ProcessSpec]:
+    return build_specs(load_config(list(argv), environ={}))
+
+
+def option(argv: tuple[str, ...], flag: str) -> list[str]:
+    """Every value given to ``flag`` (``--flag V`` or ``--flag=V``; "" for a bare switch)."""
+    values = []
+    for i, arg in enumerate(argv):
+        if arg == flag:
+            nxt = argv[i + 1] if i + 1 < len(argv) else "--"
+            values.append("" if nxt.startswith("--") else nxt)
+        elif arg.startswith(flag + "="):
+            values.append(arg.split("=", 1)[1])
+    return values
+
+
+# The launcher's own choices: given once, the user's value replacing the launcher's.
+TUNED = {
+    "--max-running-requests",
+    "--cuda-graph-max-bs-decode",
+    "--speculative-num-steps",
+    "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens",
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_each_tuned_flag_given_once_with_the_meant_value(case: Case) -> None:
+    eagle, baseline, _ = specs(*case.argv)
+    for spec in (eagle, baseline):
+        assert spec.argv[:3] == (sys.executable, "-m", "sglang.launch_server")
+        for attr, value in case.expect.get(spec.name, {}).items():
+            flag = "--" + attr.replace("_", "-")
+            given = option(spec.argv, flag)
+            if value is None:
+                assert given == [], (spec.name, flag)
+            elif value is True:
+                assert given == [""], (spec.name, flag)
+            elif flag in TUNED:
+                assert given == [str(value)], (spec.name, flag, spec.argv)
+            else:  # argparse: the last one wins (the role's args come after --sglang-args)
+                assert given[-1] == str(value), (spec.name, flag, spec.argv)
+
+
+def test_default_split_names_prefixes_env_and_health() -> None:
+    eagle, baseline, router = specs("--gpus", "0-7", "--model-path", "M", "--draft-model-path", "D")
+    assert (eagle.prefix, baseline.prefix, router.prefix) == (
+        "[eagle gpu0-3]",
+        "[baseline gpu4-7]",
+        "[router]",
+    )
+    assert eagle.env == (("CUDA_VISIBLE_DEVICES", "0,1,2,3"),)
+    assert baseline.env == (("CUDA_VISIBLE_DEVICES", "4,5,6,7"),)
+    assert eagle.health_url == "http://127.0.0.1:30001/health_generate"
+    assert baseline.health_url == "http://127.0.0.1:30002/health_generate"
+    assert router.health_url == "http://127.0.0.1:8000/health"
+    assert [s.log_file.name for s in (eagle, baseline, router)] == [
+        "eagle.log",
+        "baseline.log",
+        "router.log",
+    ]
+    assert router.argv[:3] == (sys.executable, "-m", "dynspec.router")
+    assert option(router.argv, "--eagle-url") == ["http://127.0.0.1:30001"]
+    assert option(router.argv, "--baseline-url") == ["http://127.0.0.1:30002"]
+    assert option(router.argv, "--drain-timeout") == ["30"]
+
+
+def test_command_line_is_env_first_and_pasteable() -> None:
+    eagle, _, _ = specs(
+        "--gpus", "0-3,6,7", "--model-path", "/m/with space", "--draft-model-path", "D"
+    )
+    line = eagle.command_line()
+    assert line.startswith("CUDA_VISIBLE_DEVICES=0,1,2 ")
+    assert shlex.split(line) == ["CUDA_VISIBLE_DEVICES=0,1,2", *eagle.argv]
+
+
+def test_api_key_goes_through_env_and_is_never_printed() -> None:
+    *_, router = specs("--simulate", "--api-key", "sk-secret-123")
+    assert ("DYNSPEC_API_KEY", "sk-secret-123") in router.env
+    assert "sk-secret-123" not in " ".join(router.argv)
+    line = router.command_line()
+    assert "sk-secret-123" not in line
+    assert line.startswith('DYNSPEC_API_KEY="$DYNSPEC_API_KEY" ')
+
+
+def test_simulate_runs_dynspec_sim_without_gpus() -> None:
+    eagle, baseline, _ = specs(
+        "--simulate", "--sim-profile", "seed", "--sim-speed", "4", "--threshold", "10"
+    )
+    for spec, mode in ((eagle, "eagle"), (baseline, "baseline")):
+        assert spec.argv[:3] == (sys.executable, "-m", "dynspec.launcher.sim")
+        assert spec.env == ()
+        assert option(spec.argv, "--mode") == [mode]
+        assert option(spec.argv, "--profile") == ["seed"]
+        assert option(spec.argv, "--speed") == ["4"]
+        assert option(spec.argv, "--served-model-name") == ["dynspec-sim"]
+    assert option(eagle.argv, "--max-running-requests") == ["15"]
+    assert option(baseline.argv, "--max-running-requests") == []
+    assert eagle.prefix == "[eagle sim]"
+
+
+def test_server_command_replaces_sglang() -> None:
+    eagle, _, _ = specs(
+        "--gpus",
+        "0,1",
+        "--model-path",
+        "M",
+        "--draft-model-path",
+        "D",
+        "--server-command",
+        "python3 fake.py --x",
+    )
+    assert eagle.argv[:3] == ("python3", "fake.py", "--x")
+    assert option(eagle.argv, "--tp-size") == ["1"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        (["--eagle-args", "--port 1"], "--eagle-port"),
+        (["--sglang-args", "--tp-size 2"], "--gpus"),
+        (["--baseline-args", "--model /x"], "--model-path"),
+        (["--eagle-args", "--speculative-draft-model-path x"], "--draft-model-path"),
+        (["--baseline-args", "--speculative-num-steps 3"], "baseline"),
+        (["--sglang-args", "--cuda-graph-max-bs 8"], "--cuda-graph-max-bs-decode"),
+        (["--eagle-args", "--unclosed 'quote"], "cannot split"),
+    ],
+)
+def test_bad_extra_args(extra: list[str], reason: str) -> None:
+    with pytest.raises(UsageError, match=reason):
+        specs("--gpus", "0-7", "--model-path", "M", "--draft-model-path", "D", *extra)
+
+
+@pytest.mark.parametrize(("threshold", "cap"), [(1, 5), (8, 12), (16, 24), (32, 48), (64, 96)])
+def test_eagle_cap_is_a_margin_above_the_threshold(threshold: int, cap: int) -> None:
+    assert eagle_max_running_requests(threshold) == cap
+
+
+@pytest.mark.parametrize(
+    ("host", "connect"),
+    [("0.0.0.0", "127.0.0.1"), ("127.0.0.1", "127.0.0.1"), ("::", "[::1]"), ("::1", "[::1]")],
+)
+def test_connect_host(host: str, connect: str) -> None:
+    assert connect_host(host) == connect
