@@ -41,6 +41,9 @@ class RouterProc:
         r.raise_for_status()
         return r.json()  # type: ignore[no-any-return]
 
+    def get(self, path: str) -> httpx.Response:
+        return httpx.get(self.url + path, headers=self.headers(), timeout=5)
+
     def metrics(self) -> str:
         return httpx.get(self.url + "/metrics", timeout=5).text
 
@@ -118,3 +121,50 @@ def no_leak() -> Iterator[None]:
         assert st["load"] == 0, f"router {rp.url} still has {st['load']} in flight: {st}"
         assert all(s["in_flight"] == 0 for s in st["servers"]), st
         assert rp.metric("dynspec_load") == 0
+
+
+@contextlib.contextmanager
+def sim_proc(
+    log_dir: Path, mode: str, *args: str, speed: float = 4.0
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """One ``dynspec-sim`` process (demo profile) on a free loopback port: (URL, process)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [
+        sys.executable, "-m", "dynspec.launcher.sim", "--port", str(port), "--mode", mode,
+        "--profile", "demo", "--speed", str(speed), "--seed", "1", *args,
+    ]  # fmt: skip
+    log = log_dir / f"sim-{mode}-{port}.log"
+    with running(argv, ready_url=url + "/health", timeout=30, log=log) as proc:
+        yield url, proc
+
+
+@contextlib.contextmanager
+def sim(log_dir: Path, mode: str, *args: str, speed: float = 4.0) -> Iterator[str]:
+    with sim_proc(log_dir, mode, *args, speed=speed) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """An eagle and a baseline simulator shared by a test module (tests reset their faults)."""
+    log_dir = tmp_path_factory.mktemp("sims")
+    with sim(log_dir, "eagle") as eagle, sim(log_dir, "baseline") as baseline:
+        yield eagle, baseline
+
+
+def set_faults(url: str, **faults: object) -> None:
+    httpx.post(url + "/sim/faults", json=faults, timeout=5).raise_for_status()
+
+
+def clear_faults(url: str) -> None:
+    httpx.delete(url + "/sim/faults", timeout=5).raise_for_status()
+
+
+def wait_for(predicate: Any, timeout: float = 5.0, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())

@@ -81,7 +81,9 @@ async def app(scope: Any, receive: Any, send: Any) -> None:
         text = "".join(f"t{i} " for i in range(n))
         choice = {"index": 0, "finish_reason": "length"}
         choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-        await _json(send, {"id": "x", "object": "chat.completion", "choices": [choice], "usage": usage})
+        await _json(
+            send, {"id": "x", "object": "chat.completion", "choices": [choice], "usage": usage}
+        )
         return
     await send(
         {
@@ -99,10 +101,19 @@ async def app(scope: Any, receive: Any, send: Any) -> None:
     die_after = int(headers.get("x-fake-die-after", "-1"))
     events = []
     if chat:
-        events.append(_event({"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}))
+        events.append(
+            _event(
+                {
+                    "id": "x",
+                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+                }
+            )
+        )
     for i in range(n):
         delta = {"delta": {"content": f"t{i} "}} if chat else {"text": f"t{i} "}
-        events.append(_event({"id": "x", "choices": [{"index": 0, **delta, "finish_reason": None}]}))
+        events.append(
+            _event({"id": "x", "choices": [{"index": 0, **delta, "finish_reason": None}]})
+        )
     if (req.get("stream_options") or {}).get("include_usage"):
         events.append(_event({"id": "x", "choices": [], "usage": usage}))
     events.append(b"data: [DONE]\n\n")

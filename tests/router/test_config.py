@@ -10,9 +10,29 @@ import pytest
 from dynspec.router.config import parse_config
 from dynspec.router.entry import UsageError
 
+FLAGS = (
+    "--eagle-url", "--baseline-url", "--policy", "--threshold", "--hysteresis", "--api-key",
+    "--backend-api-key", "--admin-api-key", "--max-body-bytes", "--request-timeout",
+    "--health-interval", "--max-concurrency", "--drain-timeout",
+)  # fmt: skip
+
+
+def run_router(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dynspec.router", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
 
 def test_flags_and_environment() -> None:
-    env = {"DYNSPEC_THRESHOLD": "12", "DYNSPEC_API_KEY": "k1", "DYNSPEC_BASELINE_URL": "http://b:2/"}
+    env = {
+        "DYNSPEC_THRESHOLD": "12",
+        "DYNSPEC_API_KEY": "k1",
+        "DYNSPEC_BASELINE_URL": "http://b:2/",
+    }
     cfg = parse_config(["--eagle-url", "http://e:1,http://e:3", "--hysteresis", "3"], env)
     assert cfg.eagle_urls == ("http://e:1", "http://e:3")
     assert cfg.baseline_urls == ("http://b:2",)
@@ -45,22 +65,16 @@ def test_semantic_usage_errors(argv: list[str]) -> None:
     ],
 )
 def test_cli_usage_error_is_one_line_exit_2(argv: list[str]) -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "dynspec.router", *argv], capture_output=True, text=True, timeout=60
-    )
+    r = run_router(*argv)
     assert r.returncode == 2, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert r.stderr.startswith("dynspec-router: error:")
 
 
 def test_help_lists_every_flag_with_its_variable() -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "dynspec.router", "--help"], capture_output=True, text=True, timeout=60
-    )
+    r = run_router("--help")
     assert r.returncode == 0
-    for flag in ("--eagle-url", "--baseline-url", "--policy", "--threshold", "--hysteresis",
-                 "--api-key", "--backend-api-key", "--admin-api-key", "--max-body-bytes",
-                 "--request-timeout", "--health-interval", "--max-concurrency", "--drain-timeout"):  # fmt: skip
+    for flag in FLAGS:
         assert flag in r.stdout
     assert "DYNSPEC_MAX_BODY_BYTES" in r.stdout
 
@@ -72,10 +86,8 @@ def test_port_in_use_is_runtime_error_exit_1() -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        r = subprocess.run(
-            [sys.executable, "-m", "dynspec.router", "--eagle-url", "http://127.0.0.1:9",
-             "--host", "127.0.0.1", "--port", str(port)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        r = run_router(
+            "--eagle-url", "http://127.0.0.1:9", "--host", "127.0.0.1", "--port", str(port)
+        )
     assert r.returncode == 1, r.stderr
     assert "cannot listen" in r.stderr and "Traceback" not in r.stderr

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
 import pytest
 
 from dynspec.router.policy import Choice, ServerView, Snapshot, ThresholdPolicy
@@ -11,7 +14,9 @@ B1, B2 = "http://b1", "http://b2"
 
 
 def servers(*specs: tuple[str, str, bool, int, bool]) -> tuple[ServerView, ...]:
-    return tuple(ServerView(url, pool, healthy, n, accepting) for url, pool, healthy, n, accepting in specs)  # type: ignore[arg-type]
+    return tuple(
+        ServerView(url, pool, healthy, n, accepting) for url, pool, healthy, n, accepting in specs
+    )  # type: ignore[arg-type]
 
 
 ONE_EACH = servers((E1, "eagle", True, 0, True), (B1, "baseline", True, 0, True))
@@ -25,7 +30,9 @@ SEVERAL = servers(
     (B1, "baseline", True, 5, True),
     (B2, "baseline", True, 2, True),
 )
-TIED = servers((E1, "eagle", True, 2, True), (E2, "eagle", True, 2, True), (B1, "baseline", True, 0, True))
+TIED = servers(
+    (E1, "eagle", True, 2, True), (E2, "eagle", True, 2, True), (B1, "baseline", True, 0, True)
+)
 SEVERAL_ONE_DOWN = servers(
     (E1, "eagle", True, 3, True), (E2, "eagle", False, 0, True), (B1, "baseline", True, 0, True)
 )
@@ -55,21 +62,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("servers_", "mode", "load", "threshold", "hysteresis", "want_url", "want_mode"),
-    [c[1:] for c in CASES],
-    ids=[c[0] for c in CASES],
-)
-def test_threshold_policy(
-    servers_: tuple[ServerView, ...],
-    mode: str,
-    load: int,
-    threshold: int,
-    hysteresis: int,
-    want_url: str | None,
-    want_mode: str,
-) -> None:
-    snap = Snapshot(servers_, load, mode, threshold, hysteresis)  # type: ignore[arg-type]
+@pytest.mark.parametrize("case", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_threshold_policy(case: tuple[Any, ...]) -> None:
+    servers_, mode, load, threshold, hysteresis, want_url, want_mode = case
+    snap = Snapshot(servers_, load, mode, threshold, hysteresis)
     choice = ThresholdPolicy().choose(snap)
     assert isinstance(choice, Choice)
     assert (choice.server.url if choice.server else None) == want_url
@@ -90,7 +86,11 @@ EXCLUDE_CASES = [
     ids=[c[0] for c in EXCLUDE_CASES],
 )
 def test_exclude_for_retry(
-    servers_: tuple[ServerView, ...], mode: str, load: int, exclude: frozenset[str], want_url: str | None
+    servers_: tuple[ServerView, ...],
+    mode: str,
+    load: int,
+    exclude: frozenset[str],
+    want_url: str | None,
 ) -> None:
     choice = ThresholdPolicy().choose(Snapshot(servers_, load, mode, 8, 2), exclude)  # type: ignore[arg-type]
     assert (choice.server.url if choice.server else None) == want_url
@@ -104,5 +104,5 @@ def test_ramp_up_and_down_switches_once_each_way() -> None:
     for load in [*range(1, 13), *range(11, 0, -1)]:
         mode = policy.choose(Snapshot(ONE_EACH, load, mode, 8, 2)).mode  # type: ignore[arg-type]
         trace.append((load, mode))
-    switches = [(a, b) for a, b in zip(trace, trace[1:]) if a[1] != b[1]]
+    switches = [(a, b) for a, b in itertools.pairwise(trace) if a[1] != b[1]]
     assert switches == [((8, "eagle"), (9, "baseline")), ((7, "baseline"), (6, "eagle"))]
