@@ -1,0 +1,209 @@
+"""The engine seen from outside: queueing, aborts, prefill, accept lengths, --seed, startup."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import orjson
+from simkit import Sim, SimFactory, sse_json
+from utils import wait_http
+
+CHAT = [{"role": "user", "content": "Tell me a story."}]
+
+
+def _stream_body(max_tokens: int, **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": CHAT, "max_tokens": max_tokens, "stream": True, **extra}
+
+
+def _wait_metric(sim: Sim, name: str, value: float, timeout: float = 10.0, **labels: str) -> float:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = sim.metric(name, **labels)
+        if got == value or time.monotonic() > deadline:
+            return got
+        time.sleep(0.02)
+
+
+async def _first_event(resp: httpx.Response) -> dict[str, Any]:
+    async for line in resp.aiter_lines():
+        if line.startswith("data: "):
+            return orjson.loads(line[6:])  # type: ignore[no-any-return]
+    raise AssertionError("stream ended before its first event")
+
+
+async def test_queue_beyond_max_running_shows_in_metrics(sim_factory: SimFactory) -> None:
+    sim = sim_factory("--mode", "baseline", "--max-running-requests", "2", "--speed", "2")
+    async with httpx.AsyncClient(timeout=30) as client:
+        ctxs = [
+            client.stream("POST", sim.url + "/v1/chat/completions", json=_stream_body(2000))
+            for _ in range(5)
+        ]
+        resps = [await c.__aenter__() for c in ctxs]
+        try:
+            assert _wait_metric(sim, "sglang:num_queue_reqs", 3) == 3
+            assert sim.metric("sglang:num_running_reqs") == 2
+            # The two running ones stream; the queued ones have not started.
+            first = await asyncio.wait_for(_first_event(resps[0]), 10)
+            assert first["choices"][0]["delta"]["role"] == "assistant"
+            r = await client.post(sim.url + "/abort_request", json={"abort_all": True})
+            r.raise_for_status()
+            assert _wait_metric(sim, "sglang:num_aborted_requests_total", 5) == 5
+            assert sim.metric("sglang:num_running_reqs") == 0
+            assert sim.metric("sglang:num_queue_reqs") == 0
+        finally:
+            for c in ctxs:
+                await c.__aexit__(None, None, None)
+
+
+async def test_client_disconnect_aborts_within_a_step(sim_factory: SimFactory) -> None:
+    sim = sim_factory("--mode", "eagle", "--speed", "1")
+    async with (
+        httpx.AsyncClient(timeout=30) as client,
+        client.stream("POST", sim.url + "/v1/chat/completions", json=_stream_body(5000)) as resp,
+    ):
+        await _first_event(resp)
+        assert sim.metric("sglang:num_running_reqs") == 1
+    # Gone: the request leaves the batch and is counted as aborted (demo EAGLE step ~32 ms).
+    assert _wait_metric(sim, "sglang:num_running_reqs", 0, timeout=5) == 0
+    assert sim.metric("sglang:num_aborted_requests_total") == 1
+    assert sim.metric("sglang:num_requests_total", is_streaming="true") == 1
+
+
+async def test_abort_request_by_rid_ends_stream_with_abort(sim_factory: SimFactory) -> None:
+    sim = sim_factory("--mode", "baseline", "--speed", "1")
+    async with (
+        httpx.AsyncClient(timeout=30) as client,
+        client.stream(
+            "POST",
+            sim.url + "/v1/chat/completions",
+            json=_stream_body(5000, stream_options={"include_usage": True}),
+        ) as resp,
+    ):
+        events: list[Any] = []
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                break
+            events.append(orjson.loads(line[6:]))
+            if len(events) == 2:
+                r = await client.post(sim.url + "/abort_request", json={"rid": events[0]["id"]})
+                assert r.status_code == 200
+        else:
+            raise AssertionError("no [DONE] after the abort")
+    finish = events[-2]["choices"][0]
+    assert finish["finish_reason"] == "abort"
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] < 5000
+    assert sim.metric("sglang:num_aborted_requests_total") == 1
+    # An unknown or empty rid aborts nothing.
+    async with httpx.AsyncClient(timeout=30) as client:
+        for rid in ("nope", ""):
+            (await client.post(sim.url + "/abort_request", json={"rid": rid})).raise_for_status()
+    assert sim.metric("sglang:num_aborted_requests_total") == 1
+
+
+def test_non_streamed_disconnect_is_an_abort(sim_factory: SimFactory) -> None:
+    sim = sim_factory("--mode", "baseline", "--speed", "1")
+    body = {"model": "m", "prompt": "x", "max_tokens": 5000}
+    try:
+        httpx.post(sim.url + "/v1/completions", json=body, timeout=0.5)
+        raise AssertionError("a 5000-token answer at real speed came back within 0.5 s")
+    except httpx.ReadTimeout:
+        pass
+    assert _wait_metric(sim, "sglang:num_aborted_requests_total", 1, timeout=5) == 1
+    assert _wait_metric(sim, "sglang:num_running_reqs", 0, timeout=5) == 0
+
+
+def _chunk_tokens(sim: Sim, prompt: str, max_tokens: int) -> list[int]:
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    r = httpx.post(sim.url + "/v1/chat/completions", json=body, timeout=30)
+    chunks = sse_json(r.content)[1:-1]
+    # Every simulated token is one word with a leading space.
+    return [c["choices"][0]["delta"]["content"].count(" ") for c in chunks]
+
+
+def test_eagle_sends_several_tokens_per_chunk_baseline_one(sim_factory: SimFactory) -> None:
+    eagle = sim_factory("--mode", "eagle", "--speed", "2", "--seed", "3")
+    base = sim_factory("--mode", "baseline", "--speed", "2", "--seed", "3")
+    e = _chunk_tokens(eagle, "hello", 120)
+    b = _chunk_tokens(base, "hello", 60)
+    assert sum(e) == 120 and sum(b) == 60
+    # demo: EAGLE accepts 3.0 tokens a step on average (at most 4); baseline exactly 1.
+    assert max(e) <= 4
+    assert 2.2 <= sum(e) / len(e) <= 3.6, e
+    # One token a step; a late reader may merge two steps, which must stay rare.
+    assert sum(1 for n in b if n == 1) >= 0.8 * len(b), b
+
+
+def test_seed_makes_text_and_chunks_reproducible(sim_factory: SimFactory) -> None:
+    a = sim_factory("--mode", "eagle", "--speed", "4", "--seed", "11")
+    b = sim_factory("--mode", "eagle", "--speed", "4", "--seed", "11")
+    c = sim_factory("--mode", "eagle", "--speed", "4", "--seed", "12")
+
+    def contents(sim: Sim, prompt: str) -> list[str]:
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 80,
+            "stream": True,
+        }
+        r = httpx.post(sim.url + "/v1/chat/completions", json=body, timeout=30)
+        return [ch["choices"][0]["delta"].get("content") for ch in sse_json(r.content)]
+
+    first = contents(a, "same prompt")
+    assert contents(b, "same prompt") == first
+    assert contents(a, "same prompt") == first
+    assert contents(c, "same prompt") != first
+    assert contents(a, "another prompt") != first
+
+
+def test_prefill_delays_first_token(sim_factory: SimFactory) -> None:
+    # demo prefill: 10 ms + prompt / 20k tok/s; a ~25k-token prompt takes ~1.26 s simulated.
+    sim = sim_factory("--mode", "baseline", "--speed", "5")
+
+    def ttft(prompt: str) -> float:
+        body = {"model": "m", "prompt": prompt, "max_tokens": 2, "stream": True}
+        t0 = time.perf_counter()
+        with httpx.stream("POST", sim.url + "/v1/completions", json=body, timeout=30) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    return time.perf_counter() - t0
+        raise AssertionError("no event")
+
+    short = ttft("hi")
+    long = ttft("abcd" * 25000)
+    assert long >= 0.2, long  # 1.26 s / speed 5 = 0.25 s
+    assert long - short >= 0.15, (short, long)
+    hist_sum = sim.metric("sglang:time_to_first_token_seconds_sum", is_streaming="true")
+    assert hist_sum >= 1.2  # reported in simulated seconds
+
+
+def test_startup_delay_health_503_then_200(sim_factory: SimFactory) -> None:
+    t0 = time.monotonic()
+    sim = sim_factory("--startup-delay", "2", ready=False)
+    wait_http(sim.url + "/health", timeout=20, status=503)
+    assert httpx.get(sim.url + "/health_generate").status_code == 503
+    assert time.monotonic() - t0 < 2.0 or httpx.get(sim.url + "/health").status_code == 200
+    wait_http(sim.url + "/health", timeout=20, status=200)
+    assert time.monotonic() - t0 >= 1.9
+    assert httpx.get(sim.url + "/health_generate").status_code == 200
+    assert httpx.get(sim.url + "/health").content == b""
+
+
+def test_request_during_startup_waits_for_it(sim_factory: SimFactory) -> None:
+    sim = sim_factory("--startup-delay", "1.5", "--speed", "10", ready=False)
+    wait_http(sim.url + "/health", timeout=20, status=503)
+    t0 = time.monotonic()
+    body = {"model": "m", "prompt": "x", "max_tokens": 3}
+    r = httpx.post(sim.url + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 200
+    assert httpx.get(sim.url + "/health").status_code == 200
+    assert time.monotonic() - t0 > 0.5
