@@ -18,7 +18,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,9 +165,18 @@ async def send_request(
     body: bytes,
     prompt: Prompt,
     headers: dict[str, str],
+    *,
+    trace: RequestTrace | None = None,
 ) -> RequestTrace:
-    """One streamed request; never raises (failures are in the trace)."""
-    trace = RequestTrace(send=time.perf_counter(), prompt_tokens=prompt.prompt_tokens)
+    """One streamed request; never raises (failures are in the trace).
+
+    ``trace`` is filled in place as chunks arrive, so a caller that cancels the request still
+    sees what arrived.
+    """
+    if trace is None:
+        trace = RequestTrace(send=0.0)
+    trace.send = time.perf_counter()
+    trace.prompt_tokens = prompt.prompt_tokens
     content_key = _CONTENT[target.endpoint]
     times = trace.chunk_times
     tokens: list[int] = []
@@ -231,6 +240,9 @@ class LevelRun:
     warmup_failed: int = 0
     mode_switches: int | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    # The measuring window and every request of the level (for window throughputs).
+    window: tuple[float, float] | None = None
+    everything: list[RequestTrace] = field(default_factory=list)
 
 
 Progress = Callable[[int, int], None]
@@ -247,37 +259,83 @@ async def run_level(
     warmup: int,
     headers: dict[str, str] | None = None,
     progress: Progress | None = None,
+    on_measure: Callable[[], Awaitable[None]] | None = None,
 ) -> LevelRun:
-    """``warmup`` then ``requests`` requests by ``concurrency`` closed-loop workers."""
-    total = warmup + requests
+    """One level: ``concurrency`` closed-loop workers, measured in a steady state.
+
+    1. Warm-up: the first ``warmup`` requests. Measuring starts when all of them have ended, so
+       that a slow one (e.g. a request a router sent to the pool it then left) is gone; requests
+       sent meanwhile are warm-up too.
+    2. The next ``requests`` requests are measured (their TTFT, TPOT, ITL, E2E).
+    3. Workers keep the load up with filler requests until the last measured request ends; then
+       the fillers are cancelled (the server aborts them).
+
+    The level's window runs from the first measured send to the last measured end, and the
+    throughputs count every token delivered inside it (measured, warm-up and filler requests all
+    share the server), so neither a ramp-up nor a ramp-down dilutes them.
+    """
     bodies = [request_body(target, model, p) for p in prompts]
-    traces: list[RequestTrace | None] = [None] * requests
-    warm_failed = 0
-    next_index = 0
-    finished = 0
+    measured: list[RequestTrace] = []
+    every: list[RequestTrace] = []
     hdrs = {"Content-Type": "application/json", **(headers or {})}
+    state = {"sent": 0, "warm_left": warmup, "warm_sent": 0, "warm_failed": 0, "ended": 0}
+    hook = on_measure
+    all_ended = asyncio.Event()
+    if requests <= 0:
+        all_ended.set()
 
     async def worker() -> None:
-        nonlocal next_index, finished, warm_failed
-        while next_index < total:
-            i = next_index
-            next_index += 1
-            k = i % len(prompts)
-            trace = await send_request(session, target, bodies[k], prompts[k], hdrs)
-            if i >= warmup:
-                traces[i - warmup] = trace
-                finished += 1
+        nonlocal hook
+        while not all_ended.is_set():
+            measuring = state["warm_left"] <= 0 and len(measured) < requests
+            first_warm = state["sent"] < warmup
+            if measuring and hook is not None:
+                h, hook = hook, None
+                await h()
+            k = state["sent"] % len(prompts)
+            state["sent"] += 1
+            trace = RequestTrace(send=time.perf_counter())
+            every.append(trace)
+            if measuring:
+                measured.append(trace)
+            elif state["warm_left"] > 0:
+                state["warm_sent"] += 1
+            await send_request(session, target, bodies[k], prompts[k], hdrs, trace=trace)
+            if measuring:
+                state["ended"] += 1
                 if progress is not None:
-                    progress(finished, requests)
-            elif not trace.success:
-                warm_failed += 1
-                if warm_failed == 1:
-                    logger.warning("%s: warm-up request failed: %s", target.label, trace.error)
+                    progress(state["ended"], requests)
+                if state["ended"] >= requests:
+                    all_ended.set()
+            elif first_warm:
+                state["warm_left"] -= 1
+                if not trace.success:
+                    state["warm_failed"] += 1
+                    if state["warm_failed"] == 1:
+                        logger.warning("%s: warm-up request failed: %s", target.label, trace.error)
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    done = [t for t in traces if t is not None]
-    duration = max(t.end for t in done) - min(t.send for t in done) if done else 0.0
-    return LevelRun(done, duration, warm_failed)
+    tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    try:
+        waiter = asyncio.create_task(all_ended.wait())
+        # Workers only end on their own when something broke; then let the exception through.
+        await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        if not waiter.done():
+            waiter.cancel()
+            for t in tasks:
+                exc = t.exception() if t.done() else None
+                if exc is not None:
+                    raise exc
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    t0 = min((t.send for t in measured), default=0.0)
+    t1 = max((t.end for t in measured), default=0.0)
+    run = LevelRun(measured, max(0.0, t1 - t0), state["warm_failed"])
+    run.window = (t0, t1)
+    run.everything = every
+    run.extra["warmup_sent"] = state["warm_sent"]
+    return run
 
 
 async def fetch_text(session: aiohttp.ClientSession, url: str, timeout: float = 10.0) -> str | None:

@@ -102,8 +102,60 @@ def _summary(prefix: str, values: Sequence[float], extra: Iterable[int] = ()) ->
     return out
 
 
-def compute(traces: Sequence[RequestTrace], duration: float) -> dict[str, float | int]:
-    """bench_serving's metrics over one level; ``duration`` is the level's wall time in seconds."""
+@dataclass(frozen=True)
+class Window:
+    """What all requests of a level delivered between ``start`` and ``end`` (seconds)."""
+
+    start: float
+    end: float
+    output_tokens: float
+    input_tokens: int
+    requests: int
+    busy: float  # request-seconds in flight inside the window
+
+    @property
+    def length(self) -> float:
+        return self.end - self.start
+
+
+def window(
+    traces: Sequence[RequestTrace], start: float, end: float, tokens_per_chunk: float = 1.0
+) -> Window:
+    """Tokens, finished requests and time in flight of ``traces`` inside ``[start, end]``.
+
+    A chunk counts with its own token count when the server sent one, else with the request's
+    mean (``output_tokens / chunks``) when the request finished, else ``tokens_per_chunk`` (a
+    request cancelled mid-stream does not get its usage).
+    """
+    out = 0.0
+    inp = 0
+    done = 0
+    busy = 0.0
+    for t in traces:
+        times = t.chunk_times
+        if t.chunk_tokens is not None:
+            out += sum(n for c, n in zip(times, t.chunk_tokens, strict=True) if start <= c <= end)
+        else:
+            per = t.output_tokens / len(times) if t.success and times else tokens_per_chunk
+            out += per * sum(1 for c in times if start <= c <= end)
+        stop = t.end if t.end > 0 else end
+        busy += max(0.0, min(stop, end) - max(t.send, start))
+        if t.success and start <= t.end <= end:
+            done += 1
+            inp += t.prompt_tokens
+    return Window(start, end, out, inp, done, busy)
+
+
+def compute(
+    traces: Sequence[RequestTrace], duration: float, win: Window | None = None
+) -> dict[str, float | int]:
+    """bench_serving's metrics over one level's measured ``traces``.
+
+    Without ``win`` the throughputs are bench_serving's: the measured requests' tokens over
+    ``duration`` (seconds), and ``concurrency`` is their summed E2E over it. With ``win`` they are
+    what every request delivered inside the window, over its length (a steady-state rate that a
+    ramp-up or ramp-down does not dilute); the latency metrics always come from ``traces``.
+    """
     ok = [t for t in traces if t.success]
     ttfts = [t.ttft for t in ok]
     latencies = [t.latency for t in ok]
@@ -124,6 +176,18 @@ def compute(traces: Sequence[RequestTrace], duration: float) -> dict[str, float 
         "total_throughput": (total_input + total_output) / dur,
         "concurrency": sum(latencies) / dur,
     }
+    if win is not None and win.length > 0:
+        n = win.length
+        result.update(
+            {
+                "duration": n,
+                "request_throughput": win.requests / n,
+                "input_throughput": win.input_tokens / n,
+                "output_throughput": win.output_tokens / n,
+                "total_throughput": (win.input_tokens + win.output_tokens) / n,
+                "concurrency": win.busy / n,
+            }
+        )
     result.update(_summary("ttft", ttfts))
     result.update(_summary("tpot", tpots))
     result.update(_summary("itl", itls, extra=(95,)))

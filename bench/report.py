@@ -105,8 +105,11 @@ def plot(records: Sequence[Record], path: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullLocator
 
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
     fig, (ax_tp, ax_tpot) = plt.subplots(1, 2, figsize=(11, 4.2))
+    levels: set[int] = set()
     for name in targets(records):
         rows = sorted(
             (r for r in records if str(r.get("target")) == name and r.get("completed")),
@@ -115,15 +118,22 @@ def plot(records: Sequence[Record], path: Path, title: str) -> None:
         if not rows:
             continue
         cs = [int(r["max_concurrency"]) for r in rows]
+        levels.update(cs)
         ax_tp.plot(cs, [float(r["output_throughput"]) for r in rows], marker="o", label=name)
         ax_tpot.plot(cs, [float(r["median_tpot_ms"]) for r in rows], marker="o", label=name)
     for ax, ylabel in ((ax_tp, "output tokens/s (all requests)"), (ax_tpot, "p50 TPOT (ms)")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(levels))
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xlabel("concurrency (requests in flight, closed loop)")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     ax_tpot.set_yscale("log")
+    ax_tpot.yaxis.set_major_formatter(plain)
+    ax_tpot.yaxis.set_minor_formatter(plain)
+    ax_tp.set_ylim(bottom=0)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -112,8 +112,15 @@ def build_record(
         "random_input_len": None if cfg.dataset else cfg.input_len,
         "random_output_len": None if cfg.dataset else cfg.output_len,
     }
-    rec.update(metrics.compute(run.traces, run.duration))
+    win = None
+    if run.window is not None:
+        ok = [t for t in run.traces if t.success]
+        chunks = sum(len(t.chunk_times) for t in ok)
+        per_chunk = sum(t.output_tokens for t in ok) / chunks if chunks else 1.0
+        win = metrics.window(run.everything, *run.window, tokens_per_chunk=per_chunk)
+    rec.update(metrics.compute(run.traces, run.duration, win))
     rec["warmup_failed"] = run.warmup_failed
+    rec.update(run.extra)
     pools = Counter(t.backend for t in run.traces if t.backend)
     if pools:
         n = sum(pools.values())
@@ -154,7 +161,11 @@ async def sweep(
             for target in targets:
                 n, w = cfg.level_requests(c), cfg.level_warmup(c)
                 progress.begin(f"{target.label} C={c}")
-                before = await _switches(session, target)
+                before: list[int | None] = [None]
+
+                async def snapshot(t: load.Target = target, box: list[int | None] = before) -> None:
+                    box[0] = await _switches(session, t)
+
                 run = await load.run_level(
                     session,
                     target,
@@ -165,10 +176,11 @@ async def sweep(
                     warmup=w,
                     headers=headers,
                     progress=progress.update,
+                    on_measure=snapshot,
                 )
                 after = await _switches(session, target)
-                if before is not None and after is not None:
-                    run.mode_switches = after - before
+                if before[0] is not None and after is not None:
+                    run.mode_switches = after - before[0]
                 rec = build_record(target, c, run, cfg=cfg, warmup=w, model=models[target])
                 records.append(rec)
                 if out is not None:

@@ -1,0 +1,5 @@
+from __future__ import annotations
+
+from dynspec.bench.cli import main
+
+main()

@@ -1,0 +1,450 @@
+"""``dynspec-bench``: concurrency sweeps, threshold suggestion, profile export, the envelope run.
+
+Each subcommand has its own ``FlagParser``, so its flags also read ``DYNSPEC_<FLAG>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from dynspec.bench import envelope, load, profile_export, report, threshold
+from dynspec.bench.sweep import ProgressLine, SweepConfig, sweep
+from dynspec.router.entry import FlagParser, UsageError, add_log_level, configure_logging, run_main
+
+PROG = "dynspec-bench"
+COMMANDS = {
+    "sweep": "closed-loop concurrency sweep of one or more servers or routers",
+    "suggest-threshold": "the router threshold/hysteresis where EAGLE stops paying, from 2 sweeps",
+    "profile": "turn a measured sweep into a dynspec-sim profile",
+    "envelope": "simulated servers + router: does routing follow the better server?",
+}
+DEFAULT_LEVELS = "1,2,4,8,16,32,64,128,256"
+logger = logging.getLogger(__name__)
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of integers: {text!r}"
+        ) from None
+    if not levels or any(c < 1 for c in levels):
+        raise argparse.ArgumentTypeError("concurrency levels must be integers >= 1")
+    return sorted(set(levels))
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def _add_load_flags(p: FlagParser) -> None:
+    p.add_argument(
+        "--concurrency",
+        type=_levels,
+        default=_levels(DEFAULT_LEVELS),
+        help="concurrency levels (requests in flight, closed loop), comma-separated",
+    )
+    p.add_argument(
+        "--requests",
+        type=_positive_int,
+        default=None,
+        help="measured requests per level (default: max(--min-requests, --requests-per-c x C))",
+    )
+    p.add_argument(
+        "--requests-per-c", type=_positive_int, default=4, help="default requests per level / C"
+    )
+    p.add_argument(
+        "--min-requests", type=_positive_int, default=16, help="fewest requests in a level"
+    )
+    p.add_argument(
+        "--warmup",
+        type=_non_negative_int,
+        default=None,
+        help="warm-up requests per level, not measured (default: C, one round of the loop)",
+    )
+    p.add_argument("--input-len", type=_positive_int, default=256, help="random prompt tokens")
+    p.add_argument("--output-len", type=_positive_int, default=128, help="output tokens")
+    p.add_argument(
+        "--dataset",
+        type=Path,
+        default=None,
+        help="a ShareGPT-format JSON file to take prompts from (instead of random prompts)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed for prompt sampling")
+    p.add_argument(
+        "--request-timeout",
+        type=_positive_float,
+        default=600.0,
+        help="seconds a stream may stay silent before the request counts as failed",
+    )
+    p.add_argument(
+        "--pause", type=float, default=1.0, help="seconds between levels (lets in-flight drain)"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress output on stderr")
+
+
+def _sweep_config(args: argparse.Namespace, **extra: object) -> SweepConfig:
+    if args.dataset is not None and not args.dataset.is_file():
+        raise UsageError(f"--dataset: no such file: {args.dataset}")
+    return SweepConfig(
+        concurrencies=args.concurrency,
+        requests=args.requests,
+        requests_per_c=args.requests_per_c,
+        min_requests=args.min_requests,
+        warmup=args.warmup,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        dataset=args.dataset,
+        seed=args.seed,
+        api_key=getattr(args, "api_key", None),
+        request_timeout=args.request_timeout,
+        pause=args.pause,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def sweep_parser() -> FlagParser:
+    p = FlagParser(
+        prog=f"{PROG} sweep",
+        description=(
+            "Closed-loop concurrency sweep (like sglang.bench_serving --max-concurrency) of one or "
+            "more OpenAI-compatible targets. Writes JSONL (one line per target and level, as each "
+            "level ends), a Markdown table and a PNG plot next to it."
+        ),
+    )
+    p.add_argument(
+        "--url",
+        action="append",
+        default=None,
+        help="a target, URL or LABEL=URL (repeat for several); the environment variable takes "
+        "space-separated targets",
+    )
+    p.add_argument(
+        "--endpoint",
+        choices=sorted(load.ENDPOINTS),
+        default="chat",
+        help="API to load (a URL ending in the endpoint's path overrides this)",
+    )
+    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    _add_load_flags(p)
+    p.add_argument("--out", type=Path, default=Path("sweep.jsonl"), help="JSONL results file")
+    p.add_argument("--append", action="store_true", help="append to an existing --out file")
+    p.add_argument("--title", default="dynspec-bench sweep", help="plot and table title")
+    add_log_level(p)
+    return p
+
+
+def _targets(raw: object, endpoint: str) -> list[load.Target]:
+    items: list[str] = []
+    if isinstance(raw, str):  # from DYNSPEC_URL
+        items = raw.split()
+    elif isinstance(raw, list):
+        for x in raw:
+            items += str(x).split()
+    if not items:
+        raise UsageError("give at least one --url")
+    out: list[load.Target] = []
+    for item in items:
+        try:
+            out.append(load.parse_target(item, endpoint))
+        except ValueError as exc:
+            raise UsageError(f"--url: {exc}") from None
+    labels = [t.label for t in out]
+    if len(set(labels)) != len(labels):
+        raise UsageError("--url: two targets with the same label; use LABEL=URL")
+    return out
+
+
+def _finish(out: Path, title: str) -> None:
+    if not out.exists() or out.stat().st_size == 0:
+        return
+    records = report.load_jsonl(out)
+    md, png = report.write_outputs(out, records, title)
+    print(report.markdown_table(records), end="")
+    print(f"results: {out}, {md}, {png}", file=sys.stderr)
+
+
+def cmd_sweep(argv: Sequence[str]) -> NoReturn:
+    args = sweep_parser().parse_layered(argv)
+    configure_logging(args.log_level)
+
+    def body() -> int:
+        targets = _targets(args.url, args.endpoint)
+        cfg = _sweep_config(args)
+        out: Path = args.out
+        if out.exists() and out.stat().st_size > 0 and not args.append:
+            raise UsageError(f"--out {out} exists; use --append or another --out")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        progress = ProgressLine(enabled=not args.no_progress)
+        try:
+            asyncio.run(sweep(targets, cfg, out, progress))
+        except KeyboardInterrupt:
+            print(f"\n{PROG}: interrupted; keeping the finished levels", file=sys.stderr)
+            _finish(out, args.title)
+            return 130
+        _finish(out, args.title)
+        return 0
+
+    run_main(PROG, body, args.log_level)
+
+
+def threshold_parser() -> FlagParser:
+    p = FlagParser(
+        prog=f"{PROG} suggest-threshold",
+        description=(
+            "Find the concurrency where EAGLE's per-request decode speed (1 / p50 TPOT) falls "
+            "below the baseline's (interpolated linearly in log2 C on log2 of the speed ratio) "
+            "and print the router's --threshold and --hysteresis with the evidence."
+        ),
+    )
+    p.add_argument("eagle", type=Path, help="sweep JSONL of the EAGLE server")
+    p.add_argument("baseline", type=Path, help="sweep JSONL of the baseline server")
+    p.add_argument("--eagle-target", default=None, help="target label in a multi-target file")
+    p.add_argument("--baseline-target", default=None, help="target label in a multi-target file")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    add_log_level(p)
+    return p
+
+
+def _read(path: Path) -> list[report.Record]:
+    if not path.is_file():
+        raise UsageError(f"no such file: {path}")
+    return report.load_jsonl(path)
+
+
+def cmd_threshold(argv: Sequence[str]) -> NoReturn:
+    args = threshold_parser().parse_layered(argv)
+    configure_logging(args.log_level)
+
+    def body() -> int:
+        e_all, b_all = _read(args.eagle), _read(args.baseline)
+        try:
+            e = threshold.select(e_all, args.eagle_target, str(args.eagle))
+            b = threshold.select(b_all, args.baseline_target, str(args.baseline))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        s = threshold.suggest(e, b)
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "verdict": s.verdict,
+                        "threshold": s.threshold,
+                        "hysteresis": s.hysteresis,
+                        "crossover": s.crossover,
+                        "message": s.message,
+                        "levels": [
+                            {
+                                "max_concurrency": lv.concurrency,
+                                "eagle_median_tpot_ms": lv.eagle_tpot_ms,
+                                "baseline_median_tpot_ms": lv.baseline_tpot_ms,
+                                "speed_ratio": lv.ratio,
+                            }
+                            for lv in s.levels
+                        ],
+                    }
+                )
+            )
+        else:
+            print(threshold.render(s), end="")
+        return 0
+
+    run_main(PROG, body, args.log_level)
+
+
+def profile_parser() -> FlagParser:
+    p = FlagParser(
+        prog=f"{PROG} profile",
+        description=(
+            "Turn measured sweeps (an EAGLE target and/or a baseline target, levels from C=1) "
+            "into a dynspec-sim profile JSON (dynspec-sim --profile FILE.json)."
+        ),
+    )
+    p.add_argument("sweeps", type=Path, nargs="+", help="sweep JSONL file(s)")
+    p.add_argument("--name", default=None, help="profile name (default: the first file's stem)")
+    p.add_argument("--eagle-target", default=None, help="the EAGLE target's label")
+    p.add_argument("--baseline-target", default=None, help="the baseline target's label")
+    p.add_argument("--model", default=None, help="model name for the profile")
+    p.add_argument("--out", "-o", type=Path, default=None, help="profile file (default: stdout)")
+    add_log_level(p)
+    return p
+
+
+def cmd_profile(argv: Sequence[str]) -> NoReturn:
+    args = profile_parser().parse_layered(argv)
+    configure_logging(args.log_level)
+
+    def body() -> int:
+        records = [r for path in args.sweeps for r in _read(path)]
+        try:
+            prof = profile_export.build_profile(
+                records,
+                args.sweeps,
+                name=args.name or args.sweeps[0].stem,
+                eagle_target=args.eagle_target,
+                baseline_target=args.baseline_target,
+                model=args.model,
+            )
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if args.out is None:
+            sys.stdout.write(prof.dumps())
+        else:
+            args.out.write_text(prof.dumps(), encoding="utf-8")
+            print(f"profile written to {args.out}", file=sys.stderr)
+        return 0
+
+    run_main(PROG, body, args.log_level)
+
+
+def envelope_parser() -> FlagParser:
+    p = FlagParser(
+        prog=f"{PROG} envelope",
+        description=(
+            "Start an EAGLE and a baseline dynspec-sim and a dynspec-router on free loopback "
+            "ports; sweep each server alone, pick the threshold with suggest-threshold, sweep "
+            "the router, and report routed vs the better server at each concurrency "
+            "(goal: tok/s >= 0.95x, p50 TPOT <= 1.05x). Writes OUT.jsonl, OUT.md, OUT.png."
+        ),
+    )
+    p.add_argument(
+        "--simulate",
+        action="store_true",
+        help="run against simulated servers (required: the only mode so far)",
+    )
+    p.add_argument("--profile", default="demo", help="dynspec-sim profile: NAME or FILE.json")
+    p.add_argument(
+        "--speed",
+        type=_positive_float,
+        default=1.0,
+        help="simulated time runs this many times faster than real time (figures are reported "
+        "in model time); keep it low enough that the CPU keeps up",
+    )
+    p.add_argument(
+        "--threshold", type=_non_negative_int, default=None, help="override the suggested one"
+    )
+    p.add_argument(
+        "--hysteresis", type=_non_negative_int, default=None, help="override the suggested one"
+    )
+    _add_load_flags(p)
+    p.set_defaults(requests_per_c=2)
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results path without suffix (default: envelope-PROFILE in the current directory)",
+    )
+    p.add_argument(
+        "--startup-timeout", type=_positive_float, default=60.0, help="seconds to wait per process"
+    )
+    add_log_level(p)
+    return p
+
+
+def cmd_envelope(argv: Sequence[str]) -> NoReturn:
+    args = envelope_parser().parse_layered(argv)
+    configure_logging(args.log_level)
+
+    def body() -> int:
+        if not args.simulate:
+            raise UsageError(
+                "only --simulate is supported; on real servers run 'sweep' against each server "
+                "and the router"
+            )
+        from dynspec.launcher.sim.profile import ProfileError, load_profile
+
+        try:
+            prof = load_profile(args.profile)
+        except ProfileError as exc:
+            raise UsageError(f"--profile: {exc}") from None
+        if not {"eagle", "baseline"} <= set(prof.modes):
+            raise UsageError(f"--profile {args.profile}: needs both an eagle and a baseline mode")
+        stem = args.out if args.out is not None else Path(f"envelope-{prof.name}")
+        out = stem.with_name(stem.name + ".jsonl") if stem.suffix != ".jsonl" else stem
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cfg = envelope.EnvelopeConfig(
+            profile=args.profile,
+            speed=args.speed,
+            sweep=_sweep_config(args),
+            out=out,
+            threshold=args.threshold,
+            hysteresis=args.hysteresis,
+            seed=args.seed,
+            startup_timeout=args.startup_timeout,
+        )
+        command = "dynspec-bench envelope " + shlex.join(argv)
+        progress = ProgressLine(enabled=not args.no_progress)
+        try:
+            result = envelope.run(cfg, progress)
+        except KeyboardInterrupt:
+            print(f"\n{PROG}: interrupted; the finished levels are in {out}", file=sys.stderr)
+            return 130
+        md, png = envelope.write_report(cfg, result, command)
+        print(envelope.summary(result), end="")
+        print(f"results: {out}, {md}, {png}", file=sys.stderr)
+        return 0
+
+    run_main(PROG, body, args.log_level)
+
+
+HANDLERS = {
+    "sweep": cmd_sweep,
+    "suggest-threshold": cmd_threshold,
+    "profile": cmd_profile,
+    "envelope": cmd_envelope,
+}
+
+
+def _usage() -> str:
+    lines = [f"usage: {PROG} {{{','.join(COMMANDS)}}} [flags]  ({PROG} COMMAND --help)", ""]
+    lines += [f"  {name:<18} {text}" for name, text in COMMANDS.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    for noisy in ("matplotlib", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not args:
+        sys.stderr.write(f"{PROG}: error: missing command (choose from {', '.join(COMMANDS)})\n")
+        sys.exit(2)
+    if args[0] in ("-h", "--help"):
+        sys.stdout.write(_usage())
+        sys.exit(0)
+    handler = HANDLERS.get(args[0])
+    if handler is None:
+        sys.stderr.write(
+            f"{PROG}: error: unknown command {args[0]!r} (choose from {', '.join(COMMANDS)})\n"
+        )
+        sys.exit(2)
+    handler(args[1:])
+
+
+if __name__ == "__main__":
+    main()
