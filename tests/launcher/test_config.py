@@ -1,0 +1,223 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dynspec.launcher.config import LaunchConfig, load_config
+from dynspec.router.entry import UsageError
+
+SIM = ["--simulate"]
+SIM_DRY = ["--dry-run", "--model-path", "M", "--draft-model-path", "D"]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "dynspec.toml"
+    path.write_text(text)
+    return path
+
+
+# key in the file, its value there, the DYNSPEC_ variable and value, the flag and value,
+# the default, the config attribute, and how each layer's value reads on the config.
+LAYERS = [
+    ("threshold", "5", "DYNSPEC_THRESHOLD", "6", ["--threshold", "7"], 8, "threshold", (5, 6, 7)),
+    (
+        "eagle-port",
+        "31001",
+        "DYNSPEC_EAGLE_PORT",
+        "31002",
+        ["--eagle-port", "31003"],
+        30001,
+        "eagle_port",
+        (31001, 31002, 31003),
+    ),
+    (
+        "drain_timeout",
+        "4.5",
+        "DYNSPEC_DRAIN_TIMEOUT",
+        "5",
+        ["--drain-timeout", "6"],
+        30.0,
+        "drain_timeout",
+        (4.5, 5.0, 6.0),
+    ),
+    (
+        "restart",
+        '"never"',
+        "DYNSPEC_RESTART",
+        "on-failure",
+        ["--restart", "never"],
+        "on-failure",
+        "restart",
+        ("never", "on-failure", "never"),
+    ),
+    (
+        "sim-profile",
+        '"seed"',
+        "DYNSPEC_SIM_PROFILE",
+        "eagle3-h100",
+        ["--sim-profile", "demo"],
+        "demo",
+        "sim_profile",
+        ("seed", "eagle3-h100", "demo"),
+    ),
+]
+
+
+@pytest.mark.parametrize("layer", LAYERS, ids=lambda row: row[0])
+def test_precedence_flag_then_env_then_file_then_default(
+    tmp_path: Path, layer: tuple[object, ...]
+) -> None:
+    key, file_value, env_name, env_value, flag, default, attr, (from_file, from_env, from_flag) = (
+        layer
+    )
+    assert isinstance(flag, list)
+    path = write(tmp_path, f"{key} = {file_value}\nsimulate = true\n")
+    cfg = ["--config", str(path)]
+    env = {str(env_name): str(env_value)}
+
+    def get(argv: list[str], environ: dict[str, str]) -> object:
+        config: LaunchConfig = load_config(argv, environ=environ)
+        return getattr(config, str(attr))
+
+    assert get(SIM, {}) == default
+    assert get(cfg, {}) == from_file
+    assert get(cfg, env) == from_env
+    assert get([*cfg, *flag], env) == from_flag
+    assert get([*SIM, *flag], {}) == from_flag
+
+
+def test_file_holds_every_kind_of_value(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+gpus = [0, 1, 2, 3]
+model-path = "org/model"
+draft_model_path = "org/draft"
+eagle-args = ["--mem-fraction-static", "0.7"]
+sglang-args = "--trust-remote-code"
+dry-run = true
+""",
+    )
+    config = load_config(["--config", str(path)], environ={})
+    assert (config.eagle_gpus, config.baseline_gpus) == ((0, 1), (2, 3))
+    assert config.model_path == "org/model"
+    assert config.draft_model_path == "org/draft"
+    assert config.eagle_args == ("--mem-fraction-static", "0.7")
+    assert config.sglang_args == ("--trust-remote-code",)
+    assert config.dry_run is True
+    assert config.served_model_name == "model"
+
+
+def test_config_path_from_the_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, "simulate = true\nthreshold = 3\nhysteresis = 1\n")
+    config = load_config([], environ={"DYNSPEC_CONFIG": str(path)})
+    assert (config.simulate, config.threshold, config.hysteresis) == (True, 3, 1)
+
+
+def test_env_switch_overrides_file_switch(tmp_path: Path) -> None:
+    path = write(tmp_path, "simulate = true\ndry-run = true\n")
+    config = load_config(["--config", str(path)], environ={"DYNSPEC_DRY_RUN": "false"})
+    assert config.dry_run is False
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("thresold = 3\n", "unknown key 'thresold'"),
+        ("threshold = 'many'\n", "invalid value"),
+        ("threshold = \n", "not valid TOML"),
+        ("[router]\nthreshold = 3\n", "is a table"),
+        ("restart = 'always'\n", "invalid choice"),
+    ],
+)
+def test_bad_files_are_usage_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, reason: str
+) -> None:
+    path = write(tmp_path, "simulate = true\n" + text)
+    try:
+        load_config(["--config", str(path)], environ={})
+    except UsageError as exc:
+        assert reason in str(exc)
+    except SystemExit as exc:
+        assert exc.code == 2
+        err = capsys.readouterr().err
+        assert reason in err and err.count("\n") == 1
+    else:
+        pytest.fail("a bad config file was accepted")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="does not exist"):
+        load_config(["--config", str(tmp_path / "nope.toml")], environ={})
+
+
+@pytest.mark.parametrize(
+    ("argv", "reason"),
+    [
+        (["--gpus", "0-7"], "--model-path is required"),
+        (["--gpus", "0-7", "--model-path", "M"], "--draft-model-path is required"),
+        ([*SIM, "--gpus", "0-6"], "equal halves"),
+        ([*SIM, "--eagle-gpus", "0-3", "--baseline-gpus", "3-5"], "GPU 3 is given to both"),
+        ([*SIM, "--eagle-gpus", "0-3"], "no GPUs left"),
+        ([*SIM, "--speculative-eagle-topk", "2"], "need --speculative-num-steps"),
+        ([*SIM, "--threshold", "4", "--hysteresis", "4"], "must be below --threshold"),
+        ([*SIM, "--eagle-port", "8000"], "must differ"),
+    ],
+)
+def test_bad_combinations(argv: list[str], reason: str) -> None:
+    with pytest.raises(UsageError, match=reason):
+        load_config(argv, environ={})
+
+
+def test_gpu_overrides() -> None:
+    config = load_config([*SIM, "--gpus", "0-7", "--baseline-gpus", "6,7"], environ={})
+    assert (config.eagle_gpus, config.baseline_gpus) == ((0, 1, 2, 3, 4, 5), (6, 7))
+
+
+def run_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dynspec.launcher", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+
+
+def test_dry_run_of_the_issue_prints_three_pasteable_lines() -> None:
+    done = run_cli("--dry-run", "--gpus", "0-7", "--model-path", "M", "--draft-model-path", "D")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3
+    eagle, baseline, router = lines
+    sglang = f"{sys.executable} -m sglang.launch_server "
+    assert eagle.startswith(f"CUDA_VISIBLE_DEVICES=0,1,2,3 {sglang}")
+    assert baseline.startswith(f"CUDA_VISIBLE_DEVICES=4,5,6,7 {sglang}")
+    for line in (eagle, baseline):
+        assert " --tp-size 4 " in line and " --enable-metrics" in line
+    assert " --speculative-algorithm EAGLE3 --speculative-draft-model-path D" in eagle
+    assert " --max-running-requests 12 --cuda-graph-max-bs-decode 12" in eagle
+    assert "--speculative" not in baseline and "--cuda-graph-max-bs-decode 512" in baseline
+    assert router.startswith(f"{sys.executable} -m dynspec.router --eagle-url ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "reason"),
+    [
+        (["--dry-run", "--gpus", "0-6", "--model-path", "M", "--draft-model-path", "D"], "halves"),
+        (["--dry-run", "--threshold", "zero"], "--threshold"),
+        (["--dry-run", "--gpus", "0-7", "--model-path", "M"], "--draft"),
+        ([*SIM_DRY, "--gpus", "0-7", "--eagle-args", "--port 1"], "--eagle-port"),
+        (["--no-such-flag"], "unrecognized"),
+    ],
+)
+def test_cli_usage_errors_are_one_line_exit_2(argv: list[str], reason: str) -> None:
+    done = run_cli(*argv)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1 and reason in done.stderr
+    assert done.stderr.startswith("dynspec-launch: error: ")

@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from utils import free_port
+
+from dynspec.launcher.config import load_config
+from dynspec.launcher.preflight import (
+    check_gpus,
+    check_model_path,
+    check_port_free,
+    list_gpus,
+    run_preflight,
+    sglang_requirement,
+    sglang_version,
+)
+from dynspec.router.entry import UsageError
+
+
+def test_pin_is_read_from_the_requirements_file() -> None:
+    text = (Path(__file__).parents[2] / "launcher" / "sglang-requirements.txt").read_text()
+    assert sglang_requirement() in text.splitlines()
+    assert sglang_requirement() == f"sglang=={sglang_version()}"
+
+
+def fake_smi(output: str) -> object:
+    def run(argv: Sequence[str]) -> str:
+        assert argv[0] == "nvidia-smi"
+        return output
+
+    return run
+
+
+def test_list_gpus() -> None:
+    assert list_gpus(fake_smi("0\n1\n2\n3\n")) == (0, 1, 2, 3)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="lists none"):
+        list_gpus(fake_smi(""))  # type: ignore[arg-type]
+
+
+def test_gpu_check() -> None:
+    config = load_config(["--gpus", "0-7", "--model-path", "M", "--draft-model-path", "D"], {})
+    check_gpus(config, range(8))
+    with pytest.raises(UsageError, match=r"GPU 4 is not on this machine.*4 GPU\(s\) \(0-3\)"):
+        check_gpus(config, range(4))
+
+
+def test_model_paths(tmp_path: Path) -> None:
+    check_model_path(str(tmp_path), "--model-path")
+    check_model_path("meta-llama/Llama-3.1-8B-Instruct", "--model-path")
+    for bad in ("/no/such/model", "./model", "a/b/c", "just-a-name", "org/"):
+        with pytest.raises(UsageError, match="not a hub id"):
+            check_model_path(bad, "--model-path")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UsageError, match="is a file"):
+        check_model_path(str(tmp_path / "f"), "--draft-model-path")
+
+
+def test_port_in_use() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(UsageError, match=f"port {port} \\(EAGLE server\\) is already in use"):
+            check_port_free("127.0.0.1", port, "EAGLE server")
+    check_port_free("127.0.0.1", port, "EAGLE server")
+
+
+def test_simulate_checks_ports_but_no_gpu() -> None:
+    ports = [free_port() for _ in range(3)]
+    argv = ["--simulate", "--host", "127.0.0.1", "--port", str(ports[0])]
+    argv += ["--eagle-port", str(ports[1]), "--baseline-port", str(ports[2])]
+    run_preflight(load_config(argv, {}), available_gpus=())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[2]))
+        s.listen()
+        with pytest.raises(UsageError, match="baseline server"):
+            run_preflight(load_config(argv, {}), available_gpus=())
+
+
+def launch(tmp_path: Path, smi: str | None, *argv: str) -> subprocess.CompletedProcess[str]:
+    """The real CLI with a fake nvidia-smi (or none) as the only thing on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if smi is not None:
+        script = bin_dir / "nvidia-smi"
+        script.write_text(f"#!/bin/sh\nprintf '{smi}'\n")
+        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNSPEC_")}
+    env["PATH"] = str(bin_dir)
+    fake = f"{sys.executable} -c pass"
+    return subprocess.run(
+        [sys.executable, "-m", "dynspec.launcher", "--server-command", fake, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+        cwd=tmp_path,
+    )
+
+
+@pytest.mark.parametrize(
+    ("smi", "argv", "reason"),
+    [
+        (None, ["--gpus", "0-7"], "nvidia-smi is not installed"),
+        (None, [], "no --gpus given, and no NVIDIA GPU found"),
+        ("", ["--gpus", "0-1"], "nvidia-smi lists none"),
+        ("0\\n1\\n2\\n3\\n", ["--gpus", "0-7"], "GPU 4 is not on this machine"),
+        ("0\\n1\\n2\\n", [], "3 GPUs cannot be split"),
+        ("0\\n1\\n", ["--draft-model-path", "/nope"], "--draft-model-path /nope: no such"),
+    ],
+)
+def test_preflight_failures_are_one_line_exit_2(
+    tmp_path: Path, smi: str | None, argv: list[str], reason: str
+) -> None:
+    base = ["--model-path", "org/m", "--draft-model-path", "org/d", "--log-dir", str(tmp_path)]
+    done = launch(tmp_path, smi, *base, *argv)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and reason in done.stderr, done.stderr
+    assert not (tmp_path / "eagle.log").exists()  # nothing was started
