@@ -1,0 +1,193 @@
+"""Relay details that need an upstream which records requests and misbehaves on demand:
+headers in and out, keys, usage injection and removal across split SSE events, timeouts and a
+server dying mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from conftest import RouterProc, fake_upstream, router
+
+from dynspec.router.cli import bind_socket
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MESSAGES: Any = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with fake_upstream(tmp_path_factory.mktemp("fake")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def rp(upstream: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProc]:
+    with router(
+        tmp_path_factory.mktemp("relay"), "--eagle-url", upstream,
+        "--backend-api-key", "backend-secret", "--request-timeout", "1", api_key="client-secret",
+    ) as proc:  # fmt: skip
+        yield proc
+
+
+def last(upstream: str) -> dict[str, Any]:
+    return httpx.get(upstream + "/fake/last", timeout=5).json()  # type: ignore[no-any-return]
+
+
+def test_request_headers_keys_and_hop_by_hop(rp: RouterProc, upstream: str) -> None:
+    r = httpx.post(
+        rp.url + CHAT,
+        json={"messages": MESSAGES, "max_tokens": 2},
+        headers={
+            "Authorization": "Bearer client-secret",
+            "Proxy-Authorization": "Basic c2VjcmV0",
+            "TE": "trailers",
+            "Connection": "keep-alive",
+            "x-request-id": "abc-123",
+            "user-agent": "probe/1",
+        },
+        timeout=10,
+    )
+    assert r.status_code == 200
+    seen = last(upstream)["headers"]
+    assert seen["authorization"] == "Bearer backend-secret"
+    assert "client-secret" not in str(seen)
+    assert "proxy-authorization" not in seen and "te" not in seen
+    assert seen["x-request-id"] == "abc-123" and seen["user-agent"] == "probe/1"
+    log = rp.log.read_text()
+    assert "client-secret" not in log and "backend-secret" not in log
+
+
+def test_response_headers_not_duplicated(rp: RouterProc) -> None:
+    body = {"messages": MESSAGES, "max_tokens": 2, "stream": True}
+    r = httpx.post(rp.url + CHAT, json=body, headers={"Authorization": "Bearer client-secret"})
+    assert r.status_code == 200
+    assert r.headers.get_list("date") and len(r.headers.get_list("date")) == 1
+    assert "fake" not in r.headers.get_list("server")
+    assert r.headers.get_list("x-dynspec-backend") == ["eagle"]
+    assert r.headers["content-type"].startswith("text/event-stream")
+
+
+def events(raw: bytes) -> list[bytes]:
+    return [e for e in raw.split(b"\n\n") if e]
+
+
+@pytest.mark.parametrize("split", ["0", "1"])
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+def test_usage_asked_for_and_removed(rp: RouterProc, upstream: str, split: str, path: str) -> None:
+    """The server is asked for usage; the client, who did not ask, never sees the chunk, even
+    when the server splits every SSE event over three writes."""
+    body: dict[str, Any] = {"max_tokens": 5, "stream": True}
+    body |= {"messages": MESSAGES} if path == CHAT else {"prompt": "x"}
+    headers = {"Authorization": "Bearer client-secret", "x-fake-split": split}
+    r = httpx.post(rp.url + path, json=body, headers=headers, timeout=10)
+    assert last(upstream)["body"]["stream_options"] == {"include_usage": True}
+    got = events(r.content)
+    assert got[-1] == b"data: [DONE]"
+    assert not any(b'"choices":[]' in e for e in got)
+    assert all(e.startswith(b"data: ") for e in got)
+    # Exactly the server's content events, whole and in order.
+    assert len(got) == 5 + (path == CHAT) + 1
+    assert b"".join(got).count(b"t4 ") == 1
+
+
+def test_usage_kept_when_client_asks(rp: RouterProc, upstream: str) -> None:
+    body = {"messages": MESSAGES, "max_tokens": 3, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    headers = {"Authorization": "Bearer client-secret", "x-fake-split": "1"}
+    r = httpx.post(rp.url + CHAT, json=body, headers=headers, timeout=10)
+    got = events(r.content)
+    assert got[-2].startswith(b'data: {"id":"x","choices":[],"usage"')
+    assert last(upstream)["body"]["stream_options"] == {"include_usage": True}
+
+
+async def test_openai_stream_through_split_events(rp: RouterProc) -> None:
+    async with openai.AsyncOpenAI(
+        base_url=rp.url + "/v1", api_key="client-secret", max_retries=0
+    ) as c:
+        stream = await c.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=6, stream=True,
+            extra_headers={"x-fake-split": "1"},
+        )  # fmt: skip
+        text = "".join([ch.choices[0].delta.content or "" async for ch in stream if ch.choices])
+    assert text == "".join(f"t{i} " for i in range(6))
+    assert rp.metric("dynspec_output_tokens_total", pool="eagle") >= 6
+
+
+def test_first_byte_timeout_is_504(rp: RouterProc) -> None:
+    before = rp.metric("dynspec_upstream_errors_total", pool="eagle", kind="timeout")
+    r = httpx.post(
+        rp.url + CHAT,
+        json={"messages": MESSAGES},
+        headers={"Authorization": "Bearer client-secret", "x-fake-sleep-first": "3"},
+        timeout=10,
+    )
+    assert r.status_code == 504
+    assert r.json()["error"]["code"] == "upstream_timeout"
+    assert r.headers["x-dynspec-backend"] == "eagle"
+    after = rp.metric("dynspec_upstream_errors_total", pool="eagle", kind="timeout")
+    assert after == before + 1
+
+
+async def test_server_dies_mid_stream(rp: RouterProc) -> None:
+    """The client sees a broken stream (not a short one that looks complete); nothing leaks."""
+    before = rp.metric("dynspec_upstream_errors_total", pool="eagle", kind="protocol")
+    async with openai.AsyncOpenAI(
+        base_url=rp.url + "/v1", api_key="client-secret", max_retries=0
+    ) as c:
+        stream = await c.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=50, stream=True,
+            extra_headers={"x-fake-die-after": "4"},
+        )  # fmt: skip
+        seen = 0
+        with pytest.raises((openai.APIError, httpx.HTTPError)):
+            async for _ in stream:
+                seen += 1
+        assert seen >= 3
+    assert await asyncio.to_thread(rp.wait_load, 0)
+    after = rp.metric("dynspec_upstream_errors_total", pool="eagle", kind="protocol")
+    assert after == before + 1
+
+
+async def test_accepted_sockets_have_nodelay() -> None:
+    """The listener is made so that accepted connections skip Nagle (a 40 ms TTFT trap)."""
+    import uvloop
+
+    async def check() -> int:
+        sock = bind_socket("127.0.0.1", 0)
+        port = sock.getsockname()[1]
+        got: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def on_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            s = writer.get_extra_info("socket")
+            got.set_result(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(on_conn, sock=sock)
+        _, w = await asyncio.open_connection("127.0.0.1", port)
+        value = await asyncio.wait_for(got, 5)
+        w.close()
+        server.close()
+        return value
+
+    assert await asyncio.to_thread(uvloop.run, check()) != 0
+    assert await check() != 0
+
+
+def test_no_healthy_server_is_503(tmp_path: Path) -> None:
+    from utils import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    with router(tmp_path, "--eagle-url", dead, ready="/metrics") as proc:
+        assert httpx.get(proc.url + "/health", timeout=5).status_code == 503
+        r = httpx.post(proc.url + CHAT, json={"messages": MESSAGES}, timeout=5)
+        assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+        assert r.json()["error"]["code"] == "no_healthy_server"
+        assert proc.metric("dynspec_server_up", pool="eagle", server=dead) == 0
