@@ -1,0 +1,95 @@
+"""dynspec-bench profile: a sweep becomes a profile that the simulator's own loader accepts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dynspec.bench.profile_export import build_profile
+from dynspec.launcher.sim.profile import load_profile
+
+
+def level(target: str, c: int, tok_s: float, per_chunk: float, max_chunk: int) -> dict[str, object]:
+    return {
+        "target": target,
+        "model": "org/M",
+        "max_concurrency": c,
+        "completed": 8,
+        "output_throughput": tok_s,
+        "median_tpot_ms": 1000.0 * c / tok_s,
+        "median_ttft_ms": 40.0,
+        "total_input_tokens": 8 * 256,
+        "mean_tokens_per_chunk": per_chunk,
+        "max_tokens_per_chunk": max_chunk,
+    }
+
+
+RECORDS = [
+    level("eagle-h100", 1, 120.0, 2.6, 4),
+    level("eagle-h100", 4, 300.0, 2.5, 4),
+    level("eagle-h100", 16, 500.0, 2.4, 4),
+    level("baseline-h100", 1, 60.0, 1.0, 1),
+    level("baseline-h100", 4, 220.0, 1.0, 1),
+    level("baseline-h100", 16, 700.0, 1.0, 1),
+    # A routed target is not a server: it must not be taken for one.
+    {**level("routed", 1, 118.0, 2.6, 4), "backend_share": {"eagle": 1.0}},
+]
+
+
+def test_round_trip_through_the_sim_loader(tmp_path: Path) -> None:
+    prof = build_profile(RECORDS, [Path("sweep.jsonl")], name="mine")
+    path = tmp_path / "mine.json"
+    path.write_text(prof.dumps())
+    loaded = load_profile(str(path))
+    assert loaded.name == "mine"
+    assert loaded.model == "org/M"
+    assert not loaded.illustrative
+    assert "sweep.jsonl" in loaded.source
+    e, b = loaded.mode("eagle"), loaded.mode("baseline")
+    assert e.throughput == ((1, 120.0), (4, 300.0), (16, 500.0))
+    assert b.throughput == ((1, 60.0), (4, 220.0), (16, 700.0))
+    assert e.accept_length == pytest.approx(2.6)
+    assert e.max_accept_length == 4
+    assert (b.accept_length, b.max_accept_length) == (1.0, 1)
+    # The profile reproduces the sweep: TPOT = C / throughput(C) in the simulator's model.
+    assert e.step_time(4) / e.accept_length == pytest.approx(4 / 300.0)
+
+
+def test_sweep_without_c1_or_unknown_targets_is_refused() -> None:
+    with pytest.raises(ValueError, match="C=1"):
+        build_profile(RECORDS[1:3], [Path("s.jsonl")], name="x")
+    odd = [{**r, "target": "server-a"} for r in RECORDS[:3]]
+    with pytest.raises(ValueError, match="--eagle-target"):
+        build_profile(odd, [Path("s.jsonl")], name="x")
+    prof = build_profile(odd, [Path("s.jsonl")], name="x", eagle_target="server-a")
+    assert set(prof.modes) == {"eagle"}
+
+
+def test_cli_writes_a_loadable_profile(tmp_path: Path) -> None:
+    sweep = tmp_path / "h100.jsonl"
+    sweep.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    out = tmp_path / "h100.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "dynspec.bench", "profile", str(sweep), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    loaded = load_profile(str(out))
+    assert loaded.name == "h100"
+    assert str(sweep) in loaded.source
+    r = subprocess.run(
+        [sys.executable, "-m", "dynspec.bench", "profile", str(tmp_path / "nope.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1

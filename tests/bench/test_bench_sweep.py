@@ -1,0 +1,205 @@
+"""Reduced sweeps against real dynspec-sim processes (and a real router), through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from utils import free_port, running
+
+from dynspec.launcher.sim.profile import load_profile
+
+BENCH = [sys.executable, "-m", "dynspec.bench"]
+SPEED = 10.0  # simulated time 10x faster; figures below are converted back where compared
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNSPEC_")}
+    return subprocess.run(
+        [*BENCH, *args], capture_output=True, text=True, timeout=timeout, check=False, env=env
+    )
+
+
+@pytest.fixture
+def eagle_sim(tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    argv = [sys.executable, "-m", "dynspec.launcher.sim", "--port", str(port), "--mode", "eagle"]
+    argv += ["--profile", "demo", "--speed", str(SPEED), "--log-level", "warning"]
+    url = f"http://127.0.0.1:{port}"
+    with running(argv, url + "/health_generate", timeout=30, log=tmp_path / "sim.log"):
+        yield url
+
+
+def test_sweep_writes_jsonl_table_and_plot(eagle_sim: str, tmp_path: Path) -> None:
+    out = tmp_path / "s.jsonl"
+    r = bench(
+        "sweep",
+        "--url",
+        f"eagle={eagle_sim}",
+        "--concurrency",
+        "1,4",
+        "--requests",
+        "8",
+        "--output-len",
+        "24",
+        "--input-len",
+        "32",
+        "--pause",
+        "0.2",
+        "--out",
+        str(out),
+    )
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(x["target"], x["max_concurrency"]) for x in recs] == [("eagle", 1), ("eagle", 4)]
+    prof = load_profile("demo").mode("eagle")
+    for rec in recs:
+        c = rec["max_concurrency"]
+        assert rec["completed"] == 8 and rec["failed"] == 0
+        assert rec["total_output_tokens"] == 8 * 24  # from the usage chunk
+        for key in ("mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "output_throughput"):
+            assert rec[key] > 0
+        # Achieved concurrency in the steady window is the level's (fillers keep it up).
+        assert c * 0.8 <= rec["concurrency"] <= c * 1.05
+        # The simulator's EAGLE sends several tokens per chunk (one chunk per decode step).
+        assert rec["mean_tokens_per_chunk"] > 1.5
+        # TPOT in model time against the profile's schedule, with room for a busy machine.
+        want_ms = 1000.0 * c / prof.throughput_at(c)
+        assert 0.7 * want_ms <= rec["median_tpot_ms"] * SPEED <= 2.0 * want_ms
+        # Throughput over the window agrees with what the per-request TPOT implies.
+        assert rec["output_throughput"] == pytest.approx(
+            1000.0 * c / rec["median_tpot_ms"], rel=0.35
+        )
+    table = out.with_suffix(".md").read_text()
+    assert table.count("| eagle |") == 2
+    assert out.with_suffix(".png").read_bytes().startswith(PNG_MAGIC)
+    assert "| eagle | 4 |" in r.stdout
+
+
+def test_sweep_ctrl_c_keeps_finished_levels(eagle_sim: str, tmp_path: Path) -> None:
+    out = tmp_path / "s.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNSPEC_")}
+    argv = [*BENCH, "sweep", "--url", f"e={eagle_sim}", "--concurrency", "1,2"]
+    argv += ["--requests", "4", "--output-len", "400", "--out", str(out), "--pause", "0"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out.exists() and out.read_text().count("\n") >= 1):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the first level never finished"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "keeping the finished levels" in err.decode()
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [x["max_concurrency"] for x in recs] == [1]
+    assert out.with_suffix(".md").exists() and out.with_suffix(".png").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        ((), "missing command"),
+        (("bogus",), "unknown command"),
+        (("sweep",), "--url"),
+        (("sweep", "--url", "http://127.0.0.1:9", "--concurrency", "0,2"), "--concurrency"),
+        (("sweep", "--url", "http://127.0.0.1:9", "--concurrency", "a"), "--concurrency"),
+        (("sweep", "--url", "nota-url"), "not a URL"),
+        (("sweep", "--url", "http://127.0.0.1:9", "--dataset", "/nonexistent.json"), "--dataset"),
+        (("suggest-threshold", "/nonexistent.jsonl"), "baseline"),
+        (("suggest-threshold", "/nonexistent1", "/nonexistent2"), "no such file"),
+        (("envelope",), "--simulate"),
+        (("envelope", "--simulate", "--profile", "nosuch"), "unknown profile"),
+        (("envelope", "--simulate", "--speed", "0"), "--speed"),
+    ],
+)
+def test_bad_usage_is_one_line_and_exit_2(args: tuple[str, ...], needle: str) -> None:
+    r = bench(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert needle in r.stderr
+
+
+def test_unreachable_target_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    r = bench(
+        "sweep", "--url", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "x.jsonl")
+    )
+    assert r.returncode == 1
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "cannot reach" in r.stderr
+
+
+def test_env_layer_sets_flags(eagle_sim: str, tmp_path: Path) -> None:
+    out = tmp_path / "env.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNSPEC_")}
+    env |= {
+        "DYNSPEC_URL": f"e={eagle_sim}",
+        "DYNSPEC_CONCURRENCY": "2",
+        "DYNSPEC_REQUESTS": "4",
+        "DYNSPEC_OUTPUT_LEN": "8",
+        "DYNSPEC_OUT": str(out),
+    }
+    r = subprocess.run(
+        [*BENCH, "sweep"], capture_output=True, text=True, timeout=60, check=False, env=env
+    )
+    assert r.returncode == 0, r.stderr
+    (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (rec["target"], rec["max_concurrency"], rec["completed"]) == ("e", 2, 4)
+    assert rec["total_output_tokens"] == 4 * 8
+
+
+def test_envelope_smoke(tmp_path: Path) -> None:
+    """Two sims and a router: routed follows EAGLE at C=1 and the baseline at C=16."""
+    stem = tmp_path / "env"
+    r = bench(
+        "envelope",
+        "--simulate",
+        "--profile",
+        "demo",
+        "--speed",
+        str(SPEED),
+        "--concurrency",
+        "1,16",
+        "--requests",
+        "16",
+        "--output-len",
+        "24",
+        "--input-len",
+        "32",
+        "--pause",
+        "0.2",
+        "--no-progress",
+        "--out",
+        str(stem),
+        timeout=170,
+    )
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(line) for line in stem.with_suffix(".jsonl").read_text().splitlines()]
+    assert {(x["target"], x["max_concurrency"]) for x in recs} == {
+        (t, c) for t in ("eagle", "baseline", "routed") for c in (1, 16)
+    }
+    assert all(x["simulated"] and x["profile"] == "demo" for x in recs)
+    routed = {x["max_concurrency"]: x for x in recs if x["target"] == "routed"}
+    # The demo profile: EAGLE about 2x faster per request at C=1, slower at C=16, so the
+    # suggested threshold lies between them and the router must follow.
+    assert 1 <= routed[1]["threshold"] < 16
+    assert routed[1]["backend_share"] == {"eagle": 1.0}
+    assert routed[16]["backend_share"] == {"baseline": 1.0}
+    assert routed[16]["mode_switches"] == 0  # steady state: the switch happened in the warm-up
+    md = stem.with_suffix(".md").read_text()
+    assert md.startswith("# SIMULATED")
+    assert "routed / best tok/s" in md
+    assert stem.with_suffix(".png").read_bytes().startswith(PNG_MAGIC)

@@ -1,0 +1,132 @@
+"""suggest-threshold on synthetic sweeps: crossover interpolation, "never" and "always"."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dynspec.bench.threshold import hysteresis_for, suggest
+
+LEVELS = [1, 2, 4, 8, 16]
+
+
+def sweep(target: str, tpots: list[float]) -> list[dict[str, object]]:
+    return [
+        {
+            "target": target,
+            "max_concurrency": c,
+            "completed": 4 * c,
+            "median_tpot_ms": tpot,
+            "output_throughput": 1000.0 * c / tpot,
+        }
+        for c, tpot in zip(LEVELS, tpots, strict=True)
+    ]
+
+
+EAGLE = sweep("eagle", [10, 12, 16, 30, 60])
+BASELINE = sweep("baseline", [20, 21, 22, 24, 28])
+
+
+def write(path: Path, records: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_crossover_is_interpolated_in_log2_c() -> None:
+    s = suggest(EAGLE, BASELINE)
+    assert s.verdict == "crossover"
+    # Speed ratios EAGLE/baseline: 22/16 at C=4, 24/30 at C=8. On log2 of both:
+    # x = 2 + log2(1.375) / (log2(1.375) - log2(0.8)) = 2.58799..., C = 2**x = 6.012.
+    assert s.crossover == pytest.approx(6.012, abs=0.002)
+    assert s.threshold == 6
+    assert s.hysteresis == 2
+    assert "between C=4 and C=8" in s.message
+
+
+def test_exact_tie_at_a_level_puts_the_crossover_there() -> None:
+    s = suggest(sweep("e", [10, 12, 22, 30, 60]), BASELINE)
+    assert s.crossover == pytest.approx(4.0)
+    assert s.threshold == 4
+
+
+def test_never_and_always() -> None:
+    never = suggest(sweep("e", [25, 26, 30, 40, 80]), BASELINE)
+    assert never.verdict == "never"
+    assert (never.threshold, never.hysteresis) == (0, 0)
+    assert "never wins" in never.message
+    always = suggest(sweep("e", [5, 6, 7, 8, 9]), BASELINE)
+    assert always.verdict == "always"
+    assert always.threshold == 16
+    assert "always wins" in always.message
+    assert always.crossover is None
+
+
+def test_a_second_win_above_the_crossover_is_reported() -> None:
+    s = suggest(sweep("e", [10, 12, 16, 30, 20]), BASELINE)
+    assert s.threshold == 6
+    assert s.rewins == (16,)
+    assert "faster again at C=16" in s.message
+
+
+def test_hysteresis_lets_the_router_switch_back() -> None:
+    for t in range(0, 300):
+        h = hysteresis_for(t)
+        assert h >= 0
+        # Load counts the new request, so it is at least 1: switching back needs t - h >= 1.
+        assert t == 0 or t - h >= 1
+    assert hysteresis_for(8) == 2
+    assert hysteresis_for(1) == 0
+
+
+def test_levels_missing_on_one_side_are_ignored() -> None:
+    s = suggest(EAGLE[:4], BASELINE[1:])
+    assert [lv.concurrency for lv in s.levels] == [2, 4, 8]
+    with pytest.raises(ValueError, match="no concurrency level"):
+        suggest(EAGLE[:1], BASELINE[1:])
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dynspec.bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_cli_prints_evidence_and_recommendation(tmp_path: Path) -> None:
+    e = write(tmp_path / "e.jsonl", EAGLE)
+    b = write(tmp_path / "b.jsonl", BASELINE)
+    r = run_cli("suggest-threshold", str(e), str(b))
+    assert r.returncode == 0, r.stderr
+    assert "Recommended: --threshold 6 --hysteresis 2" in r.stdout
+    assert "| 8 | 30.00 | 24.00 |" in r.stdout
+    r = run_cli("suggest-threshold", str(e), str(b), "--json")
+    data = json.loads(r.stdout)
+    assert data["verdict"] == "crossover"
+    assert math.isclose(data["crossover"], 6.012, abs_tol=0.002)
+
+
+def test_cli_multi_target_file_needs_a_name(tmp_path: Path) -> None:
+    both = write(tmp_path / "both.jsonl", EAGLE + BASELINE)
+    r = run_cli("suggest-threshold", str(both), str(both))
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "name one" in r.stderr
+    r = run_cli(
+        "suggest-threshold",
+        str(both),
+        str(both),
+        "--eagle-target",
+        "eagle",
+        "--baseline-target",
+        "baseline",
+    )
+    assert r.returncode == 0, r.stderr
+    assert "--threshold 6" in r.stdout
