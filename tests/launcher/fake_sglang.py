@@ -8,6 +8,7 @@ the environment says, per pool (the EAGLE server is the one given --speculative-
     slow           refuse connections for FAKE_SGLANG_REFUSE s, then 503 for FAKE_SGLANG_WARM s
     crash-start    print a few lines and exit 1 before listening
     crash-later    on its first start only, exit 3 after FAKE_SGLANG_CRASH_AFTER s of serving
+    slow-restart   "slow", but only when started again (a restart)
     ignore-term    ignore SIGTERM (only SIGKILL ends it)
     fork           start two worker grandchildren that ignore SIGTERM (like SGLang's schedulers)
   FAKE_SGLANG_STATE: a directory; each start appends "<pool> <pid> <worker pids...>" to
@@ -66,7 +67,7 @@ def main() -> None:
         sys.exit(1)
 
     ready_at = time.monotonic()
-    if "slow" in behaviours:
+    if "slow" in behaviours or ("slow-restart" in behaviours and starts_before > 0):
         refuse = float(os.environ.get("FAKE_SGLANG_REFUSE", "1.0"))
         warm = float(os.environ.get("FAKE_SGLANG_WARM", "1.0"))
         for i in range(int(refuse * 10)):
