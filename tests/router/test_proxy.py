@@ -25,6 +25,8 @@ KEY = "client-key"
 MESSAGES: Any = [{"role": "user", "content": "Tell me a long story."}]
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+# SGLang's ignore_eos: the simulator would otherwise end an answer by itself (64-768 tokens).
+LONG = {"ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +158,7 @@ async def test_disconnect_mid_stream_aborts_upstream(
     disconnects = keyed.metric("dynspec_client_disconnects_total", pool="eagle")
     async with openai.AsyncOpenAI(base_url=keyed.url + "/v1", api_key=KEY, max_retries=0) as c:
         stream = await c.chat.completions.create(
-            model="m", messages=MESSAGES, max_tokens=20000, stream=True
+            model="m", messages=MESSAGES, max_tokens=20000, stream=True, extra_body=LONG
         )
         async for _ in stream:
             break  # one chunk: the request is running on the server
@@ -174,7 +176,7 @@ async def test_disconnect_before_first_byte_aborts_upstream(
 ) -> None:
     eagle, _ = sims
     before = _aborted(eagle)
-    body = {"messages": MESSAGES, "max_tokens": 20000}
+    body = {"messages": MESSAGES, "max_tokens": 20000, **LONG}
     async with httpx.AsyncClient(timeout=0.5) as hc:
         with pytest.raises(httpx.ReadTimeout):
             await hc.post(keyed.url + CHAT, json=body, headers={"Authorization": f"Bearer {KEY}"})
@@ -189,7 +191,7 @@ async def test_max_concurrency_503(sims: tuple[str, str], tmp_path: Path) -> Non
         async with openai.AsyncOpenAI(base_url=rp.url + "/v1", api_key="x", max_retries=0) as c:
             streams = [
                 await c.chat.completions.create(
-                    model="m", messages=MESSAGES, max_tokens=20000, stream=True
+                    model="m", messages=MESSAGES, max_tokens=20000, stream=True, extra_body=LONG
                 )
                 for _ in range(2)
             ]

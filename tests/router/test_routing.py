@@ -25,9 +25,11 @@ def client(rp: RouterProc) -> openai.AsyncOpenAI:
 
 async def open_stream(c: openai.AsyncOpenAI, max_tokens: int, **kw: Any) -> tuple[str, Any]:
     """Start a streamed chat request; returns (pool that serves it, the open stream)."""
+    # ignore_eos (SGLang's extra field): the simulator would otherwise end answers by itself.
     raw = await c.chat.completions.with_raw_response.create(
-        model="demo-model", messages=MESSAGES, stream=True, max_tokens=max_tokens, **kw
-    )
+        model="demo-model", messages=MESSAGES, stream=True, max_tokens=max_tokens,
+        extra_body={"ignore_eos": True}, **kw,
+    )  # fmt: skip
     return raw.headers["x-dynspec-backend"], raw.parse()
 
 
@@ -94,7 +96,7 @@ async def test_left_pool_finishes_whole(sims: tuple[str, str], tmp_path: Path) -
         tokens = 200
         first = await open_stream(c, tokens, stream_options={"include_usage": True})
         async with httpx.AsyncClient(timeout=30) as hc:
-            body = {"model": "m", "messages": MESSAGES, "stream": True, "max_tokens": tokens}
+            body = {"messages": MESSAGES, "stream": True, "max_tokens": tokens, "ignore_eos": True}
             async with hc.stream("POST", rp.url + "/v1/chat/completions", json=body) as raw:
                 assert raw.headers["x-dynspec-backend"] == "eagle"
                 third = await open_stream(c, tokens)

@@ -1,0 +1,70 @@
+"""SIGTERM: stop accepting, let in-flight streams finish (up to --drain-timeout), exit 0."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import router
+
+MESSAGES = [{"role": "user", "content": "Tell me a story."}]
+
+
+async def read_stream(hc: httpx.AsyncClient, url: str, max_tokens: int) -> tuple[str, bytes]:
+    body = {"messages": MESSAGES, "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+    async with hc.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        pool = r.headers["x-dynspec-backend"]
+        return pool, b"".join([piece async for piece in r.aiter_bytes()])
+
+
+async def wait_refused(url: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(timeout=1) as hc:
+        while time.monotonic() < deadline:
+            try:
+                await hc.get(url + "/health")
+            except httpx.ConnectError:
+                return True
+            await asyncio.sleep(0.02)
+    return False
+
+
+async def test_sigterm_drains_in_flight_then_exits_0(sims: tuple[str, str], tmp_path: Path) -> None:
+    eagle, baseline = sims
+    with router(
+        tmp_path, "--eagle-url", eagle, "--baseline-url", baseline, "--drain-timeout", "20"
+    ) as rp:
+        async with httpx.AsyncClient(timeout=30) as hc:
+            tasks = [asyncio.create_task(read_stream(hc, rp.url, 400)) for _ in range(2)]
+            await asyncio.to_thread(rp.wait_load, 2)
+            rp.proc.send_signal(signal.SIGTERM)
+            assert await wait_refused(rp.url, 2.0), "still accepting after SIGTERM"
+            results = await asyncio.gather(*tasks)
+        for pool, raw in results:
+            assert pool == "eagle"
+            assert raw.endswith(b"data: [DONE]\n\n")
+            assert b'"finish_reason":"length"' in raw
+        assert await asyncio.to_thread(rp.proc.wait, 10) == 0
+
+
+async def test_drain_timeout_bounds_shutdown(sims: tuple[str, str], tmp_path: Path) -> None:
+    eagle, baseline = sims
+    with router(
+        tmp_path, "--eagle-url", eagle, "--baseline-url", baseline, "--drain-timeout", "1"
+    ) as rp:
+        async with httpx.AsyncClient(timeout=30) as hc:
+            task = asyncio.create_task(read_stream(hc, rp.url, 20000))
+            await asyncio.to_thread(rp.wait_load, 1)
+            sent = time.monotonic()
+            rp.proc.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(rp.proc.wait, 15) == 0
+            took = time.monotonic() - sent
+            with pytest.raises(httpx.HTTPError):
+                await task
+        # uvicorn rounds the drain timeout up to whole seconds; generous margin for slow CI.
+        assert 0.9 < took < 8, took
+        assert "timeout graceful shutdown exceeded" in rp.log.read_text()
