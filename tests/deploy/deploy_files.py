@@ -23,11 +23,11 @@ ALERTS_TEST = DEPLOY / "prometheus" / "alerts_test.yml"
 PROMETHEUS_OWN = frozenset({"up"})
 
 
-def require_tool(name: str) -> str:
+def require_tool(name: str, package: str = "prometheus") -> str:
     """The tool's path; skip when it is missing here, fail in CI (which installs it)."""
     path = shutil.which(name)
     if path is None:
-        reason = f"{name} not found on PATH (Debian: apt-get install prometheus)"
+        reason = f"{name} not found on PATH (Debian: apt-get install {package})"
         if os.environ.get("CI") == "true":
             pytest.fail(reason + "; CI must install it")
         pytest.skip(reason)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 import sys
 import threading
 import time
@@ -227,7 +228,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             logs,
         )
 
-        binary = require_prometheus_or_none()
+        # Without the binary the exporter-only tests still run; the others skip (fail in CI).
+        binary = shutil.which("prometheus")
         if binary is not None:
             prom_port = free_port()
             st.prometheus = f"http://127.0.0.1:{prom_port}"
@@ -265,14 +267,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 logs,
             )
         yield st
-
-
-def require_prometheus_or_none() -> str | None:
-    """The prometheus binary, None when absent here (tests that need it skip), fail in CI."""
-    try:
-        return require_tool("prometheus")
-    except pytest.skip.Exception:
-        return None
 
 
 def _api(stack: Stack, path: str, params: dict[str, str]) -> Any:

@@ -59,7 +59,7 @@ def test_promtool_unit_tests_catch_a_broken_rule(tmp_path: Path) -> None:
 
 
 def test_systemd_analyze_verify_unit(tmp_path: Path) -> None:
-    analyze = require_tool("systemd-analyze")
+    analyze = require_tool("systemd-analyze", "systemd")
     # The unit names the installed paths; point them at ones that exist here to verify the rest.
     text = (DEPLOY / "systemd" / "dynspec.service").read_text()
     exe = shutil.which("true") or "/bin/true"
