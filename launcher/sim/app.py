@@ -360,6 +360,7 @@ class SimApp:
             "late_steps": s.late_steps,
             "max_lag_s": s.max_lag_s,
             "total_lag_s": s.total_lag_s,
+            "dropped_s": s.dropped_s,
             "sim_time_s": engine.now(),
         }
         await _respond(send, 200, orjson.dumps(body))
