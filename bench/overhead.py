@@ -24,6 +24,7 @@ import logging
 import os
 import platform
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -231,7 +232,9 @@ def run_load(
     level: Level,
     watch: dict[str, int],
     max_seconds: float,
+    *,
     warmup: bool = True,
+    stagger_ms: float = 0.0,
 ) -> dict[str, Any]:
     """One load-generator process; CPU of the watched processes over the measured window only.
 
@@ -247,6 +250,7 @@ def run_load(
         "--tokens", str(level.tokens),
         "--max-seconds", str(max_seconds),
         "--warmup", str(level.concurrency if warmup else 0),
+        "--stagger-ms", str(stagger_ms),
         "--handshake",
     ]  # fmt: skip
     proc = subprocess.Popen(
@@ -305,6 +309,13 @@ class Settings:
     log_dir: Path
     dynspec_args: list[str]
     sglang_args: list[str]
+    # None: one stream's duration (tokens x interval); else milliseconds.
+    stagger_ms: float | None = None
+
+    def stagger_for(self, level: Level) -> float:
+        if self.stagger_ms is not None:
+            return self.stagger_ms
+        return level.tokens * level.interval_ms
 
 
 def _requests_for(s: Settings, c: int, tokens: int) -> int:
@@ -409,7 +420,13 @@ def run_benchmark(s: Settings) -> dict[str, Any]:
                 for level in _levels(s, interval):
                     for run in range(1, s.runs + 1):
                         for target in s.targets:
-                            result = run_load(urls[target].split(","), level, watch, s.max_seconds)
+                            result = run_load(
+                                urls[target].split(","),
+                                level,
+                                watch,
+                                s.max_seconds,
+                                stagger_ms=s.stagger_for(level),
+                            )
                             record = {
                                 "interval_ms": level.interval_ms,
                                 "concurrency": level.concurrency,
@@ -468,6 +485,7 @@ def run_benchmark(s: Settings) -> dict[str, Any]:
             "runs": s.runs,
             "max_seconds": s.max_seconds,
             "threshold": s.threshold,
+            "stagger_ms": "one stream's duration" if s.stagger_ms is None else s.stagger_ms,
             "dynspec_args": s.dynspec_args,
             "sglang_args": s.sglang_args,
             "chunk": "one SSE event received by the client (role, tokens, finish, usage, [DONE])",
@@ -749,11 +767,8 @@ def markdown(result: dict[str, Any]) -> str:
                     )
                 else:
                     lines.append(f"| {name} | {k} | {v} |")
-    lines += [
-        "",
-        "Reproduce: `python -m dynspec.bench.overhead` (`--help` lists the settings used above).",
-        "",
-    ]
+    command = result.get("command") or "python -m dynspec.bench.overhead"
+    lines += ["", f"Reproduce: `{command}` (see `--help`).", ""]
     return "\n".join(lines)
 
 
@@ -831,6 +846,12 @@ def build_parser() -> FlagParser:
     )
     p.add_argument("--threshold", type=int, default=8, help="dynspec-router --threshold")
     p.add_argument(
+        "--stagger",
+        default="auto",
+        help="spread each run's first requests over this many ms; 'auto' is one stream's "
+        "duration (steady state), 0 starts all C at once (lock-step bursts of C requests)",
+    )
+    p.add_argument(
         "--soak",
         type=int,
         default=0,
@@ -846,8 +867,6 @@ def build_parser() -> FlagParser:
 
 
 def settings_from(args: argparse.Namespace) -> tuple[Settings, list[str]]:
-    import shlex
-
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     bad = [t for t in targets if t not in TARGETS]
     if bad or not targets:
@@ -882,6 +901,7 @@ def settings_from(args: argparse.Namespace) -> tuple[Settings, list[str]]:
             else Path(tempfile.mkdtemp(prefix="dynspec-overhead-")),
             dynspec_args=shlex.split(args.dynspec_args),
             sglang_args=shlex.split(args.sglang_args),
+            stagger_ms=None if args.stagger == "auto" else float(args.stagger),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
@@ -911,6 +931,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         log.info("process logs in %s", s.log_dir)
         result = run_benchmark(s)
         result["skipped"] = skipped
+        result["command"] = " ".join(
+            shlex.quote(a)
+            for a in ["python", "-m", "dynspec.bench.overhead", *(argv or sys.argv[1:])]
+        )
         s.out.parent.mkdir(parents=True, exist_ok=True)
         s.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
         s.out.with_suffix(".md").write_text(markdown(result))

@@ -130,6 +130,7 @@ async def run_load(  # noqa: PLR0917
     api_key: str | None = None,
     read_timeout: float = 60.0,
     handshake: bool = False,
+    stagger: float = 0.0,
 ) -> dict[str, Any]:
     payload = {
         "model": "bench-model",
@@ -163,15 +164,17 @@ async def run_load(  # noqa: PLR0917
         issued = 0
         deadline = time.perf_counter() + max_seconds
 
-        async def worker() -> None:
+        async def worker(i: int) -> None:
             nonlocal issued
+            if stagger and i:
+                await asyncio.sleep(stagger * i / concurrency)
             while issued < requests and time.perf_counter() < deadline:
                 url = urls[issued % len(urls)]
                 issued += 1
                 await _one(session, url, body, headers, tokens, totals, True)
 
         start = time.perf_counter()
-        tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+        tasks = [asyncio.create_task(worker(i)) for i in range(concurrency)]
         # Bounded: the workers stop issuing at the deadline; whatever is still running after a
         # grace period is cancelled and counted as unfinished.
         _, pending = await asyncio.wait(tasks, timeout=max_seconds + read_timeout)
@@ -213,6 +216,13 @@ def _parser() -> FlagParser:
     p.add_argument("--warmup", type=int, default=0, help="unrecorded requests sent first")
     p.add_argument("--api-key", default=None, help="bearer key to send")
     p.add_argument(
+        "--stagger-ms",
+        type=float,
+        default=0.0,
+        help="spread the workers' first requests over this long (about one stream's duration), "
+        "so the loop runs in steady state rather than in lock-step bursts of C requests",
+    )
+    p.add_argument(
         "--handshake",
         action="store_true",
         help="print 'warm' after the warm-up and wait for a line on stdin",
@@ -240,6 +250,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 args.warmup,
                 args.api_key,
                 handshake=args.handshake,
+                stagger=args.stagger_ms / 1e3,
             )
         )
         sys.stdout.write(json.dumps(result) + "\n")
