@@ -334,7 +334,7 @@ class Supervisor:
         hysteresis = data.get("hysteresis", self.config.hysteresis)
         self.printer.line(
             "[router]",
-            f"active pool {previous} -> {pool} (load {load}, threshold {threshold}, "
+            f"active pool {previous} -> {pool} (load now {load}, threshold {threshold}, "
             f"hysteresis {hysteresis})",
             "router",
         )

@@ -1,0 +1,73 @@
+"""End to end: ``dynspec-launch --simulate`` with the real router and dynspec-sim servers."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import openai
+from launcher_run import launched
+
+MODEL = "dynspec-sim"
+MESSAGES = [{"role": "user", "content": "Tell me a story."}]
+
+
+async def stream(
+    client: openai.AsyncOpenAI, max_tokens: int, started: asyncio.Event | None = None
+) -> tuple[str, str, str | None]:
+    """One streamed chat completion: (backend pool, text, finish reason)."""
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=max_tokens,
+        stream=True,  # type: ignore[arg-type]
+    )
+    text, finish = "", None
+    async for chunk in raw.parse():
+        if started is not None:
+            started.set()
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    return raw.headers["x-dynspec-backend"], text, finish
+
+
+async def test_simulate_serves_shows_the_switch_and_drains_on_sigint(tmp_path: Path) -> None:
+    with launched(tmp_path, "--simulate", "--drain-timeout", "20", fake=False) as (run, ports):
+        run.wait_for(r"\[dynspec\] ready", timeout=90)
+        client = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{ports['router']}/v1",
+            api_key="unused",
+            max_retries=0,
+            timeout=60.0,
+        )
+        # Twelve at once: load goes above the default threshold 8, so the router switches pools.
+        results = await asyncio.gather(*(stream(client, 48) for _ in range(12)))
+        assert all(text and finish == "length" for _, text, finish in results)
+        assert {pool for pool, _, _ in results} == {"eagle", "baseline"}
+        switch = run.wait_for(r"\[router\] active pool eagle -> baseline \(load now \d+, thresh")
+        # A lone request: load 1 <= 8 - 2, back to EAGLE.
+        lone = await client.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=MESSAGES,  # type: ignore[arg-type]
+            max_tokens=4,
+        )
+        assert lone.headers["x-dynspec-backend"] == "eagle"
+        back = run.wait_for(r"\[router\] active pool baseline -> eagle")
+        assert back.start() > switch.start()
+
+        # Ctrl-C while two streams are in flight: the router drains them before anything stops.
+        started = [asyncio.Event(), asyncio.Event()]
+        streams = [asyncio.create_task(stream(client, 128, ev)) for ev in started]
+        await asyncio.wait_for(asyncio.gather(*(ev.wait() for ev in started)), 30)
+        run.send(signal.SIGINT)
+        drained = await asyncio.wait_for(asyncio.gather(*streams), 60)
+        assert all(finish == "length" for _, _, finish in drained)
+        code = await asyncio.to_thread(run.wait, 60)
+        assert code == 130
+        assert run.leftovers() == []
+        assert len(run.seen) >= 3
+        out = run.out
+        assert out.index("router: draining") < out.index("servers: SIGTERM")
+        await client.close()
