@@ -82,6 +82,9 @@ def serve(config: RouterConfig) -> int:
             access_log=False,
             log_config=None,
             server_header=False,
+            # The router reads no client address, so uvicorn's X-Forwarded-* middleware would
+            # be pure per-request cost.
+            proxy_headers=False,
             timeout_graceful_shutdown=math.ceil(config.drain_timeout),
         )
     )

@@ -8,6 +8,7 @@ Counters and histograms are updated by the proxy once per request (never per chu
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -136,6 +137,7 @@ class RouterMetrics:
         self._errors = {
             (p, k): self.upstream_errors.labels(p, k) for p in POOLS for k in UPSTREAM_ERROR_KINDS
         }
+        self._requests: dict[tuple[str, int], Any] = {}
         registry.register(_StateCollector(pools))
 
     def switched(self, to: PoolName) -> None:
@@ -157,7 +159,10 @@ class RouterMetrics:
         prompt_tokens: int | None,
         output_tokens: int | None,
     ) -> None:
-        self.requests.labels(pool, str(code)).inc()
+        child = self._requests.get((pool, code))
+        if child is None:
+            child = self._requests[pool, code] = self.requests.labels(pool, str(code))
+        child.inc()
         self._duration[pool].observe(duration)
         if ttft is not None:
             self._ttft[pool].observe(ttft)
