@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from typing import TextIO
 
 _COLORS = {"eagle": "36", "baseline": "35", "router": "33", "dynspec": "1"}
@@ -14,11 +15,19 @@ class Printer:
     progress lines at a slower pace instead.
     """
 
-    def __init__(self, stream: TextIO, tty: bool | None = None, width: int = 120) -> None:
+    def __init__(self, stream: TextIO, tty: bool | None = None, width: int | None = None) -> None:
         self._stream = stream
         self.tty = stream.isatty() if tty is None else tty
-        self._width = width
+        self._fixed_width = width
         self._block: list[str] = []
+
+    @property
+    def _width(self) -> int:
+        # Cut status lines to the terminal's width: a wrapped line would break the redraw, which
+        # moves the cursor up by the number of lines it wrote.
+        if self._fixed_width is not None:
+            return self._fixed_width
+        return max(20, shutil.get_terminal_size((120, 24)).columns - 1)
 
     def _paint(self, prefix: str, name: str) -> str:
         code = _COLORS.get(name)

@@ -28,6 +28,9 @@ STATUS_POLL = 0.25  # how often the router's /status is read to report pool swit
 ROUTER_START_TIMEOUT = 60.0
 PLAIN_PROGRESS_EVERY = 10.0  # seconds between progress lines when stdout is not a terminal
 RESTART_BACKOFF_MAX = 30.0
+# SIGHUP too: the children run in their own sessions, so a closed terminal reaches only us, and
+# dying of it would leave them running.
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class LaunchError(Exception):
@@ -102,7 +105,7 @@ class Supervisor:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, int(sig))
         # trust_env=False: a proxy from the environment must never see loopback health checks.
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(5.0), trust_env=False)
@@ -113,7 +116,7 @@ class Supervisor:
                 await self._stop_all()
             finally:
                 await self._http.aclose()
-                for sig in (signal.SIGINT, signal.SIGTERM):
+                for sig in SIGNALS:
                     loop.remove_signal_handler(sig)
 
     async def _run(self) -> int:

@@ -137,3 +137,13 @@ def test_second_ctrl_c_kills_at_once(tmp_path: Path) -> None:
         assert run.wait(30) == 130
         assert time.monotonic() - sent < 20  # far below the 60 s grace
         assert run.leftovers() == []
+
+
+def test_hangup_stops_everything_too(tmp_path: Path) -> None:
+    # The children are in their own sessions: a closed terminal's SIGHUP reaches only the
+    # launcher, which must take them down with it.
+    with launched(tmp_path, *SHORT, env={"FAKE_SGLANG_BASELINE": "fork"}) as (run, _):
+        run.wait_for(r"\[dynspec\] ready")
+        run.send(signal.SIGHUP)
+        assert run.wait(30) == 129
+        assert run.leftovers() == []
