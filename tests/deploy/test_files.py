@@ -163,11 +163,11 @@ def test_prometheus_config_scrapes_the_launcher_default_ports() -> None:
     assert cfg["rule_files"] == [ALERTS.name]
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
     router = jobs["dynspec-router"]["static_configs"]
-    assert [t for sc in router for t in sc["targets"]] == [f"localhost:{DEFAULT_PORTS['router']}"]
+    assert [t for sc in router for t in sc["targets"]] == [f"127.0.0.1:{DEFAULT_PORTS['router']}"]
     pools = {sc["labels"]["pool"]: sc["targets"] for sc in jobs["sglang"]["static_configs"]}
     assert pools == {
-        "eagle": [f"localhost:{DEFAULT_PORTS['eagle']}"],
-        "baseline": [f"localhost:{DEFAULT_PORTS['baseline']}"],
+        "eagle": [f"127.0.0.1:{DEFAULT_PORTS['eagle']}"],
+        "baseline": [f"127.0.0.1:{DEFAULT_PORTS['baseline']}"],
     }
 
 

@@ -115,9 +115,9 @@ def _prometheus_config(stack: Stack, prom_rules: Path) -> dict[str, Any]:
     }
     cfg["rule_files"] = [str(prom_rules)]
     ports = {
-        "localhost:8000": stack.router,
-        "localhost:30001": stack.servers["eagle"],
-        "localhost:30002": stack.servers["baseline"],
+        "127.0.0.1:8000": stack.router,
+        "127.0.0.1:30001": stack.servers["eagle"],
+        "127.0.0.1:30002": stack.servers["baseline"],
     }
     for job in cfg["scrape_configs"]:
         for sc in job["static_configs"]:
