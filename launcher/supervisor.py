@@ -244,10 +244,16 @@ class Supervisor:
         curl = f"curl -s {base}/v1/chat/completions -H 'Content-Type: application/json'"
         if c.api_key:
             curl += ' -H "Authorization: Bearer $DYNSPEC_API_KEY"'
+        burst = body.replace('"max_tokens": 32', '"max_tokens": 300')
+        burst = f"{curl} -d {shlex.quote(burst)} -o /dev/null"
         curl += f" -d {shlex.quote(body)}"
         self.say(f"ready: OpenAI-compatible API at {base}/v1 (model {c.served_model_name!r})")
         self.say(f"metrics: {base}/metrics   status: {base}/status")
         self.say(f"try: {curl}")
+        if c.simulate:
+            # The point of the demo: enough requests at once to cross the threshold.
+            n = c.threshold + 4
+            self.say(f"see the switch: for i in $(seq {n}); do {burst} & done; wait")
         self.say(
             f"policy {c.policy}: EAGLE up to load {c.threshold}, baseline above it "
             f"(back to EAGLE at load <= {c.threshold - c.hysteresis}); Ctrl-C stops everything"
@@ -329,18 +335,21 @@ class Supervisor:
         previous, self._active_pool = self._active_pool, pool
         if previous is None:
             return
-        servers = data.get("servers")
-        load = data.get("load")
-        if not isinstance(load, int) and isinstance(servers, list):
-            load = sum(int(s.get("in_flight", 0)) for s in servers if isinstance(s, dict))
+        # The router logs the switch itself (with the load that caused it); this line tells a
+        # newcomer what it means, from the contract's /status alone.
         threshold = data.get("threshold", self.config.threshold)
         hysteresis = data.get("hysteresis", self.config.hysteresis)
-        self.printer.line(
-            "[router]",
-            f"active pool {previous} -> {pool} (load now {load}, threshold {threshold}, "
-            f"hysteresis {hysteresis})",
-            "router",
-        )
+        if (previous, pool) == ("eagle", "baseline"):
+            text = (
+                f"switch: new requests go to the baseline pool (load went above the threshold, "
+                f"{threshold}); the EAGLE pool finishes the requests it holds"
+            )
+        elif (previous, pool) == ("baseline", "eagle"):
+            back = threshold - hysteresis if isinstance(threshold, int) else "?"
+            text = f"switch: new requests go to the EAGLE pool again (load fell to {back} or less)"
+        else:
+            text = f"switch: active pool {previous} -> {pool}"
+        self.say(text)
 
     # -- shutdown ------------------------------------------------------------------------------
 
