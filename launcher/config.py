@@ -130,7 +130,9 @@ def build_parser() -> FlagParser:
         "--eagle-args",
         default="",
         help='extra SGLang flags for the EAGLE server, e.g. "--mem-fraction-static 0.8"; they '
-        "replace the launcher's own choice of the same flag",
+        "replace the launcher's own choice of the same flag (the EAGLE server gets "
+        "--max-running-requests = threshold + max(4, threshold/2) and CUDA graphs up to that "
+        "batch; the baseline --cuda-graph-max-bs-decode 512; --dry-run shows them)",
     )
     s.add_argument("--baseline-args", default="", help="extra SGLang flags for the baseline server")
     s.add_argument("--sglang-args", default="", help="extra SGLang flags for both servers")
@@ -206,6 +208,12 @@ def build_parser() -> FlagParser:
     # command (a fake SGLang in tests), and skip the pre-flight checks.
     p.add_argument("--server-command", help=argparse.SUPPRESS)
     p.add_argument("--no-preflight", action="store_true", help=argparse.SUPPRESS)
+    # FlagParser names each flag's variable in its help, but argument groups add their flags
+    # without passing through it.
+    for action in p._actions:
+        long = [o for o in action.option_strings if o.startswith("--") and o != "--help"]
+        if long and action.help not in (None, argparse.SUPPRESS) and "[env " not in action.help:
+            action.help = f"{action.help} [env {env_name(long[0])}]"
     return p
 
 
