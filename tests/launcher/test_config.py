@@ -1,13 +1,15 @@
 from __future__ import annotations
 
+import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from dynspec.launcher.config import LaunchConfig, load_config
-from dynspec.router.entry import UsageError
+from dynspec.launcher.config import LaunchConfig, build_parser, load_config
+from dynspec.router.entry import UsageError, env_name
 
 SIM = ["--simulate"]
 SIM_DRY = ["--dry-run", "--model-path", "M", "--draft-model-path", "D"]
@@ -177,7 +179,8 @@ def test_gpu_overrides() -> None:
     assert (config.eagle_gpus, config.baseline_gpus) == ((0, 1, 2, 3, 4, 5), (6, 7))
 
 
-def run_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNSPEC_")}
     return subprocess.run(
         [sys.executable, "-m", "dynspec.launcher", *argv],
         capture_output=True,
@@ -186,6 +189,16 @@ def run_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.Complet
         check=False,
         env=env,
     )
+
+
+def test_help_names_each_flags_variable() -> None:
+    parser = build_parser()
+    shown = [a for a in parser._actions if a.help != argparse.SUPPRESS]
+    flags = [a for a in shown if "--help" not in a.option_strings]
+    assert len(flags) > 30
+    for action in flags:
+        long = next(o for o in action.option_strings if o.startswith("--"))
+        assert f"[env {env_name(long)}]" in (action.help or ""), long
 
 
 def test_dry_run_of_the_issue_prints_three_pasteable_lines() -> None:
