@@ -70,6 +70,8 @@ class Stack:
     prometheus: str | None = None
     instances: dict[str, str] = field(default_factory=dict)  # Prometheus instance -> role
     served_by: dict[str, int] = field(default_factory=dict)  # x-dynspec-backend -> requests
+    # One keep-alive client for the many API queries (a connection each costs seconds in all).
+    http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=10))
 
 
 def _log_tails(logs: Path) -> str:
@@ -208,6 +210,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         logs=logs,
     )
     with contextlib.ExitStack() as es:
+        es.enter_context(st.http)
         for pool in POOLS:
             argv = [sys.executable, "-m", "dynspec.launcher.sim", "--port", str(ports[pool])]
             argv += ["--mode", pool, "--profile", "demo", "--speed", str(SPEED), "--seed", "1"]
@@ -271,7 +274,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 def _api(stack: Stack, path: str, params: dict[str, str]) -> Any:
     assert stack.prometheus is not None
-    r = httpx.get(stack.prometheus + path, params=params, timeout=10)
+    r = stack.http.get(stack.prometheus + path, params=params)
     body = r.json()
     assert r.status_code == 200 and body["status"] == "success", (params, body)
     return body["data"]
