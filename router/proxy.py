@@ -64,6 +64,7 @@ _DROP_REQUEST = frozenset(
         b"expect",
         b"accept-encoding",
         b"cookie",
+        b"content-type",
     }
 )
 # Response headers never sent back: hop-by-hop ones, and date/server (uvicorn adds its own;
@@ -215,6 +216,9 @@ class Proxy:
                 rid = value.decode("latin-1")
             if name not in _DROP_REQUEST:
                 headers.append((name.decode("latin-1"), value.decode("latin-1")))
+        # The body is validated JSON whatever the client labelled it; SGLang (FastAPI) wants it
+        # labelled so. No compression: the relay looks at bytes.
+        headers.append(("content-type", "application/json"))
         headers.append(("accept-encoding", "identity"))
         if self._backend_auth is not None:
             headers.append(("authorization", self._backend_auth))
@@ -401,11 +405,11 @@ class Proxy:
             await send({"type": "http.response.start", "status": resp.status, "headers": out})
             try:
                 if strip:
-                    await self._relay_stripping(ex, resp, send)
+                    ended = await self._relay_stripping(ex, resp, send)
                 elif sse:
-                    await self._relay_stream(ex, resp, send)
+                    ended = await self._relay_stream(ex, resp, send)
                 else:
-                    await self._relay_body(ex, resp, send)
+                    ended = await self._relay_body(ex, resp, send)
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 # The server failed mid-response: end the client's connection without a proper
                 # end, so it sees a broken response, not a short one that looks complete.
@@ -415,8 +419,9 @@ class Proxy:
                     "%s: %s failed mid-response (%s): %r", ex.rid, ex.lease.server.url, kind, exc
                 )
                 return
-            ex.finished = True
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if not ended:
+                ex.finished = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             # Closing (not releasing) an unfinished response drops the connection, which is how
             # SGLang learns that the request was abandoned and aborts it.
@@ -425,63 +430,81 @@ class Proxy:
             else:
                 resp.close()
 
-    async def _relay_stream(self, ex: _Exchange, resp: aiohttp.ClientResponse, send: Send) -> None:
+    # Each relay returns True when it sent the response's end itself: when the server's last
+    # bytes and its end arrive together (the usual case), the client gets both in one write.
+
+    async def _relay_stream(self, ex: _Exchange, resp: aiohttp.ClientResponse, send: Send) -> bool:
         content = resp.content
         prev = last = b""
         while True:
             data = await content.readany()
             if not data:
-                break
+                self._read_usage(ex, prev + last)
+                return False
             if ex.ttft is None and _TOKEN.search(data):
                 ex.ttft = time.perf_counter() - ex.start
-            await send({"type": "http.response.body", "body": data, "more_body": True})
             prev, last = last, data
-        self._read_usage(ex, prev + last)
+            if content.at_eof():
+                self._read_usage(ex, prev + last)
+                ex.finished = True
+                await send({"type": "http.response.body", "body": data, "more_body": False})
+                return True
+            await send({"type": "http.response.body", "body": data, "more_body": True})
 
-    async def _relay_body(self, ex: _Exchange, resp: aiohttp.ClientResponse, send: Send) -> None:
+    async def _relay_body(self, ex: _Exchange, resp: aiohttp.ClientResponse, send: Send) -> bool:
         content = resp.content
         kept: list[bytes] = []
         size = 0
         while True:
             data = await content.readany()
-            if not data:
-                break
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-            if size < _MAX_USAGE_SCAN:
+            eof = not data or content.at_eof()
+            if data and size < _MAX_USAGE_SCAN:
                 kept.append(data)
                 size += len(data)
-        if resp.status == 200:
-            self._read_usage(ex, b"".join(kept))
+            if eof and resp.status == 200:
+                self._read_usage(ex, b"".join(kept))
+            if not data:
+                return False
+            if eof:
+                ex.finished = True
+                await send({"type": "http.response.body", "body": data, "more_body": False})
+                return True
+            await send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def _relay_stripping(
         self, ex: _Exchange, resp: aiohttp.ClientResponse, send: Send
-    ) -> None:
+    ) -> bool:
         content = resp.content
         carry = b""
         while True:
             data = await content.readany()
             if not data:
-                break
+                if carry:
+                    await send({"type": "http.response.body", "body": carry, "more_body": True})
+                return False
+            eof = content.at_eof()
             if carry:
                 data = carry + data
                 carry = b""
-            end = data.rfind(b"\n\n")
-            if end == -1:
-                if len(data) < _MAX_CARRY:
-                    carry = data
-                    continue
-            elif end + 2 < len(data):
-                carry = data[end + 2 :]
-                data = data[: end + 2]
+            if not eof:
+                end = data.rfind(b"\n\n")
+                if end == -1:
+                    if len(data) < _MAX_CARRY:
+                        carry = data
+                        continue
+                elif end + 2 < len(data):
+                    carry = data[end + 2 :]
+                    data = data[: end + 2]
             if _EMPTY_CHOICES[0] in data or _EMPTY_CHOICES[1] in data:
                 data = self._strip_usage(ex, data)
-                if not data:
-                    continue
             if ex.ttft is None and _TOKEN.search(data):
                 ex.ttft = time.perf_counter() - ex.start
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-        if carry:
-            await send({"type": "http.response.body", "body": carry, "more_body": True})
+            if eof:
+                ex.finished = True
+                await send({"type": "http.response.body", "body": data, "more_body": False})
+                return True
+            if data:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
 
     def _strip_usage(self, ex: _Exchange, data: bytes) -> bytes:
         """Drop the usage-only events (``"choices": []``) from whole SSE events, keep usage."""
