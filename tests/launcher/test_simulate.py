@@ -44,7 +44,7 @@ async def test_simulate_serves_shows_the_switch_and_drains_on_sigint(tmp_path: P
             timeout=60.0,
         )
         # Twelve at once: load goes above the default threshold 8, so the router switches pools.
-        results = await asyncio.gather(*(stream(client, 48) for _ in range(12)))
+        results = await asyncio.gather(*(stream(client, 96) for _ in range(12)))
         assert all(text and finish == "length" for _, text, finish in results)
         assert {pool for pool, _, _ in results} == {"eagle", "baseline"}
         switch = run.wait_for(
