@@ -46,7 +46,9 @@ from dynspec.router.entry import FlagParser, UsageError, add_log_level, configur
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("direct", "dynspec", "sglang")
+# "floor" is a reference, not a router: the cheapest relay Python can be (overhead_floor.py).
+TARGETS = ("direct", "floor", "dynspec", "sglang")
+RELAYS = ("floor", "dynspec", "sglang")
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 CHAT = "/v1/chat/completions"
@@ -360,6 +362,19 @@ def _services(
     up_urls = [svc.ready_url.removesuffix("/health") for svc in ups]
     services = list(ups)
     urls = {"direct": ",".join(u + CHAT for u in up_urls)}
+    if "floor" in s.targets:
+        port = free_port()
+        services.append(
+            Service(
+                "floor",
+                [
+                    py, "-m", "dynspec.bench.overhead_floor", "--port", str(port),
+                    "--upstream", up_urls[0], "--upstream", up_urls[1], "--log-level", "warning",
+                ],
+                f"http://127.0.0.1:{port}/health",
+            )
+        )  # fmt: skip
+        urls["floor"] = f"http://127.0.0.1:{port}{CHAT}"
     if "dynspec" in s.targets:
         port = free_port()
         services.append(
@@ -397,7 +412,7 @@ def _services(
 
 
 def _routers(services: Sequence[Service]) -> dict[str, int]:
-    return {svc.name: svc.pid for svc in services if svc.name in ("dynspec", "sglang")}
+    return {svc.name: svc.pid for svc in services if svc.name in RELAYS}
 
 
 def run_benchmark(s: Settings) -> dict[str, Any]:
@@ -417,8 +432,10 @@ def run_benchmark(s: Settings) -> dict[str, Any]:
                         rss_bytes(pid) / 2**20, 1
                     )
                 watch = {**routers, **upstream_pids}
-                for level in _levels(s, interval):
-                    for run in range(1, s.runs + 1):
+                # Run sets: every level and target once per set, so a slow spell of a shared
+                # machine lands on all levels alike rather than on one.
+                for run in range(1, s.runs + 1):
+                    for level in _levels(s, interval):
                         for target in s.targets:
                             result = run_load(
                                 urls[target].split(","),
@@ -646,6 +663,13 @@ def solve_cost(samples: Sequence[tuple[float, float, float]]) -> tuple[float, fl
 
 
 def cost_model(runs: Sequence[dict[str, Any]], s: Settings) -> dict[str, Any]:
+    """Per router: ``a`` (per chunk) and ``b`` (per request) from the cost-model runs.
+
+    On a shared machine a single run can be far off, so the estimate uses, for each stream
+    length, the median over runs of CPU per request and chunks per request, and solves the
+    resulting equations (least squares when more than two lengths). ``*_range`` solves each set of
+    same-numbered runs on its own, to show the noise.
+    """
     out: dict[str, Any] = {}
     for target in s.targets:
         if target == "direct":
@@ -658,16 +682,48 @@ def cost_model(runs: Sequence[dict[str, Any]], s: Settings) -> dict[str, Any]:
             and r["interval_ms"] == s.cost_interval_ms
             and r["tokens"] in s.cost_tokens
             and r.get("router_cpu_s") is not None
+            and r["requests_ok"] > 0
         ]
-        samples = [
-            (float(r["events"]), float(r["requests_ok"]), float(r["router_cpu_s"])) for r in picked
-        ]
-        solved = solve_cost(samples)
+        by_len: dict[int, list[dict[str, Any]]] = {}
+        for r in picked:
+            by_len.setdefault(r["tokens"], []).append(r)
+
+        def point(group: Sequence[dict[str, Any]]) -> tuple[float, float, float]:
+            chunks = statistics.median(r["events"] / r["requests_ok"] for r in group)
+            cpu = statistics.median(r["router_cpu_s"] / r["requests_ok"] for r in group)
+            return (chunks, 1.0, cpu)
+
+        solved = solve_cost([point(g) for g in by_len.values()]) if len(by_len) > 1 else None
+        per_run: list[tuple[float, float]] = []
+        for i in range(min((len(g) for g in by_len.values()), default=0)):
+            one = solve_cost([point([g[i]]) for g in by_len.values()]) if len(by_len) > 1 else None
+            if one is not None:
+                per_run.append(one)
         out[target] = {
-            "runs": len(samples),
+            "runs": len(picked),
             "chunk_us": round(solved[0] * 1e6, 2) if solved else None,
             "request_ms": round(solved[1] * 1e3, 4) if solved else None,
-            "samples": [{"chunks": x, "requests": y, "cpu_s": c} for x, y, c in samples],
+            "chunk_us_range": [
+                round(min(a for a, _ in per_run) * 1e6, 2),
+                round(max(a for a, _ in per_run) * 1e6, 2),
+            ]
+            if per_run
+            else None,
+            "request_ms_range": [
+                round(min(b for _, b in per_run) * 1e3, 4),
+                round(max(b for _, b in per_run) * 1e3, 4),
+            ]
+            if per_run
+            else None,
+            "samples": [
+                {
+                    "tokens": r["tokens"],
+                    "chunks": r["events"],
+                    "requests": r["requests_ok"],
+                    "cpu_s": r["router_cpu_s"],
+                }
+                for r in picked
+            ],
         }
     return out
 
@@ -721,8 +777,8 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [
             "",
             f"## CPU cost model (C={st['cost_concurrency']}, {st['cost_interval_ms']:g} ms per "
-            f"token, streams of {' and '.join(map(str, st['cost_tokens']))} tokens; least squares "
-            "of cpu = chunks x a + requests x b over all those runs)",
+            f"token, streams of {' and '.join(map(str, st['cost_tokens']))} tokens; medians per "
+            "length of cpu per request = chunks per request x a + b; brackets: each run set alone)",
             "",
             "| router | runs | a: us per chunk | b: ms per request "
             "| target a <= 25 us | target b <= 0.3 ms |",
@@ -730,8 +786,11 @@ def markdown(result: dict[str, Any]) -> str:
         ]
         for name, c in cm.items():
             a, b = c["chunk_us"], c["request_ms"]
+            ar = c.get("chunk_us_range") or [None, None]
+            br = c.get("request_ms_range") or [None, None]
             lines.append(
-                f"| {name} | {c['runs']} | {_f(a)} | {_f(b, '{:.3f}')} "
+                f"| {name} | {c['runs']} | {_f(a)} [{_f(ar[0])} to {_f(ar[1])}] "
+                f"| {_f(b, '{:.3f}')} [{_f(br[0], '{:.3f}')} to {_f(br[1], '{:.3f}')}] "
                 f"| {'-' if a is None else ('met' if a <= 25 else 'not met')} "
                 f"| {'-' if b is None else ('met' if b <= 0.3 else 'not met')} |"
             )
@@ -816,7 +875,10 @@ def _requests(text: str) -> dict[int, int]:
 def build_parser() -> FlagParser:
     p = FlagParser(prog="python -m dynspec.bench.overhead", description=__doc__.split("\n")[0])
     p.add_argument(
-        "--targets", default="direct,dynspec,sglang", help="comma list of direct, dynspec, sglang"
+        "--targets",
+        default="direct,floor,dynspec,sglang",
+        help="comma list of direct, floor (the cheapest Python relay: a reference), dynspec, "
+        "sglang",
     )
     p.add_argument(
         "--intervals-ms", default="10,0", help="time between tokens of a stream, one phase each"
