@@ -18,6 +18,7 @@ from conftest import (
     metric_value,
     router,
     set_faults,
+    sim_proc,
     wait_for,
 )
 
@@ -265,3 +266,31 @@ async def test_metric_values_after_known_requests(sims: tuple[str, str], tmp_pat
         assert metric_value(m, "dynspec_load") == 0
         assert metric_value(m, "dynspec_in_flight_requests", pool="eagle") == 0
         assert metric_value(m, "dynspec_pool_draining", pool="eagle") == 0
+
+
+async def test_simulator_killed_mid_stream(sims: tuple[str, str], tmp_path: Path) -> None:
+    """A real server death (SIGKILL) mid-stream: the client's stream breaks, nothing leaks,
+    and the next request goes to the other pool."""
+    import os
+    import signal
+
+    _, baseline = sims
+    with sim_proc(tmp_path, "eagle") as (eagle, proc), router(
+        tmp_path, "--eagle-url", eagle, "--baseline-url", baseline
+    ) as rp:  # fmt: skip
+        async with openai.AsyncOpenAI(base_url=rp.url + "/v1", api_key="x", max_retries=0) as c:
+            stream = await c.chat.completions.create(
+                model="m", messages=MESSAGES, max_tokens=20000, stream=True, extra_body=LONG
+            )
+            seen = 0
+            with pytest.raises((openai.APIError, httpx.HTTPError)):
+                async for _ in stream:
+                    seen += 1
+                    if seen == 3:
+                        os.killpg(proc.pid, signal.SIGKILL)
+            assert await asyncio.to_thread(rp.wait_load, 0)
+            assert rp.metric("dynspec_upstream_errors_total", pool="eagle", kind="protocol") == 1
+            raw = await c.chat.completions.with_raw_response.create(
+                model="m", messages=MESSAGES, max_tokens=2
+            )
+            assert raw.headers["x-dynspec-backend"] == "baseline"

@@ -135,6 +135,9 @@ async def test_admin_drain_resume_and_threshold(sims: tuple[str, str], tmp_path:
         c = client(rp)
         async with httpx.AsyncClient(base_url=rp.url, timeout=10) as hc:
             assert (await hc.post("/admin/drain/eagle")).status_code == 401
+            # With an admin key set, /status needs it.
+            assert (await hc.get("/status")).status_code == 401
+            assert (await hc.get("/status", headers=auth)).status_code == 200
             bad = await hc.post("/admin/drain/eagle", headers={"Authorization": "Bearer nope"})
             assert bad.status_code == 401 and bad.json()["error"]["code"] == "invalid_api_key"
             assert (await hc.post("/admin/drain/gpu", headers=auth)).status_code == 404
