@@ -27,7 +27,9 @@ class Printer:
         # moves the cursor up by the number of lines it wrote.
         if self._fixed_width is not None:
             return self._fixed_width
-        return max(20, shutil.get_terminal_size((120, 24)).columns - 1)
+        # A terminal may report 0 columns (a fresh pty); Python 3.10 passes that on.
+        columns = shutil.get_terminal_size((120, 24)).columns or 120
+        return max(20, columns - 1)
 
     def _paint(self, prefix: str, name: str) -> str:
         code = _COLORS.get(name)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import os
 import pty
 import re
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from pathlib import Path
@@ -56,6 +59,8 @@ def test_live_progress_on_a_terminal_shows_elapsed_time_and_latest_log_line(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DYNSPEC_", "FAKE_"))}
     env.update(FAKE_SGLANG_EAGLE="slow", FAKE_SGLANG_REFUSE="2", FAKE_SGLANG_WARM="1.5")
     master, slave = pty.openpty()
+    # A terminal 160 columns wide: status lines are cut to the width, the test reads them whole.
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
     proc = subprocess.Popen(
         argv, stdout=slave, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
         start_new_session=True, env=env, cwd=tmp_path,
