@@ -61,6 +61,7 @@ class LaunchConfig:
     log_level: str
     server_command: tuple[str, ...] | None
     preflight: bool
+    progress_every: float = 10.0  # seconds between progress lines when stdout is no terminal
 
 
 def _positive_int(text: str) -> int:
@@ -208,6 +209,7 @@ def build_parser() -> FlagParser:
     # command (a fake SGLang in tests), and skip the pre-flight checks.
     p.add_argument("--server-command", help=argparse.SUPPRESS)
     p.add_argument("--no-preflight", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--progress-every", type=_seconds, default=10.0, help=argparse.SUPPRESS)
     # FlagParser names each flag's variable in its help, but argument groups add their flags
     # without passing through it.
     for action in p._actions:
@@ -393,4 +395,5 @@ def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
         log_level=ns.log_level,
         server_command=server_command,
         preflight=not ns.no_preflight,
+        progress_every=max(0.1, float(ns.progress_every)),
     )

@@ -26,7 +26,6 @@ from dynspec.launcher.spec import ProcessSpec, connect_host
 TICK = 0.25
 STATUS_POLL = 0.25  # how often the router's /status is read to report pool switches
 ROUTER_START_TIMEOUT = 60.0
-PLAIN_PROGRESS_EVERY = 10.0  # seconds between progress lines when stdout is not a terminal
 RESTART_BACKOFF_MAX = 30.0
 # SIGHUP too: the children run in their own sessions, so a closed terminal reaches only us, and
 # dying of it would leave them running.
@@ -165,7 +164,7 @@ class Supervisor:
     async def _startup(self) -> int | None:
         began = time.monotonic()
         deadline = began + self.config.startup_timeout
-        next_plain = began + PLAIN_PROGRESS_EVERY
+        next_plain = began + self.config.progress_every
         while True:
             if self.signals:
                 return self._signal_code()
@@ -192,7 +191,7 @@ class Supervisor:
             if self.printer.tty:
                 self.printer.status([self._progress(st, now) for st in self.servers])
             elif now >= next_plain:
-                next_plain = now + PLAIN_PROGRESS_EVERY
+                next_plain = now + self.config.progress_every
                 for st in self.servers:
                     if not st.healthy:
                         self.printer.line(

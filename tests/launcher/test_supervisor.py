@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ def chat(port: int) -> httpx.Response:
 
 def test_slow_start_waits_for_health_then_serves_and_stops_on_sigint(tmp_path: Path) -> None:
     env = {"FAKE_SGLANG_EAGLE": "slow,fork", "FAKE_SGLANG_REFUSE": "1.5", "FAKE_SGLANG_WARM": "1"}
-    with launched(tmp_path, *SHORT, env=env) as (run, ports):
+    with launched(tmp_path, *SHORT, "--progress-every", "0.3", env=env) as (run, ports):
         ready = run.wait_for(r"\[dynspec\] ready: .*\n")
         out = run.out
         healthy = run.wait_for(r"\[eagle gpu0\] healthy after (\d+)s")
@@ -33,6 +34,10 @@ def test_slow_start_waits_for_health_then_serves_and_stops_on_sigint(tmp_path: P
         assert f"curl -s http://127.0.0.1:{ports['router']}/v1/chat/completions" in out
         assert f"http://127.0.0.1:{ports['router']}/metrics" in out
         assert "loading weights" in (tmp_path / "logs" / "eagle.log").read_text()
+        # Not a terminal: plain progress lines, and the servers' own lines with their prefix.
+        assert re.search(r"\[eagle gpu0\] waiting \d+s: loading \(port not open yet\)\n", out)
+        assert re.search(r"\[eagle gpu0\] waiting \d+s: warming up \(HTTP 503\)\n", out)
+        assert "[eagle gpu0] loading weights" in out
 
         r = chat(ports["router"])
         assert r.status_code == 200
