@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -148,6 +149,7 @@ def serve(args: argparse.Namespace) -> int:
         backlog=4096,
     )
     server = uvicorn.Server(uv_config)
+    sock = _listen(args.host, args.port)
     logger.info(
         "dynspec-sim %s on %s:%d, profile %s%s",
         args.mode,
@@ -157,7 +159,24 @@ def serve(args: argparse.Namespace) -> int:
         " (illustrative, not measured)" if profile.illustrative else "",
     )
     # Server.run() builds the event loop from config.loop (asyncio.run(server.serve()) would not).
-    server.run()
-    if not server.started:
-        raise RuntimeError(f"could not listen on {args.host}:{args.port}")
+    try:
+        server.run(sockets=[sock])
+    except SystemExit as exc:
+        raise RuntimeError(f"the server stopped during startup (uvicorn exit {exc.code})") from None
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind here, so a busy port is one clear line; IPPROTO_TCP keeps TCP_NODELAY on accepts."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(4096)
+    except OSError as exc:
+        raise RuntimeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
