@@ -146,6 +146,7 @@ def create_app(
         # One round before serving, so /health and routing start from the truth.
         await checker.check_all()
         checker.start()
+        proxy.start()
         logger.info(
             "routing %s: eagle %s, baseline %s, threshold %d, hysteresis %d",
             config.policy,
@@ -157,6 +158,7 @@ def create_app(
         try:
             yield
         finally:
+            await proxy.stop()
             await checker.stop()
             proxy.session = None
             await session.close()
