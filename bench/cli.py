@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import shlex
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -181,6 +182,18 @@ def _targets(raw: object, endpoint: str) -> list[load.Target]:
     return out
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, taking Ctrl-C's path so that children are stopped and finished levels kept."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
+def _stopped_code(exc: KeyboardInterrupt) -> int:
+    return 143 if isinstance(exc, _Terminated) else 130
+
+
 def _finish(out: Path, title: str) -> None:
     if not out.exists() or out.stat().st_size == 0:
         return
@@ -202,12 +215,13 @@ def cmd_sweep(argv: Sequence[str]) -> NoReturn:
             raise UsageError(f"--out {out} exists; use --append or another --out")
         out.parent.mkdir(parents=True, exist_ok=True)
         progress = ProgressLine(enabled=not args.no_progress)
+        signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             asyncio.run(sweep(targets, cfg, out, progress))
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             print(f"\n{PROG}: interrupted; keeping the finished levels", file=sys.stderr)
             _finish(out, args.title)
-            return 130
+            return _stopped_code(exc)
         _finish(out, args.title)
         return 0
 
@@ -363,6 +377,12 @@ def envelope_parser() -> FlagParser:
     p.add_argument(
         "--startup-timeout", type=_positive_float, default=60.0, help="seconds to wait per process"
     )
+    p.add_argument(
+        "--from-jsonl",
+        type=Path,
+        default=None,
+        help="run nothing: rewrite the report and plot of an earlier envelope JSONL",
+    )
     add_log_level(p)
     return p
 
@@ -372,6 +392,12 @@ def cmd_envelope(argv: Sequence[str]) -> NoReturn:
     configure_logging(args.log_level)
 
     def body() -> int:
+        if args.from_jsonl is not None:
+            records = _read(args.from_jsonl)
+            md, png = envelope.write_report(args.from_jsonl, records)
+            print(envelope.summary(records), end="")
+            print(f"results: {md}, {png}", file=sys.stderr)
+            return 0
         if not args.simulate:
             raise UsageError(
                 "only --simulate is supported; on real servers run 'sweep' against each server "
@@ -397,16 +423,17 @@ def cmd_envelope(argv: Sequence[str]) -> NoReturn:
             hysteresis=args.hysteresis,
             seed=args.seed,
             startup_timeout=args.startup_timeout,
+            command="dynspec-bench envelope " + shlex.join(argv),
         )
-        command = "dynspec-bench envelope " + shlex.join(argv)
         progress = ProgressLine(enabled=not args.no_progress)
+        signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             result = envelope.run(cfg, progress)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             print(f"\n{PROG}: interrupted; the finished levels are in {out}", file=sys.stderr)
-            return 130
-        md, png = envelope.write_report(cfg, result, command)
-        print(envelope.summary(result), end="")
+            return _stopped_code(exc)
+        md, png = envelope.write_report(out, result.records)
+        print(envelope.summary(result.records), end="")
         print(f"results: {out}, {md}, {png}", file=sys.stderr)
         return 0
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import json
 import logging
 import math
@@ -62,6 +63,7 @@ class EnvelopeConfig:
     startup_timeout: float = 60.0
     extra_sim_args: Sequence[str] = ()
     extra_router_args: Sequence[str] = ()
+    command: str = ""
 
 
 @dataclass
@@ -96,7 +98,12 @@ def expected_tpot_ms(profile: Profile, mode: str, c: int) -> float:
 
 
 def compare(records: Sequence[Record]) -> list[dict[str, Any]]:
-    """Per concurrency: the routed target against the better single server, per metric."""
+    """Per concurrency: the routed target against the better single server.
+
+    The better server is the one with the higher output tok/s at that concurrency; both ratios
+    compare with it. (Comparing TPOT with the lower TPOT of the two would be wrong where EAGLE
+    queues: beyond its running-request limit its TPOT stays low while its tok/s is far lower.)
+    """
     by: dict[tuple[str, int], Record] = {
         (str(r["target"]), int(r["max_concurrency"])): r for r in records
     }
@@ -105,14 +112,15 @@ def compare(records: Sequence[Record]) -> list[dict[str, Any]]:
         e, b, r = by.get(("eagle", c)), by.get(("baseline", c)), by[("routed", c)]
         if e is None or b is None:
             continue
-        best_tp = max(e["output_throughput"], b["output_throughput"])
-        best_tpot = min(e["median_tpot_ms"], b["median_tpot_ms"])
+        best = e if e["output_throughput"] >= b["output_throughput"] else b
+        best_tp, best_tpot = best["output_throughput"], best["median_tpot_ms"]
         tp_ratio = r["output_throughput"] / best_tp if best_tp > 0 else math.nan
         tpot_ratio = r["median_tpot_ms"] / best_tpot if best_tpot > 0 else math.nan
         share = r.get("backend_share") or {}
         rows.append(
             {
                 "max_concurrency": c,
+                "better": best["target"],
                 "eagle_output_throughput": e["output_throughput"],
                 "baseline_output_throughput": b["output_throughput"],
                 "routed_output_throughput": r["output_throughput"],
@@ -133,15 +141,15 @@ def compare(records: Sequence[Record]) -> list[dict[str, Any]]:
 
 def envelope_table(rows: Sequence[dict[str, Any]]) -> str:
     head = (
-        "| C | EAGLE tok/s | baseline tok/s | routed tok/s | routed / best tok/s"
-        " | EAGLE TPOT p50 ms | baseline TPOT p50 ms | routed TPOT p50 ms | routed / best TPOT"
-        " | routed to EAGLE | switches | in envelope |"
+        "| C | better server | EAGLE tok/s | baseline tok/s | routed tok/s | routed / better tok/s"
+        " | EAGLE TPOT p50 ms | baseline TPOT p50 ms | routed TPOT p50 ms"
+        " | routed / better TPOT | routed to EAGLE | switches | in envelope |"
     )
-    lines = [head, "|" + " --- |" * 12]
+    lines = [head, "|" + " --- |" * 13]
     for w in rows:
         ok = w["throughput_ok"] and w["tpot_ok"]
         lines.append(
-            f"| {w['max_concurrency']} | {w['eagle_output_throughput']:.1f}"
+            f"| {w['max_concurrency']} | {w['better']} | {w['eagle_output_throughput']:.1f}"
             f" | {w['baseline_output_throughput']:.1f} | {w['routed_output_throughput']:.1f}"
             f" | {w['throughput_ratio']:.3f} | {w['eagle_median_tpot_ms']:.2f}"
             f" | {w['baseline_median_tpot_ms']:.2f} | {w['routed_median_tpot_ms']:.2f}"
@@ -324,7 +332,15 @@ def run(cfg: EnvelopeConfig, progress: ProgressLine | None = None) -> EnvelopeRe
     import asyncio
 
     started = time.monotonic()
-    extra = {"simulated": True, "profile": cfg.profile, "speed": cfg.speed}
+    extra = {
+        "simulated": True,
+        "profile": cfg.profile,
+        "speed": cfg.speed,
+        "requests_per_c": cfg.sweep.requests_per_c,
+        "min_requests": cfg.sweep.min_requests,
+        "command": cfg.command,
+        "run_started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
     scfg = dataclasses.replace(cfg.sweep, extra={**cfg.sweep.extra, **extra})
     cfg.out.write_text("", encoding="utf-8")
     with processes() as procs:
@@ -346,62 +362,92 @@ def run(cfg: EnvelopeConfig, progress: ProgressLine | None = None) -> EnvelopeRe
     return result
 
 
-def write_report(cfg: EnvelopeConfig, result: EnvelopeResult, command: str) -> tuple[Path, Path]:
-    profile = load_profile(cfg.profile)
-    model = [model_time(r, cfg.speed) for r in result.records]
+def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
+    """``out``'s Markdown report and plot, from the level records alone (so a rerender works)."""
+    if not records:
+        raise ValueError(f"{out}: no levels")
+    meta = records[0]
+    speed = float(meta.get("speed", 1.0))
+    profile = load_profile(str(meta.get("profile", "demo")))
+    model = [model_time(r, speed) for r in records]
     rows = compare(model)
-    md, png = cfg.out.with_suffix(".md"), cfg.out.with_suffix(".png")
+    routed = [r for r in records if r.get("target") == "routed"]
+    eagle = [r for r in model if r.get("target") == "eagle"]
+    baseline = [r for r in model if r.get("target") == "baseline"]
+    md, png = out.with_suffix(".md"), out.with_suffix(".png")
     title = f"SIMULATED envelope, profile {profile.name}"
-    report.plot(model, png, f"{title} (dynspec-sim, model time, speed {cfg.speed:g})")
-    s = cfg.sweep
-    lengths = (
-        f"ShareGPT prompts from {s.dataset}"
-        if s.dataset
-        else f"random prompts, {s.input_len} input / {s.output_len} output tokens"
-    )
+    report.plot(model, png, f"{title} (dynspec-sim, model time, speed {speed:g})")
+    if meta.get("dataset_name") == "sharegpt":
+        lengths = "ShareGPT prompts"
+    else:
+        lengths = (
+            f"random prompts, {meta.get('random_input_len')} input / "
+            f"{meta.get('random_output_len')} output tokens"
+        )
+    levels = sorted({int(r["max_concurrency"]) for r in records})
+    suggestion = threshold.suggest(eagle, baseline) if eagle and baseline else None
+    if routed:
+        thr, hyst = routed[0].get("threshold"), routed[0].get("hysteresis")
+        picked = (
+            " (picked by `suggest-threshold` from the two single-server sweeps)."
+            if suggestion is not None
+            and (thr, hyst) == (suggestion.threshold, suggestion.hysteresis)
+            else " (set by hand)."
+        )
+        router_line = f"- Router: `--threshold {thr} --hysteresis {hyst}`{picked}"
+    else:
+        router_line = "- Router: not reached (the run stopped before the routed sweep)."
+    stamps = [str(r["timestamp"]) for r in records if r.get("timestamp")]
+    run_time = ""
+    if meta.get("run_started") and stamps:
+        secs = (
+            dt.datetime.fromisoformat(max(stamps))
+            - dt.datetime.fromisoformat(str(meta["run_started"]))
+        ).total_seconds()
+        run_time = f"- Run time {secs / 60:.1f} min wall-clock."
     miss = misses(rows)
     text = [
         f"# {title}",
         "",
-        "SIMULATED: two `dynspec-sim` servers (no GPU, no model), profile "
+        "SIMULATED: two `dynspec-sim` servers (no GPU, no model) and a `dynspec-router`, profile "
         f"`{profile.name}`{' (ILLUSTRATIVE, not measured)' if profile.illustrative else ''}.",
+        "",
         f"Profile source: {profile.source}",
         "",
-        f"Reproduce: `{command}`",
+        f"Reproduce: `{meta.get('command') or 'dynspec-bench envelope --simulate'}`",
         "",
-        f"- Simulated time ran {cfg.speed:g}x wall-clock (`--speed {cfg.speed:g}`); all figures "
-        "below are in model time (wall-clock durations x speed, rates / speed).",
-        f"- Closed-loop clients, {lengths}; per level {s.requests_per_c} x C requests "
-        f"(at least {s.min_requests}) after C warm-up requests; levels "
-        f"{','.join(map(str, s.concurrencies))}.",
-        f"- Router: `--threshold {result.threshold} --hysteresis {result.hysteresis}`"
-        + (
-            " (picked by `suggest-threshold` from the two single-server sweeps)."
-            if cfg.threshold is None and cfg.hysteresis is None
-            else " (set by hand; suggest-threshold picked "
-            f"{result.suggestion.threshold}/{result.suggestion.hysteresis})."
-        ),
-        f"- Run time {result.wall_seconds / 60:.1f} min wall-clock.",
+        f"- Simulated time ran {speed:g}x wall-clock (`--speed {speed:g}`); every figure below is "
+        "in model time (wall-clock durations x speed, rates / speed).",
+        f"- Closed-loop clients, {lengths}; per level {meta.get('requests_per_c', '?')} x C "
+        f"measured requests (at least {meta.get('min_requests', '?')}) after C warm-up requests; "
+        f"throughputs over the steady window (see `dynspec.bench.load.run_level`); levels "
+        f"{','.join(map(str, levels))}.",
+        router_line,
+        *([run_time] if run_time else []),
         "",
         f"## SIMULATED: routed vs the better single server (goal: tok/s >= {THROUGHPUT_GOAL}x, "
         f"p50 TPOT <= {TPOT_GOAL}x)",
         "",
+        "The better server at a concurrency is the one with the higher output tok/s there.",
+        "",
         envelope_table(rows),
-        "Outside the envelope: " + ("none." if not miss else ""),
+        "Outside the envelope: " + ("none." if rows and not miss else ""),
         *[f"- {m}" for m in miss],
         "",
-        "## SIMULATED: threshold suggestion from the single-server sweeps",
-        "",
-        threshold.render(
-            threshold.suggest(
-                [r for r in model if r["target"] == "eagle"],
-                [r for r in model if r["target"] == "baseline"],
-            )
-        ),
+    ]
+    if suggestion is not None:
+        text += [
+            "## SIMULATED: threshold suggestion from the single-server sweeps",
+            "",
+            threshold.render(suggestion),
+            "",
+        ]
+    text += [
         "## SIMULATED: did the simulators keep their schedule?",
         "",
-        "Measured p50 TPOT of each server alone against the profile's prediction "
-        "(batch = min(C, running-request limit), TPOT = batch / throughput(batch)).",
+        "Measured p50 TPOT of each server alone against the profile's decode-only prediction "
+        "(batch = min(C, running-request limit), TPOT = batch / throughput(batch)); prefill "
+        "steps that pause decoding make the measured value somewhat higher.",
         "",
         schedule_table(model, profile),
         report.markdown_table(model, "SIMULATED: all levels (model time)"),
@@ -410,9 +456,12 @@ def write_report(cfg: EnvelopeConfig, result: EnvelopeResult, command: str) -> t
     return md, png
 
 
-def summary(result: EnvelopeResult) -> str:
-    lines = [envelope_table(result.rows)]
-    miss = misses(result.rows)
+def summary(records: Sequence[Record]) -> str:
+    """The envelope table in model time, and the levels outside it."""
+    speed = float(records[0].get("speed", 1.0)) if records else 1.0
+    rows = compare([model_time(r, speed) for r in records])
+    lines = [envelope_table(rows)]
+    miss = misses(rows)
     lines.append("All levels inside the envelope." if not miss else "Outside the envelope:")
     lines += [f"  {m}" for m in miss]
     return "\n".join(lines) + "\n"

@@ -94,16 +94,39 @@ def hysteresis_for(threshold: int) -> int:
     return max(0, min(max(1, round(threshold / 4)), threshold - 1))
 
 
+def _first_crossing(cs: Sequence[int], logr: Sequence[float]) -> tuple[int, float] | None:
+    """The first i with logr[i] >= 0 > logr[i + 1], and C there (linear in log2 C)."""
+    for i in range(len(cs) - 1):
+        if logr[i] >= 0 > logr[i + 1]:
+            x0, x1 = math.log2(cs[i]), math.log2(cs[i + 1])
+            return i, 2.0 ** (x0 + (x1 - x0) * logr[i] / (logr[i] - logr[i + 1]))
+    return None
+
+
+def _log_ratio(a: float, b: float) -> float:
+    return math.log2(a / b) if a > 0 and b > 0 else 0.0
+
+
 def suggest(eagle: Sequence[Record], baseline: Sequence[Record]) -> Suggestion:
+    """The suggestion from two sweeps (see the module's docstring).
+
+    The per-request decode speed decides. One guard: if EAGLE's output tok/s falls below the
+    baseline's at a lower concurrency than its decode speed does, that crossing is used. That
+    happens when EAGLE requests queue (SGLang caps an EAGLE server at 48 running requests): the
+    running ones decode fast, so TPOT looks good, while the queued ones wait (TTFT).
+    """
     e, b = _by_level(eagle), _by_level(baseline)
     common = sorted(set(e) & set(b))
     if not common:
         raise ValueError("the two sweeps share no concurrency level with completed requests")
     levels = tuple(Level(c, e[c][0], b[c][0], e[c][1], b[c][1]) for c in common)
     logr = [math.log2(lv.ratio) for lv in levels]
+    tp_logr = [
+        _log_ratio(lv.eagle_output_throughput, lv.baseline_output_throughput) for lv in levels
+    ]
     lo, hi = common[0], common[-1]
     if logr[0] < 0:
-        wins = [lv.concurrency for lv, r in zip(levels, logr, strict=True) if r >= 0]
+        wins = tuple(lv.concurrency for lv, r in zip(levels, logr, strict=True) if r >= 0)
         note = f" (it is faster again at C={', '.join(map(str, wins))})" if wins else ""
         return Suggestion(
             "never",
@@ -114,46 +137,66 @@ def suggest(eagle: Sequence[Record], baseline: Sequence[Record]) -> Suggestion:
             f"EAGLE never wins at low load: its per-request decode speed is already below the "
             f"baseline's at C={lo}{note}. Send everything to the baseline (--threshold 0 "
             f"--hysteresis 0), or do not run the EAGLE server on this setup.",
-            tuple(wins),
+            wins,
         )
-    for i in range(len(levels) - 1):
-        if logr[i] >= 0 > logr[i + 1]:
-            x0, x1 = math.log2(common[i]), math.log2(common[i + 1])
-            x = x0 + (x1 - x0) * logr[i] / (logr[i] - logr[i + 1])
-            crossover = 2.0**x
-            threshold = max(1, math.floor(crossover))
-            rewins = tuple(
-                lv.concurrency
-                for lv, r in zip(levels[i + 1 :], logr[i + 1 :], strict=True)
-                if r >= 0
-            )
-            note = (
-                f" Note: EAGLE is faster again at C={', '.join(map(str, rewins))}; the first "
-                f"crossing is used (rerun those levels if that looks like noise)."
-                if rewins
-                else ""
-            )
-            return Suggestion(
-                "crossover",
-                threshold,
-                hysteresis_for(threshold),
-                crossover,
-                levels,
-                f"EAGLE's per-request decode speed (1/p50 TPOT) falls below the baseline's between "
-                f"C={common[i]} and C={common[i + 1]}, at C ~ {crossover:.1f} (linear "
-                f"interpolation of log2(speed ratio) in log2(C)).{note}",
-                rewins,
-            )
-    hyst = hysteresis_for(hi)
+    by_speed = _first_crossing(common, logr)
+    by_tput = (0, float(lo)) if tp_logr[0] < 0 else _first_crossing(common, tp_logr)
+    if by_speed is None and by_tput is None:
+        return Suggestion(
+            "always",
+            hi,
+            hysteresis_for(hi),
+            None,
+            levels,
+            f"EAGLE always wins: its per-request decode speed and its output tok/s are above "
+            f"the baseline's at every measured concurrency up to C={hi}, so the crossover is "
+            f"above C={hi}. Use at least --threshold {hi}, and sweep higher concurrencies to "
+            f"find the crossover.",
+        )
+    if by_speed is not None and (by_tput is None or by_speed[1] <= by_tput[1]):
+        i, crossover = by_speed
+        text = (
+            f"EAGLE's per-request decode speed (1/p50 TPOT) falls below the baseline's between "
+            f"C={common[i]} and C={common[i + 1]}, at C ~ {crossover:.1f} (linear interpolation "
+            f"of log2(speed ratio) in log2(C))."
+        )
+    else:
+        assert by_tput is not None
+        i, crossover = by_tput
+        where = (
+            f"already at C={lo}"
+            if tp_logr[0] < 0
+            else f"between C={common[i]} and C={common[i + 1]}, at C ~ {crossover:.1f}"
+        )
+        speed_at = "" if by_speed is None else f" (C ~ {by_speed[1]:.1f})"
+        text = (
+            f"EAGLE's output tok/s falls below the baseline's {where}, before its per-request "
+            f"decode speed does{speed_at}: its requests wait (see TTFT; SGLang caps an EAGLE "
+            f"server at 48 running requests), so the throughput crossing is used."
+        )
+    threshold = max(1, math.floor(crossover))
+    rewins = tuple(
+        lv.concurrency
+        for lv, r, t in zip(levels[i + 1 :], logr[i + 1 :], tp_logr[i + 1 :], strict=True)
+        if r >= 0 and t >= 0
+    )
+    slow_tpot = tuple(
+        lv.concurrency
+        for lv, r, t in zip(levels[i + 1 :], logr[i + 1 :], tp_logr[i + 1 :], strict=True)
+        if r >= 0 > t
+    )
+    if rewins:
+        text += (
+            f" Note: EAGLE is faster again at C={', '.join(map(str, rewins))}; the first "
+            f"crossing is used (rerun those levels if that looks like noise)."
+        )
+    if slow_tpot:
+        text += (
+            f" At C={', '.join(map(str, slow_tpot))} EAGLE's TPOT is lower but its output "
+            f"tok/s is not: requests queue there."
+        )
     return Suggestion(
-        "always",
-        hi,
-        hyst,
-        None,
-        levels,
-        f"EAGLE always wins: its per-request decode speed is above the baseline's at every "
-        f"measured concurrency up to C={hi}, so the crossover is above C={hi}. Use at least "
-        f"--threshold {hi}, and sweep higher concurrencies to find the crossover.",
+        "crossover", threshold, hysteresis_for(threshold), crossover, levels, text, rewins
     )
 
 

@@ -130,3 +130,21 @@ def test_cli_multi_target_file_needs_a_name(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "--threshold 6" in r.stdout
+
+
+def test_queueing_eagle_uses_the_throughput_crossing() -> None:
+    # EAGLE's TPOT stays lower (only its running requests decode; the rest queue), but its
+    # output tok/s falls below the baseline's between C=4 and C=8.
+    eagle = sweep("e", [10, 12, 16, 20, 22])
+    for rec, tput in zip(eagle, [100.0, 160.0, 250.0, 300.0, 310.0], strict=True):
+        rec["output_throughput"] = tput
+    baseline = sweep("b", [20, 21, 22, 24, 28])
+    for rec, tput in zip(baseline, [50.0, 95.0, 180.0, 330.0, 570.0], strict=True):
+        rec["output_throughput"] = tput
+    s = suggest(eagle, baseline)
+    assert s.verdict == "crossover"
+    # log2(250/180) = 0.47393, log2(300/330) = -0.13750: x = 2 + 0.47393 / 0.61143 = 2.77512.
+    assert s.crossover == pytest.approx(6.845, abs=0.005)
+    assert (s.threshold, s.hysteresis) == (6, 2)
+    assert "output tok/s falls below" in s.message
+    assert "requests queue" in s.message
