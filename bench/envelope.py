@@ -38,7 +38,7 @@ import httpx
 
 from dynspec.bench import report, threshold
 from dynspec.bench.load import Target
-from dynspec.bench.report import Record
+from dynspec.bench.report import Record, model_time
 from dynspec.bench.sweep import ProgressLine, SweepConfig, sweep
 from dynspec.launcher.sim.profile import Profile, load_profile
 
@@ -46,9 +46,6 @@ logger = logging.getLogger(__name__)
 
 THROUGHPUT_GOAL = 0.95
 TPOT_GOAL = 1.05
-# Wall-clock durations (ms or s) and per-second rates in a record, converted to model time.
-_TIME_KEYS = ("duration",)
-_RATE_KEYS = ("request_throughput", "input_throughput", "output_throughput", "total_throughput")
 
 
 @dataclass(frozen=True)
@@ -74,19 +71,6 @@ class EnvelopeResult:
     hysteresis: int
     rows: list[dict[str, Any]] = field(default_factory=list)
     wall_seconds: float = 0.0
-
-
-def model_time(rec: Record, speed: float) -> Record:
-    """A copy of a level record in model time: durations x speed, rates / speed."""
-    out = dict(rec)
-    for k, v in rec.items():
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            continue
-        if k.endswith("_ms") or k in _TIME_KEYS:
-            out[k] = v * speed
-        elif k in _RATE_KEYS:
-            out[k] = v / speed
-    return out
 
 
 def expected_tpot_ms(profile: Profile, mode: str, c: int) -> float:

@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from dynspec.bench.report import Record, targets
+from dynspec.bench.report import Record, model_time, targets
 from dynspec.launcher.sim.profile import ModeProfile, Profile
 
 DEFAULT_PREFILL_OVERHEAD_S = 0.005
@@ -42,9 +42,10 @@ def mode_profile(records: Sequence[Record], mode: str) -> ModeProfile:
         raise ValueError(f"{mode}: the sweep needs a C=1 level (a profile starts at batch 1)")
     first = by_c[1]
     if mode == "eagle":
-        accept = float(first.get("mean_tokens_per_chunk") or 1.0)
-        max_accept = max(int(first.get("max_tokens_per_chunk") or 1), math.ceil(accept))
-        accept = min(max(accept, 1.0), float(max_accept))
+        accept = max(1.0, float(first.get("mean_tokens_per_chunk") or 1.0))
+        # Without per-chunk usage from the server the most tokens in one chunk is unknown.
+        seen = int(first.get("max_tokens_per_chunk") or 0)
+        max_accept = max(seen, math.ceil(accept)) if seen else math.ceil(accept) + 1
     else:
         accept, max_accept = 1.0, 1
     ttft = float(first.get("median_ttft_ms") or 0.0) / 1000.0
@@ -72,6 +73,8 @@ def build_profile(
     baseline_target: str | None = None,
     model: str | None = None,
 ) -> Profile:
+    # A simulated sweep ran at --speed: back to the simulator's model time.
+    records = [model_time(r) for r in records]
     # A routed target mixes both pools; it says nothing about one server.
     names = [n for n in targets(records) if not _routed(records, n)]
     eagle_target = eagle_target or _guess(names, "eagle")
@@ -96,7 +99,9 @@ def build_profile(
         f"dynspec-bench profile from {files} ({mapping}). "
         + ("The sweep itself ran against SIMULATED servers. " if simulated else "")
         + "throughput = measured closed-loop output tok/s per level; accept_length = mean tokens "
-        "per stream chunk at C=1; prefill_tokens_per_s = C=1 p50 TTFT less "
+        "per stream chunk at C=1; max_accept_length = the most tokens seen in one chunk, or "
+        "ceil(accept_length) + 1 when the server sent no per-chunk usage; "
+        "prefill_tokens_per_s = C=1 p50 TTFT less "
         f"{DEFAULT_PREFILL_OVERHEAD_S}s overhead and one p50 TPOT (an estimate); "
         "max_running_requests left to SGLang's default."
     )

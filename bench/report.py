@@ -40,6 +40,31 @@ def load_jsonl(path: Path) -> list[Record]:
     return records
 
 
+# Wall-clock durations (ms or s) and per-second rates in a record, converted to model time.
+_TIME_KEYS = ("duration",)
+_RATE_KEYS = ("request_throughput", "input_throughput", "output_throughput", "total_throughput")
+
+
+def model_time(rec: Record, speed: float | None = None) -> Record:
+    """A copy of a level record in a simulator's model time: durations x speed, rates / speed.
+
+    ``speed`` defaults to the record's own ``speed`` (a simulated run), else 1.
+    """
+    if speed is None:
+        speed = float(rec.get("speed") or 1.0)
+    if speed == 1.0:
+        return dict(rec)
+    out = dict(rec)
+    for k, v in rec.items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        if k.endswith("_ms") or k in _TIME_KEYS:
+            out[k] = v * speed
+        elif k in _RATE_KEYS:
+            out[k] = v / speed
+    return out
+
+
 def targets(records: Iterable[Record]) -> list[str]:
     seen: dict[str, None] = {}
     for r in records:

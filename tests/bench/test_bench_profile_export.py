@@ -93,3 +93,11 @@ def test_cli_writes_a_loadable_profile(tmp_path: Path) -> None:
     )
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1
+
+
+def test_a_simulated_sweep_at_speed_is_converted_to_model_time() -> None:
+    fast = [{**r, "simulated": True, "speed": 4.0} for r in RECORDS]
+    prof = build_profile(fast, [Path("sim.jsonl")], name="x")
+    # Time ran 4x faster: 4x the tok/s on the wall clock is the profile's own tok/s.
+    assert prof.mode("eagle").throughput == ((1, 30.0), (4, 75.0), (16, 125.0))
+    assert "SIMULATED" in prof.source
