@@ -456,6 +456,11 @@ class SimApp:
         except BadRequest as exc:
             await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
             return
+        if _media_type(scope) != b"application/json":
+            # SGLang's validate_json_request dependency on both OpenAI generation routes.
+            message = "Unsupported Media Type: Only 'application/json' is allowed"
+            await _respond(send, 400, wire.error_body(message, HTTPStatus.BAD_REQUEST.phrase))
+            return
         fail = self.faults.fail_status
         if fail is not None:
             phrase = HTTPStatus(fail).phrase if fail in HTTPStatus._value2member_map_ else "Error"
@@ -622,6 +627,13 @@ class SimApp:
                 os._exit(1)
             self._chunks_left = left - len(events)
         await send({"type": "http.response.body", "body": b"".join(events), "more_body": not last})
+
+
+def _media_type(scope: Scope) -> bytes:
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            return bytes(value.split(b";", 1)[0].strip().lower())
+    return b""
 
 
 async def _read_body(receive: Receive) -> bytes:

@@ -320,6 +320,17 @@ def test_bad_input_gets_sglang_error_body(
     assert err["type"] == err_type
 
 
+@pytest.mark.parametrize("content_type", [None, "text/plain"])
+def test_generation_needs_json_content_type(eagle_sim: Sim, content_type: str | None) -> None:
+    headers = {"content-type": content_type} if content_type else {}
+    body = b'{"model": "m", "prompt": "x", "max_tokens": 2}'
+    r = httpx.post(eagle_sim.url + "/v1/completions", content=body, headers=headers)
+    assert r.status_code == 400
+    assert "Only 'application/json' is allowed" in r.json()["message"]
+    ok = {"content-type": "Application/JSON; charset=utf-8"}
+    assert httpx.post(eagle_sim.url + "/v1/completions", content=body, headers=ok).is_success
+
+
 def test_prompt_longer_than_context(eagle_sim: Sim) -> None:
     r = _post(eagle_sim, "/v1/completions", {"model": "m", "prompt": "word " * 30000})
     assert r.status_code == 400
