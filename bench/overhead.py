@@ -313,6 +313,7 @@ class Settings:
     sglang_args: list[str]
     # None: one stream's duration (tokens x interval); else milliseconds.
     stagger_ms: float | None = None
+    min_unpaced_requests: int = 300
 
     def stagger_for(self, level: Level) -> float:
         if self.stagger_ms is not None:
@@ -320,10 +321,13 @@ class Settings:
         return level.tokens * level.interval_ms
 
 
-def _requests_for(s: Settings, c: int, tokens: int) -> int:
+def _requests_for(s: Settings, c: int, tokens: int, interval: float) -> int:
     n = s.requests.get(c)
     if n is None:
         n = max(c * 8, 30)
+    if interval == 0:
+        # Unpaced streams end in about a millisecond: enough of them to last a while.
+        n = max(n, s.min_unpaced_requests)
     # Long streams: as many chunks as the short ones would carry, but at least four rounds.
     if tokens > s.tokens:
         n = max(c * 4, n * s.tokens // tokens)
@@ -331,10 +335,14 @@ def _requests_for(s: Settings, c: int, tokens: int) -> int:
 
 
 def _levels(s: Settings, interval: float) -> list[Level]:
-    levels = [Level(interval, c, s.tokens, _requests_for(s, c, s.tokens)) for c in s.concurrency]
+    levels = [
+        Level(interval, c, s.tokens, _requests_for(s, c, s.tokens, interval)) for c in s.concurrency
+    ]
     if interval == s.cost_interval_ms:
         for t in s.cost_tokens:
-            lv = Level(interval, s.cost_concurrency, t, _requests_for(s, s.cost_concurrency, t))
+            lv = Level(
+                interval, s.cost_concurrency, t, _requests_for(s, s.cost_concurrency, t, interval)
+            )
             if lv not in levels:
                 levels.append(lv)
     return levels
@@ -900,7 +908,8 @@ def build_parser() -> FlagParser:
     p.add_argument(
         "--requests",
         default="1:30,64:1024,256:2048",
-        help="requests per run for each concurrency, C:N,... (others: max(8C, 30)); "
+        help="requests per run for each concurrency, C:N,... (others: max(8C, 30); 0-ms phases "
+        "at least 300); "
         "long streams get proportionally fewer",
     )
     p.add_argument(

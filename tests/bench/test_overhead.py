@@ -101,13 +101,13 @@ def test_tiny_run_counts_every_chunk(tmp_path: Path) -> None:
     argv = [
         PY, "-m", "dynspec.bench.overhead",
         "--targets", ",".join(targets),
-        "--intervals-ms", "0",
+        "--intervals-ms", "1",
         "--concurrency", "4",
         "--tokens", "4",
         "--requests", "4:12",
         "--cost-tokens", "8,4",
         "--cost-concurrency", "4",
-        "--cost-interval-ms", "0",
+        "--cost-interval-ms", "1",
         "--runs", "1",
         "--max-seconds", "30",
         "--out", str(out),
@@ -146,7 +146,7 @@ def test_tiny_run_counts_every_chunk(tmp_path: Path) -> None:
         assert rows[(4, name)]["x_direct"] is not None
         assert rows[(4, name)]["added_ttft_p50_ms"] is not None
         assert result["cost_model"][name]["runs"] == 2
-        assert result["memory"][name]["idle_mb_0ms"] > 0
+        assert result["memory"][name]["idle_mb_1ms"] > 0
 
     md = out.with_suffix(".md").read_text()
     assert "| interval | C | tokens | target |" in md
