@@ -37,7 +37,8 @@ from dynspec.router.health import HealthChecker, Probe
 from dynspec.router.metrics import RouterMetrics
 from dynspec.router.policy import POLICIES, POOLS, Policy, PoolName
 from dynspec.router.pool import Pools, validate_settings
-from dynspec.router.proxy import PROXY_PATHS, Proxy, send_error
+from dynspec.router.proxy import Proxy, send_error
+from dynspec.router.request import PROXY_PATHS
 
 logger = logging.getLogger(__name__)
 

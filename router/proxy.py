@@ -24,19 +24,16 @@ import contextlib
 import hmac
 import itertools
 import logging
-import re
 import time
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-import orjson
 import yarl
 from starlette.types import Receive, Scope, Send
 
 from dynspec.router.errors import (
     BadGateway,
-    BadRequest,
     GatewayTimeout,
     NoServer,
     PayloadTooLarge,
@@ -46,68 +43,26 @@ from dynspec.router.errors import (
 from dynspec.router.health import is_refused
 from dynspec.router.metrics import CLIENT_CLOSED, RouterMetrics
 from dynspec.router.pool import Lease, Pools
+from dynspec.router.request import DROP_REQUEST, DROP_RESPONSE, PROXY_PATHS, prepare, read_body
+from dynspec.router.sse import (
+    Usage,
+    has_token,
+    may_hold_usage_event,
+    strip_usage_events,
+    usage_in,
+)
 
 logger = logging.getLogger(__name__)
 
-# Path -> the field a request must carry.
-PROXY_PATHS = {"/v1/chat/completions": "messages", "/v1/completions": "prompt"}
-
-# Request headers never sent upstream: hop-by-hop ones, ours to set (host, length, encoding),
-# and the client's credentials (the server gets --backend-api-key instead).
-_DROP_REQUEST = frozenset(
-    {
-        b"host",
-        b"authorization",
-        b"content-length",
-        b"connection",
-        b"keep-alive",
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"expect",
-        b"accept-encoding",
-        b"cookie",
-        b"content-type",
-    }
-)
-# Response headers never sent back: hop-by-hop ones, and date/server (uvicorn adds its own;
-# copying them would send each twice).
-_DROP_RESPONSE = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"date",
-        b"server",
-    }
-)
 _BACKEND = {
     "eagle": (b"x-dynspec-backend", b"eagle"),
     "baseline": (b"x-dynspec-backend", b"baseline"),
 }
 
-# A token reached the client: a non-empty content/text/reasoning string, or a tool call.
-_TOKEN = re.compile(rb'"(?:content|text|reasoning_content)":\s*"[^"]|"tool_calls":\s*\[\s*\{')
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
-_EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
 # An incomplete SSE event longer than this is forwarded as it is (no framing to wait for).
 _MAX_CARRY = 1 << 20
 # Non-streamed bodies are kept up to this size to read their usage.
 _MAX_USAGE_SCAN = 1 << 20
-
-
-def _last_int(pattern: re.Pattern[bytes], blob: bytes) -> int | None:
-    found = pattern.findall(blob)
-    return int(found[-1]) if found else None
 
 
 async def send_error(
@@ -266,7 +221,7 @@ class Proxy:
                 length = value
             elif name == b"x-request-id":
                 rid = value.decode("latin-1")
-            if name not in _DROP_REQUEST:
+            if name not in DROP_REQUEST:
                 headers.append((name.decode("latin-1"), value.decode("latin-1")))
         # The body is validated JSON whatever the client labelled it; SGLang (FastAPI) wants it
         # labelled so. No compression: the relay looks at bytes.
@@ -281,11 +236,11 @@ class Proxy:
                 auth is None or not hmac.compare_digest(auth, self._api_auth)
             ):
                 raise Unauthorized("missing or wrong API key")
-            body = await self._read_body(receive, length)
+            body = await read_body(receive, length, self.max_body_bytes)
             if body is None:
                 logger.debug("%s: client left while sending its body", rid)
                 return
-            body, stream, strip = self._prepare(body, required)
+            body, stream, strip = prepare(body, required)
             lease = self.pools.acquire()
         except RouterError as exc:
             extra = [(b"connection", b"close")] if isinstance(exc, PayloadTooLarge) else None
@@ -296,63 +251,6 @@ class Proxy:
         ex.stream = stream
         ex.strip = strip
         await self._relay(ex, receive, send)
-
-    async def _read_body(self, receive: Receive, length: bytes | None) -> bytes | None:
-        limit = self.max_body_bytes
-        too_large = PayloadTooLarge(f"request body is larger than {limit} bytes")
-        if length is not None:
-            try:
-                declared = int(length)
-            except ValueError:
-                raise BadRequest("invalid content-length") from None
-            if declared > limit:
-                raise too_large
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        first: bytes = message.get("body", b"")
-        if not message.get("more_body", False):
-            if len(first) > limit:
-                raise too_large
-            return first
-        buf = bytearray(first)
-        while True:
-            if len(buf) > limit:
-                raise too_large
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            buf += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
-        if len(buf) > limit:
-            raise too_large
-        return bytes(buf)
-
-    @staticmethod
-    def _prepare(body: bytes, required: str) -> tuple[bytes, bool, bool]:
-        """Validate the request; returns (body to send, streamed?, strip the usage chunk?)."""
-        try:
-            request = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            raise BadRequest("the request body is not valid JSON") from None
-        if not isinstance(request, dict):
-            raise BadRequest("the request body must be a JSON object")
-        if required not in request:
-            raise BadRequest(f"'{required}' is a required property", param=required)
-        stream = bool(request.get("stream") == 1)
-        if not stream:
-            return body, False, False
-        options = request.get("stream_options")
-        if options is None:
-            options = {}
-        if not isinstance(options, dict):
-            raise BadRequest("'stream_options' must be an object", param="stream_options")
-        if options.get("include_usage"):
-            return body, True, False
-        # Ask the server for usage (the token metrics need it); the client will not see it.
-        request["stream_options"] = {**options, "include_usage": True}
-        return orjson.dumps(request), True, True
 
     # -- upstream side -----------------------------------------------------------------------------
 
@@ -470,7 +368,7 @@ class Proxy:
             out: list[tuple[bytes, bytes]] = [_BACKEND[pool]]
             for name, value in resp.raw_headers:
                 lname = name.lower()
-                if lname in _DROP_RESPONSE or (strip and lname == b"content-length"):
+                if lname in DROP_RESPONSE or (strip and lname == b"content-length"):
                     continue
                 out.append((lname, value))
             ex.started = True
@@ -512,13 +410,13 @@ class Proxy:
             data = await content.readany()
             ex.progress += 1
             if not data:
-                self._read_usage(ex, prev + last)
+                self._take_usage(ex, usage_in(prev + last))
                 return False
-            if ex.ttft is None and _TOKEN.search(data):
+            if ex.ttft is None and has_token(data):
                 ex.ttft = time.perf_counter() - ex.start
             prev, last = last, data
             if content.at_eof():
-                self._read_usage(ex, prev + last)
+                self._take_usage(ex, usage_in(prev + last))
                 ex.finished = True
                 await send({"type": "http.response.body", "body": data, "more_body": False})
                 return True
@@ -536,7 +434,7 @@ class Proxy:
                 kept.append(data)
                 size += len(data)
             if eof and resp.status == 200:
-                self._read_usage(ex, b"".join(kept))
+                self._take_usage(ex, usage_in(b"".join(kept)))
             if not data:
                 return False
             if eof:
@@ -570,9 +468,11 @@ class Proxy:
                 elif end + 2 < len(data):
                     carry = data[end + 2 :]
                     data = data[: end + 2]
-            if _EMPTY_CHOICES[0] in data or _EMPTY_CHOICES[1] in data:
-                data = self._strip_usage(ex, data)
-            if ex.ttft is None and _TOKEN.search(data):
+            if may_hold_usage_event(data):
+                data, usage = strip_usage_events(data)
+                if usage is not None:
+                    self._take_usage(ex, usage)
+            if ex.ttft is None and has_token(data):
                 ex.ttft = time.perf_counter() - ex.start
             if eof:
                 ex.finished = True
@@ -581,36 +481,6 @@ class Proxy:
             if data:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
 
-    def _strip_usage(self, ex: _Exchange, data: bytes) -> bytes:
-        """Drop the usage-only events (``"choices": []``) from whole SSE events, keep usage."""
-        kept: list[bytes] = []
-        for event in data.split(b"\n\n"):
-            if (_EMPTY_CHOICES[0] in event or _EMPTY_CHOICES[1] in event) and event.startswith(
-                b"data:"
-            ):
-                try:
-                    payload: Any = orjson.loads(event[5:])
-                except orjson.JSONDecodeError:
-                    payload = None
-                if isinstance(payload, dict) and payload.get("choices") == []:
-                    usage = payload.get("usage")
-                    if isinstance(usage, dict):
-                        self._set_usage(ex, usage)
-                    continue
-            kept.append(event)
-        return b"\n\n".join(kept)
-
     @staticmethod
-    def _set_usage(ex: _Exchange, usage: dict[str, Any]) -> None:
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if isinstance(prompt, int):
-            ex.prompt_tokens = prompt
-        if isinstance(completion, int):
-            ex.output_tokens = completion
-
-    @staticmethod
-    def _read_usage(ex: _Exchange, blob: bytes) -> None:
-        if b"_tokens" not in blob:
-            return
-        ex.prompt_tokens = _last_int(_PROMPT_TOKENS, blob)
-        ex.output_tokens = _last_int(_COMPLETION_TOKENS, blob)
+    def _take_usage(ex: _Exchange, usage: Usage) -> None:
+        ex.prompt_tokens, ex.output_tokens = usage
