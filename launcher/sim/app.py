@@ -324,7 +324,7 @@ class SimApp:
             "last_gen_throughput": engine.gen_throughput(),
         }
         if self.speculative:
-            state["avg_spec_accept_length"] = engine.last_accept_length or (
+            state["avg_spec_accept_length"] = engine.accept_length() or (
                 self.mode_profile.accept_length
             )
         info = {
@@ -345,7 +345,7 @@ class SimApp:
             gen_throughput=engine.gen_throughput(),
             token_usage=used / self.config.profile.max_total_tokens,
             used_tokens=used,
-            accept_length=engine.last_accept_length,
+            accept_length=engine.accept_length(),
         )
         await _respond(send, 200, body, _METRICS)
 

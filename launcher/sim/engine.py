@@ -251,10 +251,20 @@ class Engine:
         return sum(r.prompt_tokens + r.generated for r in self.running)
 
     def gen_throughput(self) -> float:
+        """Output tok/s (simulated) over the last full window, or the current one before that."""
         # SGLang decays the figure to 0 once decode stats stop arriving.
         if self.now() - self._win_start > 3 * GEN_WINDOW_S and not self.running:
             return 0.0
+        if self.last_gen_throughput == 0.0 and self._win_tokens:
+            elapsed = self.now() - self._win_start
+            return self._win_tokens / elapsed if elapsed > 0 else 0.0
         return self.last_gen_throughput
+
+    def accept_length(self) -> float:
+        """Mean tokens per request per decode step, as sglang:spec_accept_length reports it."""
+        if self.last_accept_length == 0.0 and self._win_req_steps:
+            return (self._win_tokens - self._win_prefill_tokens) / self._win_req_steps
+        return self.last_accept_length
 
     # -- the scheduler loop -----------------------------------------------------------------
     async def run(self) -> None:
@@ -333,9 +343,11 @@ class Engine:
         spec = self.speculative
         still: list[SimRequest] = []
         tokens = 0
+        stepped = 0
         for r in self.running:
             if r.done:
                 continue
+            stepped += 1
             k = bisect.bisect_left(cdf, r.rng.random()) + 1 if spec else 1
             left = r.target - r.generated
             k = min(k, left)
@@ -350,7 +362,7 @@ class Engine:
                 still.append(r)
                 if r.stream:  # a non-streamed answer only needs waking at the end
                     r.notify()
-        self._win_req_steps += len(self.running)
+        self._win_req_steps += stepped
         self.running = still
         self._win_tokens += tokens
         elapsed = now - self._win_start

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import orjson
-from simkit import Sim, SimFactory, sse_json
+from simkit import Sim, SimFactory, metric_value, sse_json
 from utils import wait_http
 
 CHAT = [{"role": "user", "content": "Tell me a story."}]
@@ -45,6 +45,11 @@ async def test_queue_beyond_max_running_shows_in_metrics(sim_factory: SimFactory
         try:
             assert _wait_metric(sim, "sglang:num_queue_reqs", 3) == 3
             assert sim.metric("sglang:num_running_reqs") == 2
+            await asyncio.sleep(0.3)  # a few decode steps
+            text = sim.metrics()
+            assert metric_value(text, "sglang:gen_throughput") > 0
+            assert metric_value(text, "sglang:token_usage") > 0
+            assert metric_value(text, "sglang:num_used_tokens") >= 2 * 12
             # The two running ones stream; the queued ones have not started.
             first = await asyncio.wait_for(_first_event(resps[0]), 10)
             assert first["choices"][0]["delta"]["role"] == "assistant"

@@ -264,6 +264,8 @@ def test_eagle_metrics_names(eagle_sim: Sim) -> None:
     assert "# TYPE sglang:num_aborted_requests_total counter" in text
     assert "# TYPE sglang:time_to_first_token_seconds histogram" in text
     assert eagle_sim.metric("sglang:generation_tokens_total", is_streaming="false") >= 40
+    # demo EAGLE: 3.0 tokens a step on average (at most 4).
+    assert 2.0 <= eagle_sim.metric("sglang:spec_accept_length") <= 4.0
 
 
 # --- bad input: SGLang's flat error body ------------------------------------------------------
