@@ -236,7 +236,12 @@ class SimApp:
             if handler is None:
                 await _respond(send, 404, b'{"detail":"Not Found"}')
                 return
-            await handler(scope, receive, send)
+            try:
+                await handler(scope, receive, send)
+            except asyncio.CancelledError:
+                # uvicorn cancels responses still open when its graceful-shutdown time is up (a
+                # stalled stream, say): that is the end of this response, not an error to log.
+                logger.debug("%s cancelled at shutdown", scope["path"])
         elif kind == "lifespan":
             while True:
                 message = await receive()
@@ -483,6 +488,7 @@ class SimApp:
                 await self._answer(send, req, chat)
         finally:
             watcher.cancel()
+            engine.abort(req)  # a no-op unless the response was cut short
 
     def _make_request(self, body: bytes, chat: bool) -> tuple[SimRequest, bool, bool]:
         obj = _parse_object(body)

@@ -144,8 +144,11 @@ def serve(args: argparse.Namespace) -> int:
         http="httptools",
         lifespan="on",
         access_log=False,
+        proxy_headers=False,  # no X-Forwarded-* rewriting: one middleware less per request
         log_level="warning" if args.log_level != "debug" else "debug",
         timeout_keep_alive=60,
+        # On SIGTERM, streams still open (long or stalled ones) get this long before they are cut.
+        timeout_graceful_shutdown=5,
         backlog=4096,
     )
     server = uvicorn.Server(uv_config)
