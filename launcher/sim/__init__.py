@@ -1,1 +1,16 @@
-"""dynspec-sim: a simulated SGLang server with a continuous-batching engine model."""
+"""dynspec-sim: a simulated SGLang 0.5.23 server with a continuous-batching engine model.
+
+It lives under ``launcher/`` because it is a backend the launcher starts (``dynspec-launch
+--simulate`` runs ``python -m dynspec.launcher.sim`` where it would run ``python -m
+sglang.launch_server``). One concept per module:
+
+- ``profile.py``: the profile schema (JSON data in ``profiles/``), step and prefill times.
+- ``engine.py``: the scheduler loop, the FIFO queue, requests, simulated text.
+- ``wire.py``: SGLang's response bodies and SSE chunks, built from byte templates.
+- ``metrics.py``: SGLang's Prometheus metric names and labels.
+- ``app.py``: the bare ASGI app (routes, fault switches, streaming).
+- ``cli.py``: the ``dynspec-sim`` command.
+
+Times in ``/metrics`` and ``/server_info`` are simulated seconds (and simulated tok/s): with
+``--speed 10`` a TTFT of 0.5 s there is 0.05 s on the wall clock.
+"""
