@@ -129,10 +129,10 @@ def test_tiny_run_counts_every_chunk(tmp_path: Path) -> None:
     for r in runs:
         n = r["requests_planned"]
         assert r["requests_ok"] == n and r["requests_failed"] == 0, r
-        assert r["bad_streams"] == 0
-        assert r["content_chunks"] == n * r["tokens"]
-        assert r["events"] == n * expected_events(r["tokens"])
-        assert r["ttft_ms"]["p50"] is not None
+        assert r["bad_streams"] == 0, r
+        assert r["content_chunks"] == n * r["tokens"], r
+        assert r["events"] == n * expected_events(r["tokens"]), r
+        assert r["ttft_ms"]["p50"] is not None, r
         assert r["ttft_ms"]["p50"] <= r["latency_ms"]["p50"]
         if r["target"] == "direct":
             assert r["router_cpu_s"] is None
