@@ -474,7 +474,7 @@ class SimApp:
             await _respond(send, fail, wire.error_body(message, err_type, fail))
             return
         try:
-            req, stream, include_usage = self._make_request(body, chat)
+            req, stream, include_usage, model = self._make_request(body, chat)
         except BadRequest as exc:
             await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
             return
@@ -483,15 +483,26 @@ class SimApp:
         watcher = asyncio.create_task(self._watch_disconnect(receive, engine, req))
         try:
             if stream:
-                await self._stream(send, req, chat, include_usage, watcher)
+                await self._stream(
+                    send,
+                    req=req,
+                    chat=chat,
+                    include_usage=include_usage,
+                    model=model,
+                    watcher=watcher,
+                )
             else:
-                await self._answer(send, req, chat)
+                await self._answer(send, req, chat, model)
         finally:
             watcher.cancel()
             engine.abort(req)  # a no-op unless the response was cut short
 
-    def _make_request(self, body: bytes, chat: bool) -> tuple[SimRequest, bool, bool]:
+    def _make_request(self, body: bytes, chat: bool) -> tuple[SimRequest, bool, bool, str]:
         obj = _parse_object(body)
+        # SGLang answers under the model name the request gave (default "default").
+        model = obj.get("model", "default")
+        if not isinstance(model, str):
+            raise _validation("model: Input should be a valid string")
         if chat:
             if "messages" not in obj:
                 raise _validation("messages: Field required")
@@ -544,7 +555,7 @@ class SimApp:
             prompt_key=key,
             ignore_eos=ignore_eos,
         )
-        return req, stream, include_usage
+        return req, stream, include_usage, model
 
     async def _watch_disconnect(self, receive: Receive, engine: Engine, req: SimRequest) -> None:
         while True:
@@ -554,7 +565,7 @@ class SimApp:
                     logger.debug("client left: aborted %s", req.rid)
                 return
 
-    async def _answer(self, send: Send, req: SimRequest, chat: bool) -> None:
+    async def _answer(self, send: Send, req: SimRequest, chat: bool, model: str) -> None:
         while not req.done:
             await req.wait(req.target)
         created = int(time.time())
@@ -563,7 +574,7 @@ class SimApp:
         body = build(
             rid=req.rid,
             created=created,
-            model=self.model,
+            model=model,
             text=text,
             finish_reason=req.finish_reason,
             matched_stop=req.matched_stop,
@@ -575,15 +586,17 @@ class SimApp:
     async def _stream(
         self,
         send: Send,
+        *,
         req: SimRequest,
         chat: bool,
         include_usage: bool,
+        model: str,
         watcher: asyncio.Task[None],
     ) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
         created = int(time.time())
         chunks: wire.ChatChunks | wire.CompletionChunks
-        chunks = (wire.ChatChunks if chat else wire.CompletionChunks)(req.rid, created, self.model)
+        chunks = (wire.ChatChunks if chat else wire.CompletionChunks)(req.rid, created, model)
         sent = 0
         content_chunks = 0
         first = True

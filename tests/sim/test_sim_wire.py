@@ -111,7 +111,7 @@ def test_chat_stream_chunk_sequence(eagle_sim: Sim, include_usage: bool) -> None
     assert len(ids) == 1 and re.fullmatch(r"chatcmpl-[0-9a-f]{32}", ids.pop())
     for c in chunks:
         assert c["object"] == "chat.completion.chunk"
-        assert c["model"] == "demo-model"
+        assert c["model"] == "m"  # SGLang echoes the request's model name
         assert isinstance(c["created"], int)
         assert "usage" in c if c["choices"] == [] else "usage" not in c
 
@@ -195,6 +195,9 @@ def test_completion_stream_chunk_sequence(eagle_sim: Sim, include_usage: bool) -
 def test_non_streamed_bodies(eagle_sim: Sim) -> None:
     r = _post(eagle_sim, "/v1/chat/completions", {"model": "m", "messages": CHAT, "max_tokens": 4})
     body = r.json()
+    assert body["model"] == "m"
+    r2 = _post(eagle_sim, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 1})
+    assert r2.json()["model"] == "default"
     assert r.headers["content-type"] == "application/json"
     assert set(body) == {"id", "object", "created", "model", "choices", "usage", "metadata"}
     (choice,) = body["choices"]
