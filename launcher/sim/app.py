@@ -233,6 +233,8 @@ class SimApp:
         kind = scope["type"]
         if kind == "http":
             handler = self._routes.get(scope["path"])
+            if handler is None and scope["path"].startswith("/v1/models/"):
+                handler = self._model_card
             if handler is None:
                 await _respond(send, 404, b'{"detail":"Not Found"}')
                 return
@@ -258,8 +260,8 @@ class SimApp:
         status = self.faults.health_status or (200 if self.ready else 503)
         await _respond(send, status, b"", [])
 
-    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
-        card = {
+    def _card(self) -> dict[str, Any]:
+        return {
             "id": self.model,
             "object": "model",
             "created": int(time.time()),
@@ -268,7 +270,22 @@ class SimApp:
             "parent": None,
             "max_model_len": self.config.profile.context_length,
         }
-        await _respond(send, 200, orjson.dumps({"object": "list", "data": [card]}))
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _respond(send, 200, orjson.dumps({"object": "list", "data": [self._card()]}))
+
+    async def _model_card(self, scope: Scope, receive: Receive, send: Send) -> None:
+        name = scope["path"][len("/v1/models/") :]
+        if name == self.model:
+            await _respond(send, 200, orjson.dumps(self._card()))
+            return
+        err = {
+            "message": f"The model '{name}' does not exist",
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
+        await _respond(send, 404, orjson.dumps({"error": err}))
 
     async def _model_info(self, scope: Scope, receive: Receive, send: Send) -> None:
         info = {

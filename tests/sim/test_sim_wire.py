@@ -227,6 +227,10 @@ def test_info_endpoints(eagle_sim: Sim) -> None:
     models = httpx.get(eagle_sim.url + "/v1/models").json()
     assert models["object"] == "list"
     assert models["data"][0]["max_model_len"] == 32768
+    client = openai.OpenAI(base_url=eagle_sim.v1, api_key="none", max_retries=0)
+    assert client.models.retrieve("demo-model").id == "demo-model"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("other")
     assert httpx.get(eagle_sim.url + "/nope").status_code == 404
 
 
