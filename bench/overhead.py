@@ -679,6 +679,8 @@ def cost_model(runs: Sequence[dict[str, Any]], s: Settings) -> dict[str, Any]:
     same-numbered runs on its own, to show the noise.
     """
     out: dict[str, Any] = {}
+    if len(set(s.cost_tokens)) < 2:
+        return out  # one stream length cannot separate the two costs
     for target in s.targets:
         if target == "direct":
             continue
