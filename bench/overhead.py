@@ -426,6 +426,9 @@ def _routers(services: Sequence[Service]) -> dict[str, int]:
 def run_benchmark(s: Settings) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     memory: dict[str, dict[str, Any]] = {}
+    # Before anything starts: the routers run the code on disk now.
+    host = machine()
+    started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     s.log_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dynspec-overhead-model-") as model_dir:
         for interval in s.intervals_ms:
@@ -497,8 +500,8 @@ def run_benchmark(s: Settings) -> dict[str, Any]:
         ]
         values["peak_mb_at_max_c"] = max(peaks, default=None)
     return {
-        "machine": machine(),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": host,
+        "date": started_at,
         "settings": {
             "targets": s.targets,
             "intervals_ms": s.intervals_ms,
@@ -560,13 +563,23 @@ def machine() -> dict[str, Any]:
             versions[pkg] = version(pkg)
     commit = ""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
+        here = Path(__file__).parent
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
             capture_output=True,
             text=True,
-            cwd=Path(__file__).parent,
+            cwd=here,
             check=False,
         ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "../router"],
+            capture_output=True,
+            text=True,
+            cwd=here,
+            check=False,
+        ).stdout.strip()
+        if commit and dirty:
+            commit += " (router/ with uncommitted changes)"
     return {
         "nproc": os.cpu_count(),
         "cpu_model": model,
