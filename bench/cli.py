@@ -57,6 +57,13 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError("must be between 0 and 1")
+    return value
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -92,6 +99,13 @@ def _add_load_flags(p: FlagParser) -> None:
     p.add_argument("--input-len", type=_positive_int, default=256, help="random prompt tokens")
     p.add_argument("--output-len", type=_positive_int, default=128, help="output tokens")
     p.add_argument(
+        "--range-ratio",
+        type=_ratio,
+        default=1.0,
+        help="random lengths uniform in [ratio x len, len] (sglang.bench_serving's "
+        "--random-range-ratio); 1 = fixed lengths",
+    )
+    p.add_argument(
         "--dataset",
         type=Path,
         default=None,
@@ -121,6 +135,7 @@ def _sweep_config(args: argparse.Namespace, **extra: object) -> SweepConfig:
         warmup=args.warmup,
         input_len=args.input_len,
         output_len=args.output_len,
+        range_ratio=args.range_ratio,
         dataset=args.dataset,
         seed=args.seed,
         api_key=getattr(args, "api_key", None),

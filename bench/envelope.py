@@ -368,6 +368,11 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
             f"random prompts, {meta.get('random_input_len')} input / "
             f"{meta.get('random_output_len')} output tokens"
         )
+        ratio = meta.get("random_range_ratio")
+        if ratio is not None and float(ratio) < 1.0:
+            lengths += f" (each uniform from {float(ratio):g}x that, --range-ratio {ratio})"
+        else:
+            lengths += " (fixed)"
     levels = sorted({int(r["max_concurrency"]) for r in records})
     suggestion = threshold.suggest(eagle, baseline) if eagle and baseline else None
     if routed:

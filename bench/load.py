@@ -79,12 +79,19 @@ def parse_target(text: str, endpoint: str = "chat") -> Target:
     return Target(label or url.split("://", 1)[1], url, endpoint)
 
 
-def random_prompts(n: int, input_len: int, output_len: int, seed: int = 0) -> list[Prompt]:
+def random_prompts(
+    n: int, input_len: int, output_len: int, seed: int = 0, range_ratio: float = 1.0
+) -> list[Prompt]:
+    """Random prompts; with ``range_ratio`` < 1 each length is uniform in ``[ratio x len, len]``
+    (bench_serving's ``--random-range-ratio``), which keeps closed-loop requests from finishing
+    in lockstep."""
     rng = random.Random(seed)
-    return [
-        Prompt(" ".join(rng.choices(_WORD_LIST, k=input_len)), input_len, output_len)
-        for _ in range(n)
-    ]
+    out: list[Prompt] = []
+    for _ in range(n):
+        i = rng.randint(max(1, int(input_len * range_ratio)), input_len)
+        o = rng.randint(max(1, int(output_len * range_ratio)), output_len)
+        out.append(Prompt(" ".join(rng.choices(_WORD_LIST, k=i)), i, o))
+    return out
 
 
 def sharegpt_prompts(

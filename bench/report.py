@@ -130,7 +130,7 @@ def plot(records: Sequence[Record], path: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, NullLocator
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
 
     plain = FuncFormatter(lambda v, _: f"{v:g}")
     fig, (ax_tp, ax_tpot) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -156,8 +156,9 @@ def plot(records: Sequence[Record], path: Path, title: str) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     ax_tpot.set_yscale("log")
+    ax_tpot.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax_tpot.yaxis.set_major_formatter(plain)
-    ax_tpot.yaxis.set_minor_formatter(plain)
+    ax_tpot.yaxis.set_minor_formatter(NullFormatter())
     ax_tp.set_ylim(bottom=0)
     fig.suptitle(title)
     fig.tight_layout()

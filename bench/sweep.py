@@ -34,6 +34,7 @@ class SweepConfig:
     warmup: int | None = None  # per level; None: C (one round of the closed loop)
     input_len: int = 256
     output_len: int = 128
+    range_ratio: float = 1.0
     dataset: Path | None = None
     seed: int = 0
     api_key: str | None = None
@@ -111,6 +112,7 @@ def build_record(
         "dataset_name": "sharegpt" if cfg.dataset else "random",
         "random_input_len": None if cfg.dataset else cfg.input_len,
         "random_output_len": None if cfg.dataset else cfg.output_len,
+        "random_range_ratio": None if cfg.dataset else cfg.range_ratio,
     }
     win = None
     if run.window is not None:
@@ -153,7 +155,9 @@ async def sweep(
     if cfg.dataset is not None:
         prompts = load.sharegpt_prompts(cfg.dataset, n_max, None, cfg.seed)
     else:
-        prompts = load.random_prompts(min(n_max, 512), cfg.input_len, cfg.output_len, cfg.seed)
+        prompts = load.random_prompts(
+            min(n_max, 512), cfg.input_len, cfg.output_len, cfg.seed, cfg.range_ratio
+        )
     records: list[Record] = []
     async with load.make_session(cfg.request_timeout) as session:
         models = {t: await load.model_name(session, t, headers) for t in targets}

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from dynspec.bench.load import _has_content, _int_after, mode_switches, parse_target
+from dynspec.bench.load import (
+    _has_content,
+    _int_after,
+    mode_switches,
+    parse_target,
+    random_prompts,
+    sharegpt_prompts,
+)
 from dynspec.bench.metrics import RequestTrace, compute, percentile, window
 
 MS = 1000.0
@@ -158,3 +168,35 @@ def test_parse_target_and_router_metrics() -> None:
     assert mode_switches(text) == 5
     assert mode_switches("# TYPE dynspec_load gauge\ndynspec_load 0.0\n") == 0
     assert mode_switches("sglang:num_running_reqs 0.0\n") is None
+
+
+def test_random_prompts_fixed_and_ranged_lengths() -> None:
+    fixed = random_prompts(20, 64, 32, seed=1)
+    assert {(p.prompt_tokens, p.output_tokens) for p in fixed} == {(64, 32)}
+    assert all(len(p.text.split()) == 64 for p in fixed)
+    ranged = random_prompts(200, 64, 32, seed=1, range_ratio=0.5)
+    assert all(32 <= p.prompt_tokens <= 64 and 16 <= p.output_tokens <= 32 for p in ranged)
+    assert len({p.output_tokens for p in ranged}) > 5
+    assert random_prompts(5, 8, 8, seed=3) == random_prompts(5, 8, 8, seed=3)
+
+
+def test_sharegpt_prompts(tmp_path: Path) -> None:
+    data = [
+        {
+            "conversations": [
+                {"from": "human", "value": "a" * 40},
+                {"from": "gpt", "value": "b" * 80},
+            ]
+        },
+        {"conversations": [{"from": "human", "value": "only one turn"}]},
+        {"conversation": [{"from": "human", "value": "c" * 8}, {"from": "gpt", "value": "d"}]},
+    ]
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(data))
+    prompts = sharegpt_prompts(path, 6, seed=0)
+    assert len(prompts) == 6
+    assert {(p.prompt_tokens, p.output_tokens) for p in prompts} == {(10, 20), (2, 1)}
+    assert {p.output_tokens for p in sharegpt_prompts(path, 4, output_len=7)} == {7}
+    path.write_text(json.dumps([{"conversations": []}]))
+    with pytest.raises(ValueError, match="no usable"):
+        sharegpt_prompts(path, 1)
