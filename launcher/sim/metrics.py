@@ -55,10 +55,11 @@ class Histogram:
         acc = 0
         for bound, n in zip(self.buckets, self.counts, strict=False):
             acc += n
-            out.append(f"{name}_bucket{_labels({**labels, 'le': _fmt(bound)})} {_fmt(acc)}")
-        out.append(f"{name}_bucket{_labels({**labels, 'le': '+Inf'})} {_fmt(self.count)}")
-        out.append(f"{name}_sum{_labels(labels)} {_fmt(self.sum)}")
+            out.append(f"{name}_bucket{_labels({'le': _fmt(bound), **labels})} {_fmt(acc)}")
+        out.append(f"{name}_bucket{_labels({'le': '+Inf', **labels})} {_fmt(self.count)}")
+        # prometheus-client's order (le first, then _count before _sum), as SGLang's output has.
         out.append(f"{name}_count{_labels(labels)} {_fmt(self.count)}")
+        out.append(f"{name}_sum{_labels(labels)} {_fmt(self.sum)}")
 
 
 class Metrics:

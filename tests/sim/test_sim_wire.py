@@ -9,6 +9,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from simkit import Sim, SimFactory, sse_events, sse_json
 
 CHAT = [{"role": "user", "content": "Say something."}]
@@ -258,6 +259,11 @@ def test_baseline_server_info_and_metrics(sim_factory: SimFactory) -> None:
     }
     present = {line.split("{")[0] for line in text.splitlines() if not line.startswith("#")}
     assert names <= present
+    # Valid Prometheus text: prometheus-client's own parser reads every family with its type.
+    families = {f.name: f.type for f in text_string_to_metric_families(text)}
+    assert families["sglang:num_queue_reqs"] == "gauge"
+    assert families["sglang:num_aborted_requests"] == "counter"
+    assert families["sglang:e2e_request_latency_seconds"] == "histogram"
     assert (
         'sglang:num_running_reqs{model_name="served",engine_type="unified",tp_rank="0",'
         'pp_rank="0",moe_ep_rank="0"}' in text
