@@ -161,7 +161,9 @@ class SimApp:
         self.seed = (
             config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "little")
         )
-        self.metrics = Metrics(self.model, self.speculative)
+        self.metrics = Metrics(
+            self.model, self.speculative, draft_tokens=self.mode_profile.max_accept_length
+        )
         self.faults = Faults()
         self.engine: Engine | None = None
         self.ready = False

@@ -65,8 +65,9 @@ class Histogram:
 class Metrics:
     """Counters and histograms fed by the engine; gauges are read from it at scrape time."""
 
-    def __init__(self, model_name: str, speculative: bool) -> None:
+    def __init__(self, model_name: str, speculative: bool, draft_tokens: int = 4) -> None:
         self.speculative = speculative
+        self.draft_tokens = max(2, draft_tokens)  # speculative_num_draft_tokens
         self.tok_labels = {"model_name": model_name, "engine_type": "unified"}
         self.sched_labels = {
             **self.tok_labels,
@@ -102,11 +103,19 @@ class Metrics:
 
         gauge("sglang:num_running_reqs", "The number of running requests.", running)
         gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", queued)
+        gauge("sglang:num_grammar_queue_reqs", "The number of requests in the grammar queue.", 0)
+        gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", 0)
         gauge("sglang:gen_throughput", "The generation throughput (token/s).", gen_throughput)
         gauge("sglang:token_usage", "The token usage.", token_usage)
         gauge("sglang:num_used_tokens", "The number of used tokens.", used_tokens)
         if self.speculative:
             gauge("sglang:spec_accept_length", "The average acceptance length.", accept_length)
+            rate = (accept_length - 1) / (self.draft_tokens - 1) if accept_length else 0.0
+            gauge(
+                "sglang:spec_accept_rate",
+                "Speculative acceptance rate (`accepted drafts / proposed drafts` in batch).",
+                max(0.0, rate),
+            )
 
         t = self.tok_labels
         for name, doc, values in (

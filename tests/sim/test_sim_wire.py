@@ -279,6 +279,7 @@ def test_eagle_metrics_names(eagle_sim: Sim) -> None:
     assert eagle_sim.metric("sglang:generation_tokens_total", is_streaming="false") >= 40
     # demo EAGLE: 3.0 tokens a step on average (at most 4).
     assert 2.0 <= eagle_sim.metric("sglang:spec_accept_length") <= 4.0
+    assert 0.3 <= eagle_sim.metric("sglang:spec_accept_rate") <= 1.0
 
 
 # --- bad input: SGLang's flat error body ------------------------------------------------------
