@@ -22,13 +22,17 @@ async def read_stream(hc: httpx.AsyncClient, url: str, max_tokens: int) -> tuple
 
 
 async def wait_refused(url: str, timeout: float) -> bool:
+    """True once a new connection is refused (no keep-alive: each probe is a new connection)."""
     deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient(timeout=1) as hc:
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=1, limits=limits) as hc:
         while time.monotonic() < deadline:
             try:
                 await hc.get(url + "/health")
             except httpx.ConnectError:
                 return True
+            except httpx.TransportError:
+                pass  # accepted just before the listener closed, then closed: not yet refused
             await asyncio.sleep(0.02)
     return False
 
