@@ -8,7 +8,9 @@ sglang.launch_server``). One concept per module:
 - ``engine.py``: the scheduler loop, the FIFO queue, requests, simulated text.
 - ``wire.py``: SGLang's response bodies and SSE chunks, built from byte templates.
 - ``metrics.py``: SGLang's Prometheus metric names and labels.
-- ``app.py``: the bare ASGI app (routes, fault switches, streaming).
+- ``inputs.py``: reading a request body as SGLang does, with its 400 messages.
+- ``faults.py``: the ``/sim/faults`` switches.
+- ``app.py``: the bare ASGI app (routes, streaming).
 - ``cli.py``: the ``dynspec-sim`` command.
 
 Times in ``/metrics`` and ``/server_info`` are simulated seconds (and simulated tok/s): with

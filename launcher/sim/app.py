@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -28,6 +27,14 @@ import orjson
 
 from dynspec.launcher.sim import wire
 from dynspec.launcher.sim.engine import Engine, SimRequest
+from dynspec.launcher.sim.faults import Faults
+from dynspec.launcher.sim.inputs import (
+    BadRequest,
+    media_type,
+    parse_generation,
+    parse_object,
+    read_body,
+)
 from dynspec.launcher.sim.metrics import Metrics
 from dynspec.launcher.sim.profile import (
     BASELINE_DEFAULT_MAX_RUNNING,
@@ -43,11 +50,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 SGLANG_VERSION = "0.5.23"
-MAX_BODY_BYTES = 64 * 1024 * 1024
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream; charset=utf-8")]
 _METRICS = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
-_FAULT_KEYS = {"health_status", "fail_status", "stall", "exit_after_chunks"}
 
 
 @dataclass(frozen=True)
@@ -74,80 +79,6 @@ class SimConfig:
         if mp.max_running_requests is not None:
             return int(mp.max_running_requests)
         return EAGLE_DEFAULT_MAX_RUNNING if self.mode == "eagle" else BASELINE_DEFAULT_MAX_RUNNING
-
-
-@dataclass
-class Faults:
-    health_status: int | None = None
-    fail_status: int | None = None
-    stall: bool = False
-    exit_after_chunks: int | None = None
-
-    def view(self) -> dict[str, Any]:
-        return {
-            "health_status": self.health_status or 200,
-            "fail_status": self.fail_status,
-            "stall": self.stall,
-            "exit_after_chunks": self.exit_after_chunks,
-        }
-
-
-class BadRequest(Exception):
-    def __init__(self, message: str, err_type: str = "BadRequestError") -> None:
-        super().__init__(message)
-        self.err_type = err_type
-
-
-def _validation(message: str) -> BadRequest:
-    # FastAPI request-validation errors: SGLang turns them into 400 with type "Bad Request".
-    return BadRequest(message, HTTPStatus.BAD_REQUEST.phrase)
-
-
-def _count_text_tokens(text: str) -> int:
-    return max(1, math.ceil(len(text) / 4)) if text else 0
-
-
-def _chat_prompt(messages: list[Any]) -> tuple[int, str]:
-    """Prompt tokens (about 4 characters a token plus template overhead) and the prompt key."""
-    tokens = 3
-    parts: list[str] = []
-    for msg in messages:
-        if not isinstance(msg, dict) or "role" not in msg:
-            raise _validation("each message must be an object with a 'role'")
-        content = msg.get("content")
-        text = ""
-        if isinstance(content, str):
-            text = content
-        elif isinstance(content, list):
-            text = " ".join(
-                str(p.get("text", "")) for p in content if isinstance(p, dict) and "text" in p
-            )
-        elif content is not None:
-            raise _validation("message content must be a string, a list of parts or null")
-        tokens += 4 + _count_text_tokens(text)
-        parts.append(f"{msg['role']}:{text}")
-    return tokens, "\x1e".join(parts)
-
-
-def _completion_prompt(prompt: Any) -> tuple[int, str]:
-    if isinstance(prompt, str):
-        return _count_text_tokens(prompt), prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return len(prompt), ",".join(map(str, prompt))
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return _count_text_tokens(prompt[0]), prompt[0]
-    raise _validation("prompt must be a string, a list of token ids, or a list of one string")
-
-
-def _positive_int(obj: dict[str, Any], key: str) -> int | None:
-    value = obj.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _validation(f"{key}: Input should be a valid integer")
-    if value <= 0:
-        raise _validation(f"Value error, {key} must be positive")
-    return value
 
 
 class SimApp:
@@ -394,7 +325,7 @@ class SimApp:
             await _respond(send, 405, b'{"detail":"Method Not Allowed"}')
             return
         try:
-            obj = _parse_object(await _read_body(receive))
+            obj = parse_object(await read_body(receive))
         except BadRequest as exc:
             await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
             return
@@ -409,11 +340,10 @@ class SimApp:
     async def _faults(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope["method"]
         if method == "DELETE":
-            self._set_faults({}, clear=True)
+            self._set_faults(Faults())
         elif method == "POST":
             try:
-                obj = _parse_object(await _read_body(receive))
-                self._set_faults(obj)
+                self._set_faults(self.faults.updated(parse_object(await read_body(receive))))
             except BadRequest as exc:
                 await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
                 return
@@ -422,43 +352,10 @@ class SimApp:
             return
         await _respond(send, 200, orjson.dumps(self.faults.view()))
 
-    def _set_faults(self, obj: dict[str, Any], clear: bool = False) -> None:
-        unknown = sorted(set(obj) - _FAULT_KEYS)
-        if unknown:
-            raise BadRequest(f"unknown fault switch {unknown[0]!r}")
-
-        def status(key: str, nullable: bool) -> int | None:
-            v = obj[key]
-            if v is None and nullable:
-                return None
-            if isinstance(v, bool) or not isinstance(v, int) or not 100 <= v <= 599:
-                raise BadRequest(f"{key} must be an HTTP status code")
-            return v
-
-        f = self.faults
-        new = (
-            Faults()
-            if clear
-            else Faults(f.health_status, f.fail_status, f.stall, f.exit_after_chunks)
-        )
-        if "health_status" in obj:
-            new.health_status = status("health_status", nullable=True)
-            if new.health_status == 200:
-                new.health_status = None
-        if "fail_status" in obj:
-            new.fail_status = status("fail_status", nullable=True)
-        if "stall" in obj:
-            if not isinstance(obj["stall"], bool):
-                raise BadRequest("stall must be true or false")
-            new.stall = obj["stall"]
-        if "exit_after_chunks" in obj:
-            v = obj["exit_after_chunks"]
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise BadRequest("exit_after_chunks must be a non-negative integer or null")
-            new.exit_after_chunks = v
-        self.faults = new
-        self._chunks_left = new.exit_after_chunks
-        logger.info("faults now %s", new.view())
+    def _set_faults(self, faults: Faults) -> None:
+        self.faults = faults
+        self._chunks_left = faults.exit_after_chunks
+        logger.info("faults now %s", faults.view())
 
     def _engine(self) -> Engine:
         assert self.engine is not None, "the app has not started"
@@ -476,11 +373,11 @@ class SimApp:
             await _respond(send, 405, b'{"detail":"Method Not Allowed"}')
             return
         try:
-            body = await _read_body(receive)
+            body = await read_body(receive)
         except BadRequest as exc:
             await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
             return
-        if _media_type(scope) != b"application/json":
+        if media_type(scope["headers"]) != b"application/json":
             # SGLang's validate_json_request dependency on both OpenAI generation routes.
             message = "Unsupported Media Type: Only 'application/json' is allowed"
             await _respond(send, 400, wire.error_body(message, HTTPStatus.BAD_REQUEST.phrase))
@@ -493,88 +390,38 @@ class SimApp:
             await _respond(send, fail, wire.error_body(message, err_type, fail))
             return
         try:
-            req, stream, include_usage, model = self._make_request(body, chat)
+            inp = parse_generation(body, chat, self.config.profile.context_length)
         except BadRequest as exc:
             await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
             return
+        req = SimRequest(
+            rid=inp.rid,
+            prompt_tokens=inp.prompt_tokens,
+            max_new_tokens=inp.max_new_tokens,
+            limit=self.config.profile.context_length - inp.prompt_tokens,
+            stream=inp.stream,
+            seed=self.seed,
+            prompt_key=inp.prompt_key,
+            ignore_eos=inp.ignore_eos,
+        )
         engine = self._engine()
         engine.submit(req)
         watcher = asyncio.create_task(self._watch_disconnect(receive, engine, req))
         try:
-            if stream:
+            if inp.stream:
                 await self._stream(
                     send,
                     req=req,
                     chat=chat,
-                    include_usage=include_usage,
-                    model=model,
+                    include_usage=inp.include_usage,
+                    model=inp.model,
                     watcher=watcher,
                 )
             else:
-                await self._answer(send, req, chat, model)
+                await self._answer(send, req, chat, inp.model)
         finally:
             watcher.cancel()
             engine.abort(req)  # a no-op unless the response was cut short
-
-    def _make_request(self, body: bytes, chat: bool) -> tuple[SimRequest, bool, bool, str]:
-        obj = _parse_object(body)
-        # SGLang answers under the model name the request gave (default "default").
-        model = obj.get("model", "default")
-        if not isinstance(model, str):
-            raise _validation("model: Input should be a valid string")
-        if chat:
-            if "messages" not in obj:
-                raise _validation("messages: Field required")
-            messages = obj["messages"]
-            if not isinstance(messages, list):
-                raise _validation("messages: Input should be a valid list")
-            if not messages:
-                raise BadRequest("Messages cannot be empty.")
-            prompt_tokens, key = _chat_prompt(messages)
-            max_new = _positive_int(obj, "max_completion_tokens") or _positive_int(
-                obj, "max_tokens"
-            )
-        else:
-            if "prompt" not in obj:
-                raise _validation("prompt: Field required")
-            prompt_tokens, key = _completion_prompt(obj["prompt"])
-            max_new = _positive_int(obj, "max_tokens") if "max_tokens" in obj else 16
-        stream = obj.get("stream", False)
-        if not isinstance(stream, bool):
-            raise _validation("stream: Input should be a valid boolean")
-        opts = obj.get("stream_options")
-        if opts is not None and not isinstance(opts, dict):
-            raise _validation("stream_options: Input should be a valid dictionary")
-        include_usage = bool(opts and opts.get("include_usage"))
-        ignore_eos = bool(obj.get("ignore_eos", False))
-        ctx = self.config.profile.context_length
-        if prompt_tokens >= ctx:
-            raise BadRequest(
-                f"The input ({prompt_tokens} tokens) is longer than the model's context length "
-                f"({ctx} tokens)."
-            )
-        if max_new is not None and max_new + prompt_tokens > ctx:
-            raise BadRequest(
-                "Requested token count exceeds the model's maximum context length of "
-                f"{ctx} tokens. You requested a total of {max_new + prompt_tokens} tokens: "
-                f"{prompt_tokens} tokens from the input messages and {max_new} tokens for the "
-                "completion. Please reduce the number of tokens in the input messages or the "
-                "completion to fit within the limit."
-            )
-        rid = obj.get("rid")
-        if not isinstance(rid, str) or not rid:
-            rid = ("chatcmpl-" if chat else "cmpl-") + os.urandom(16).hex()
-        req = SimRequest(
-            rid=rid,
-            prompt_tokens=prompt_tokens,
-            max_new_tokens=max_new,
-            limit=ctx - prompt_tokens,
-            stream=stream,
-            seed=self.seed,
-            prompt_key=key,
-            ignore_eos=ignore_eos,
-        )
-        return req, stream, include_usage, model
 
     async def _watch_disconnect(self, receive: Receive, engine: Engine, req: SimRequest) -> None:
         while True:
@@ -665,39 +512,6 @@ class SimApp:
                 os._exit(1)
             self._chunks_left = left - len(events)
         await send({"type": "http.response.body", "body": b"".join(events), "more_body": not last})
-
-
-def _media_type(scope: Scope) -> bytes:
-    for name, value in scope["headers"]:
-        if name == b"content-type":
-            return bytes(value.split(b";", 1)[0].strip().lower())
-    return b""
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return b"".join(chunks)
-        part = message.get("body", b"")
-        size += len(part)
-        if size > MAX_BODY_BYTES:
-            raise _validation("request body too large")
-        chunks.append(part)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _parse_object(body: bytes) -> dict[str, Any]:
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise _validation(f"JSON decode error: {exc}") from None
-    if not isinstance(obj, dict):
-        raise _validation("Input should be a valid dictionary or object to extract fields from")
-    return obj
 
 
 async def _respond(
