@@ -803,16 +803,20 @@ def markdown(result: dict[str, Any]) -> str:
             f"token, streams of {' and '.join(map(str, st['cost_tokens']))} tokens; medians per "
             "length of cpu per request = chunks per request x a + b; brackets: each run set alone)",
             "",
-            "| router | runs | a: us per chunk | b: ms per request "
+            "| router | runs | a: us per chunk | a / floor's a | b: ms per request "
             "| target a <= 25 us | target b <= 0.3 ms |",
-            "| --- | --- | --- | --- | --- | --- |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
         ]
+        # The floor's own a says what this machine charges for the bare relay (syscalls, loop);
+        # the ratio to it travels between machines better than microseconds do.
+        floor_a = cm.get("floor", {}).get("chunk_us")
         for name, c in cm.items():
             a, b = c["chunk_us"], c["request_ms"]
             ar = c.get("chunk_us_range") or [None, None]
             br = c.get("request_ms_range") or [None, None]
+            ratio = f"{a / floor_a:.2f}" if a is not None and floor_a else "-"
             lines.append(
-                f"| {name} | {c['runs']} | {_f(a)} [{_f(ar[0])} to {_f(ar[1])}] "
+                f"| {name} | {c['runs']} | {_f(a)} [{_f(ar[0])} to {_f(ar[1])}] | {ratio} "
                 f"| {_f(b, '{:.3f}')} [{_f(br[0], '{:.3f}')} to {_f(br[1], '{:.3f}')}] "
                 f"| {'-' if a is None else ('met' if a <= 25 else 'not met')} "
                 f"| {'-' if b is None else ('met' if b <= 0.3 else 'not met')} |"
