@@ -276,18 +276,16 @@ def _start_router(
     procs: Processes, cfg: EnvelopeConfig, eagle: str, baseline: str, *, thr: int, hyst: int
 ) -> str:
     port = _free_port()
+    # Threshold 0 is suggest-threshold's "EAGLE never wins": the router gets no EAGLE pool
+    # (its threshold policy needs --threshold >= 1, which would still send lone requests there).
+    pools = ["--baseline-url", baseline]
+    if thr > 0:
+        pools = ["--eagle-url", eagle, *pools, "--threshold", str(thr), "--hysteresis", str(hyst)]
     argv = [
         sys.executable,
         "-m",
         "dynspec.router",
-        "--eagle-url",
-        eagle,
-        "--baseline-url",
-        baseline,
-        "--threshold",
-        str(thr),
-        "--hysteresis",
-        str(hyst),
+        *pools,
         "--host",
         "127.0.0.1",
         "--port",
@@ -384,6 +382,12 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
             else " (set by hand)."
         )
         router_line = f"- Router: `--threshold {thr} --hysteresis {hyst}`{picked}"
+        if thr == 0:
+            router_line = (
+                "- Router: baseline pool only (no `--eagle-url`): `suggest-threshold` found that "
+                "EAGLE never wins, and the threshold policy cannot send every request to the "
+                "baseline (`--threshold` >= 1)."
+            )
     else:
         router_line = "- Router: not reached (the run stopped before the routed sweep)."
     stamps = [str(r["timestamp"]) for r in records if r.get("timestamp")]

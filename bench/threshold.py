@@ -51,7 +51,7 @@ class Level:
 @dataclass(frozen=True)
 class Suggestion:
     verdict: Verdict
-    threshold: int
+    threshold: int  # 0 with verdict "never": no EAGLE pool at all
     hysteresis: int
     crossover: float | None
     levels: tuple[Level, ...]
@@ -135,8 +135,10 @@ def suggest(eagle: Sequence[Record], baseline: Sequence[Record]) -> Suggestion:
             None,
             levels,
             f"EAGLE never wins at low load: its per-request decode speed is already below the "
-            f"baseline's at C={lo}{note}. Send everything to the baseline (--threshold 0 "
-            f"--hysteresis 0), or do not run the EAGLE server on this setup.",
+            f"baseline's at C={lo}{note}. Do not route to EAGLE on this setup: run the router "
+            f"with --baseline-url only (or POST /admin/drain/eagle). The threshold policy cannot "
+            f"express it: --threshold must be at least 1, and 1 still sends a lone request to "
+            f"EAGLE.",
             wins,
         )
     by_speed = _first_crossing(common, logr)
@@ -218,7 +220,8 @@ def evidence_table(levels: Sequence[Level]) -> str:
 
 
 def render(s: Suggestion) -> str:
-    return (
-        f"{evidence_table(s.levels)}\n{s.message}\n\n"
-        f"Recommended: --threshold {s.threshold} --hysteresis {s.hysteresis}\n"
-    )
+    if s.verdict == "never":
+        advice = "Recommended: no EAGLE pool (dynspec-router --baseline-url ... only)"
+    else:
+        advice = f"Recommended: --threshold {s.threshold} --hysteresis {s.hysteresis}"
+    return f"{evidence_table(s.levels)}\n{s.message}\n\n{advice}\n"

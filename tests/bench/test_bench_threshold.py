@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dynspec.bench.threshold import hysteresis_for, suggest
+from dynspec.bench.threshold import hysteresis_for, render, suggest
 
 LEVELS = [1, 2, 4, 8, 16]
 
@@ -59,6 +59,7 @@ def test_never_and_always() -> None:
     assert never.verdict == "never"
     assert (never.threshold, never.hysteresis) == (0, 0)
     assert "never wins" in never.message
+    assert "Recommended: no EAGLE pool" in render(never)
     always = suggest(sweep("e", [5, 6, 7, 8, 9]), BASELINE)
     assert always.verdict == "always"
     assert always.threshold == 16
