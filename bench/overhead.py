@@ -47,8 +47,9 @@ from dynspec.router.entry import FlagParser, UsageError, add_log_level, configur
 log = logging.getLogger(__name__)
 
 # "floor" is a reference, not a router: the cheapest relay Python can be (overhead_floor.py).
-TARGETS = ("direct", "floor", "dynspec", "sglang")
-RELAYS = ("floor", "dynspec", "sglang")
+# "floor-asgi" is the same on uvicorn with a bare ASGI app, as the router's client side is.
+TARGETS = ("direct", "floor", "floor-asgi", "dynspec", "sglang")
+RELAYS = ("floor", "floor-asgi", "dynspec", "sglang")
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 CHAT = "/v1/chat/completions"
@@ -370,19 +371,21 @@ def _services(
     up_urls = [svc.ready_url.removesuffix("/health") for svc in ups]
     services = list(ups)
     urls = {"direct": ",".join(u + CHAT for u in up_urls)}
-    if "floor" in s.targets:
+    for name, mode in (("floor", "protocol"), ("floor-asgi", "asgi")):
+        if name not in s.targets:
+            continue
         port = free_port()
         services.append(
             Service(
-                "floor",
+                name,
                 [
-                    py, "-m", "dynspec.bench.overhead_floor", "--port", str(port),
+                    py, "-m", "dynspec.bench.overhead_floor", "--port", str(port), "--mode", mode,
                     "--upstream", up_urls[0], "--upstream", up_urls[1], "--log-level", "warning",
                 ],
                 f"http://127.0.0.1:{port}/health",
             )
         )  # fmt: skip
-        urls["floor"] = f"http://127.0.0.1:{port}{CHAT}"
+        urls[name] = f"http://127.0.0.1:{port}{CHAT}"
     if "dynspec" in s.targets:
         port = free_port()
         services.append(
@@ -903,9 +906,9 @@ def build_parser() -> FlagParser:
     p = FlagParser(prog="python -m dynspec.bench.overhead", description=__doc__.split("\n")[0])
     p.add_argument(
         "--targets",
-        default="direct,floor,dynspec,sglang",
-        help="comma list of direct, floor (the cheapest Python relay: a reference), dynspec, "
-        "sglang",
+        default="direct,floor,floor-asgi,dynspec,sglang",
+        help="comma list of direct, floor and floor-asgi (the cheapest Python relays, without and "
+        "with an ASGI server: references, not routers), dynspec, sglang",
     )
     p.add_argument(
         "--intervals-ms", default="10,0", help="time between tokens of a stream, one phase each"

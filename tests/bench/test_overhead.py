@@ -96,7 +96,8 @@ def test_upstream_speaks_sglang_streams_to_the_openai_client() -> None:
 
 
 def test_tiny_run_counts_every_chunk(tmp_path: Path) -> None:
-    targets = ["direct", "floor", "dynspec"] + (["sglang"] if find_spec("sglang_router") else [])
+    targets = ["direct", "floor", "floor-asgi", "dynspec"]
+    targets += ["sglang"] if find_spec("sglang_router") else []
     out = tmp_path / "overhead"
     argv = [
         PY, "-m", "dynspec.bench.overhead",
