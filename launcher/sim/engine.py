@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 EOS_TOKEN_ID = 128009  # Llama-3's <|eot_id|>: what SGLang reports as matched_stop on a natural end
 NATURAL_LENGTH = (64, 768)  # output tokens of an answer that ends by itself (without max_tokens)
 LATE_S = 0.002  # real seconds behind schedule after which a step counts as late
-MAX_DEBT_S = 0.25  # real seconds of lag written off rather than caught up
+MAX_DEBT_S = 0.05  # real seconds of lag written off rather than caught up (timer jitter is less)
 GEN_WINDOW_S = 1.0  # simulated seconds over which gen_throughput and accept length are averaged
 
 _WORD_TEXT = (

@@ -79,11 +79,11 @@ async def test_256_streams_at_real_speed_keep_to_schedule(sim_factory: SimFactor
         f"{steps / elapsed:.1f} steps/s, simulator CPU {cpu / elapsed:.0%} of a core, "
         f"{cpu / max(events, 1) * 1e6:.1f} us per chunk, "
         f"max lag {after['max_lag_s'] * 1e3:.1f} ms, late steps {late}, "
-        f"dropped {after['dropped_s']:.3f} s"
+        f"dropped {after['dropped_s'] - before['dropped_s']:.3f} s"
     )
     assert after["running"] == STREAMS
     # Kept to schedule: no lag written off, chunks at the modelled rate (one token each).
-    assert after["dropped_s"] == 0
+    assert after["dropped_s"] == before["dropped_s"]
     assert abs(rate - want_rate) <= 0.10 * want_rate, (rate, want_rate)
     # And well inside one core, so the yardstick is not the bottleneck.
     assert cpu / elapsed < 0.9

@@ -187,7 +187,6 @@ async def test_seed_profile_reproduces_section_a(sim_factory: SimFactory) -> Non
     _report("seed [C, baseline table, sim, eagle table, sim]", rows)
     for _, want_b, gb, want_e, ge in rows:
         assert _close(gb, want_b) and _close(ge, want_e), rows  # type: ignore[arg-type]
-    assert eagle.stats()["dropped_s"] == 0 and base.stats()["dropped_s"] == 0
 
 
 async def test_eagle3_h100_profile_reproduces_section_b(sim_factory: SimFactory) -> None:
