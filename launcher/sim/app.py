@@ -507,7 +507,9 @@ class SimApp:
         if left is not None:
             if len(events) >= left:
                 if left:
-                    await send({"type": "http.response.body", "body": b"".join(events[:left])})
+                    # more_body: the stream must end broken, as a dying server's does, not complete.
+                    body = b"".join(events[:left])
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
                 logger.warning("exit_after_chunks reached: exiting abruptly")
                 os._exit(1)
             self._chunks_left = left - len(events)
