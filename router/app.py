@@ -2,7 +2,7 @@
 
 ``create_app`` wires one ``Pools`` (the counts), one ``RouterMetrics`` (on the given registry),
 one ``Proxy`` (the hot path) and the FastAPI app (``/health``, ``/metrics``, ``/status``,
-``/v1/models``, ``/admin/*``). The FastAPI lifespan owns the shared aiohttp session and the
+``/v1/models``, ``/admin/*``). The FastAPI lifespan owns the shared upstream client and the
 health-check tasks, so they live exactly as long as the server.
 """
 
@@ -15,7 +15,6 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -39,6 +38,7 @@ from dynspec.router.policy import POLICIES, POOLS, Policy, PoolName
 from dynspec.router.pool import Pools, validate_settings
 from dynspec.router.proxy import Proxy, send_error
 from dynspec.router.request import PROXY_PATHS
+from dynspec.router.upstream import Client, UpstreamError
 
 logger = logging.getLogger(__name__)
 
@@ -57,20 +57,11 @@ def _has_key(request: Request, expected: bytes) -> bool:
     return given is not None and hmac.compare_digest(given.encode("latin-1"), expected)
 
 
-def new_session(connect_timeout: float) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(
-        limit=0,  # no cap: --max-concurrency is the limit, and it answers 503 rather than queue
-        limit_per_host=0,
-        # Below uvicorn's 5 s keep-alive (SGLang's server), so an idle pooled connection is
-        # dropped here before the server closes it under a request.
-        keepalive_timeout=4.0,
-    )
-    return aiohttp.ClientSession(
-        connector=connector,
-        auto_decompress=False,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout),
-    )
+def new_client(connect_timeout: float) -> Client:
+    # No cap on connections: --max-concurrency is the limit, and it answers 503 rather than
+    # queue. Idle connections go after 4 s, below uvicorn's 5 s keep-alive (SGLang's server),
+    # so the server does not close a pooled connection under a request.
+    return Client(connect_timeout=connect_timeout, idle_timeout=4.0)
 
 
 class RouterApp:
@@ -118,7 +109,9 @@ def create_app(
     metrics = RouterMetrics(registry, pools)
     pools.on_switch = metrics.switched
     backend_headers = (
-        {"Authorization": "Bearer " + config.backend_api_key} if config.backend_api_key else {}
+        b"authorization: Bearer %s\r\n" % config.backend_api_key.encode()
+        if config.backend_api_key
+        else b""
     )
     holder: dict[str, HealthChecker] = {}
 
@@ -140,9 +133,9 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        session = new_session(config.connect_timeout)
-        proxy.session = session
-        checker = HealthChecker(pools, session, config.health_interval, backend_headers)
+        client = new_client(config.connect_timeout)
+        proxy.client = client
+        checker = HealthChecker(pools, client, config.health_interval, backend_headers)
         holder["health"] = checker
         # One round before serving, so /health and routing start from the truth.
         await checker.check_all()
@@ -161,8 +154,8 @@ def create_app(
         finally:
             await proxy.stop()
             await checker.stop()
-            proxy.session = None
-            await session.close()
+            proxy.client = None
+            client.close()
 
     api = FastAPI(
         title="dynspec-router",
@@ -227,21 +220,20 @@ def create_app(
     @api.get("/v1/models")
     async def models(request: Request) -> Response:
         require_api_key(request)
-        session = proxy.session
-        assert session is not None
+        client = proxy.client
+        assert client is not None
         candidates = [s for s in pools.servers if s.healthy] or list(pools.servers)
         for server in candidates:
             try:
-                async with session.get(
-                    server.url + "/v1/models",
-                    headers=backend_headers,
-                    timeout=aiohttp.ClientTimeout(total=10),
-                ) as resp:
-                    if resp.status == 200:
-                        return Response(await resp.read(), 200, media_type="application/json")
-                    logger.warning("%s/v1/models answered %d", server.url, resp.status)
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                code, body = await asyncio.wait_for(
+                    client.get(server.url, "/v1/models", backend_headers), 10
+                )
+            except (UpstreamError, asyncio.TimeoutError) as exc:
                 logger.warning("%s/v1/models failed: %r", server.url, exc)
+                continue
+            if code == 200:
+                return Response(body, 200, media_type="application/json")
+            logger.warning("%s/v1/models answered %d", server.url, code)
         raise NoServer("no server answered /v1/models")
 
     @api.post("/admin/drain/{pool}")

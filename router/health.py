@@ -12,9 +12,8 @@ import contextlib
 import enum
 import logging
 
-import aiohttp
-
 from dynspec.router.pool import Pools
+from dynspec.router.upstream import Client, ConnectError, UpstreamError
 
 logger = logging.getLogger(__name__)
 
@@ -47,39 +46,32 @@ class HealthTracker:
         return False if n >= self.failures_to_down else None
 
 
-def is_refused(exc: BaseException) -> bool:
-    return isinstance(exc, aiohttp.ClientConnectorError) and isinstance(
-        exc.os_error, ConnectionRefusedError
-    )
-
-
 class HealthChecker:
     def __init__(
         self,
         pools: Pools,
-        session: aiohttp.ClientSession,
+        client: Client,
         interval: float,
-        headers: dict[str, str] | None = None,
+        headers: bytes = b"",
     ) -> None:
         self.pools = pools
-        self.session = session
+        self.client = client
         self.interval = interval
-        self.timeout = aiohttp.ClientTimeout(total=min(max(interval, 1.0), 5.0))
-        self.headers = headers or {}
+        self.timeout = min(max(interval, 1.0), 5.0)
+        self.headers = headers
         self.tracker = HealthTracker()
         self._tasks: list[asyncio.Task[None]] = []
 
     async def probe(self, url: str) -> Probe:
         try:
-            async with self.session.get(
-                url + "/health", headers=self.headers, timeout=self.timeout
-            ) as resp:
-                await resp.read()
-                return Probe.OK if resp.status == 200 else Probe.FAILED
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            if is_refused(exc):
-                return Probe.REFUSED
+            status, _ = await asyncio.wait_for(
+                self.client.get(url, "/health", self.headers), self.timeout
+            )
+        except ConnectError as exc:
+            return Probe.REFUSED if exc.refused else Probe.FAILED
+        except (UpstreamError, asyncio.TimeoutError):
             return Probe.FAILED
+        return Probe.OK if status == 200 else Probe.FAILED
 
     def apply(self, url: str, probe: Probe) -> None:
         verdict = self.tracker.verdict(url, probe)

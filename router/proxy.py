@@ -1,9 +1,10 @@
 """The streaming relay: a bare ASGI handler for POST /v1/chat/completions and /v1/completions.
 
-Why bare ASGI and aiohttp (issue 3's table, shared/notes/proxy-hot-path.md): FastAPI's response
-machinery costs a third of the throughput at 256 concurrent streams and httpx's own transport
-collapses at that load, so the hot path skips both. One shared ``aiohttp.ClientSession`` (made in
-the app's lifespan) talks to the servers; upstream bytes go to the client as they arrive.
+Why bare ASGI and our own client (issue 3's table, shared/notes/proxy-hot-path.md, issue 7):
+FastAPI's response machinery costs a third of the throughput at 256 concurrent streams, httpx's
+transport collapses at that load, and aiohttp's reader cost ~15 us of a relayed chunk's CPU, so
+the hot path skips all three. One shared ``upstream.Client`` (made in the app's lifespan) talks to
+the servers over keep-alive connections; upstream bytes go to the client as they arrive.
 
 Per chunk the relay does no JSON parsing and no logging. It looks at bytes only where needed:
 - until the first token is seen, a regex finds a non-empty ``content``/``text`` (the TTFT);
@@ -12,9 +13,9 @@ Per chunk the relay does no JSON parsing and no logging. It looks at bytes only 
   events that contain ``"choices":[]`` are parsed and the usage-only one is dropped.
 
 The read timeout (``--request-timeout``: to the first byte, then between chunks) is a watchdog
-task that looks at every exchange a few times per timeout, not aiohttp's ``sock_read``: that one
-cancels and re-arms a timer on every chunk received, measured at ~6 us a chunk under uvloop,
-a fifth of the relay's whole budget. A chunk here costs one integer increment.
+task that looks at every exchange a few times per timeout, not a per-read timer: aiohttp's
+``sock_read`` cancelled and re-armed one on every chunk received, measured at ~6 us a chunk under
+uvloop, a fifth of the relay's whole budget. A chunk here costs one integer increment.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
-import yarl
 from starlette.types import Receive, Scope, Send
 
 from dynspec.router.errors import (
@@ -40,7 +39,6 @@ from dynspec.router.errors import (
     RouterError,
     Unauthorized,
 )
-from dynspec.router.health import is_refused
 from dynspec.router.metrics import CLIENT_CLOSED, RouterMetrics
 from dynspec.router.pool import Lease, Pools
 from dynspec.router.request import DROP_REQUEST, DROP_RESPONSE, PROXY_PATHS, prepare, read_body
@@ -51,6 +49,7 @@ from dynspec.router.sse import (
     strip_usage_events,
     usage_in,
 )
+from dynspec.router.upstream import Client, ConnectError, Response, UpstreamError
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +111,7 @@ class _Exchange:
         *,
         path: str,
         body: bytes,
-        headers: list[tuple[str, str]],
+        headers: bytes,
         start: float,
     ) -> None:
         self.lease = lease
@@ -155,28 +154,20 @@ class Proxy:
     ) -> None:
         self.pools = pools
         self.metrics = metrics
-        self.session: aiohttp.ClientSession | None = None
+        self.client: Client | None = None
         self.max_body_bytes = max_body_bytes
         self.on_refused = on_refused
         self._api_auth = ("Bearer " + api_key).encode() if api_key else None
-        self._backend_auth = "Bearer " + backend_api_key if backend_api_key else None
-        # A connect timeout only: a total timeout would cut long streams, and the read timeout
-        # is the watchdog's (see the module's docstring).
-        self.timeout = aiohttp.ClientTimeout(
-            total=None, connect=None, sock_connect=connect_timeout, sock_read=None
-        )
+        # Every request's own header lines: the body is validated JSON whatever the client
+        # labelled it, and SGLang (FastAPI) wants it labelled so; no compression, the relay
+        # looks at bytes.
+        self._fixed_headers = b"content-type: application/json\r\naccept-encoding: identity\r\n"
+        if backend_api_key:
+            self._fixed_headers += b"authorization: Bearer %s\r\n" % backend_api_key.encode()
         self.request_timeout = request_timeout
         self._active: set[_Exchange] = set()
         self._watchdog: asyncio.Task[None] | None = None
         self._ids = itertools.count(1)
-        self._urls: dict[tuple[str, str], yarl.URL] = {}
-
-    def _url(self, server: str, path: str) -> yarl.URL:
-        # Parsed once per server and path: yarl's parsing is a visible share of a request's cost.
-        url = self._urls.get((server, path))
-        if url is None:
-            url = self._urls[server, path] = yarl.URL(server + path)
-        return url
 
     # -- read timeout ------------------------------------------------------------------------------
 
@@ -213,7 +204,7 @@ class Proxy:
         auth: bytes | None = None
         length: bytes | None = None
         rid: str | None = None
-        headers: list[tuple[str, str]] = []
+        lines: list[bytes] = []
         for name, value in scope["headers"]:
             if name == b"authorization":
                 auth = value
@@ -222,13 +213,10 @@ class Proxy:
             elif name == b"x-request-id":
                 rid = value.decode("latin-1")
             if name not in DROP_REQUEST:
-                headers.append((name.decode("latin-1"), value.decode("latin-1")))
-        # The body is validated JSON whatever the client labelled it; SGLang (FastAPI) wants it
-        # labelled so. No compression: the relay looks at bytes.
-        headers.append(("content-type", "application/json"))
-        headers.append(("accept-encoding", "identity"))
-        if self._backend_auth is not None:
-            headers.append(("authorization", self._backend_auth))
+                # Parsed by httptools: no CR or LF can hide in a name or a value.
+                lines += (name, b": ", value, b"\r\n")
+        lines.append(self._fixed_headers)
+        headers = b"".join(lines)
         if rid is None:
             rid = f"r{next(self._ids)}"
         try:
@@ -254,23 +242,21 @@ class Proxy:
 
     # -- upstream side -----------------------------------------------------------------------------
 
-    async def _open(self, ex: _Exchange) -> aiohttp.ClientResponse:
+    async def _open(self, ex: _Exchange) -> Response:
         """POST to the chosen server; a connect failure is retried once on another server."""
-        assert self.session is not None, "the proxy runs inside the app's lifespan"
+        client = self.client
+        assert client is not None, "the proxy runs inside the app's lifespan"
+        path = ex.path.encode()
         tried: set[str] = set()
         while True:
             server = ex.lease.server
+            head = client.head(server.url, b"POST", path, ex.headers, len(ex.body))
             try:
-                return await self.session.post(
-                    self._url(server.url, ex.path),
-                    data=ex.body,
-                    headers=ex.headers,
-                    timeout=self.timeout,
-                )
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                return await client.request(server.url, head + ex.body)
+            except ConnectError as exc:
                 self.metrics.upstream_error(server.pool, "connect")
                 logger.warning("%s: cannot reach %s: %s", ex.rid, server.url, exc)
-                if is_refused(exc) and self.on_refused is not None:
+                if exc.refused and self.on_refused is not None:
                     self.on_refused(server.url)
                 tried.add(server.url)
                 if len(tried) > 1:
@@ -284,12 +270,9 @@ class Proxy:
                         f"the server {server.url} cannot be reached and no other can take "
                         "the request"
                     ) from None
-            except asyncio.TimeoutError:
-                self.metrics.upstream_error(server.pool, "timeout")
-                raise GatewayTimeout("the server did not answer in time") from None
-            except aiohttp.ClientError as exc:
+            except UpstreamError as exc:
                 self.metrics.upstream_error(server.pool, "protocol")
-                logger.warning("%s: %s failed before answering: %r", ex.rid, server.url, exc)
+                logger.warning("%s: %s failed before answering: %s", ex.rid, server.url, exc)
                 raise BadGateway("the server closed the connection without answering") from None
 
     async def _relay(self, ex: _Exchange, receive: Receive, send: Send) -> None:
@@ -363,10 +346,10 @@ class Proxy:
             ex.code = resp.status
             if resp.status >= 500:
                 self.metrics.upstream_error(pool, "status")
-            sse = ex.stream and resp.status == 200 and resp.content_type == "text/event-stream"
+            sse = ex.stream and resp.status == 200 and resp.content_type == b"text/event-stream"
             strip = ex.strip and sse
             out: list[tuple[bytes, bytes]] = [_BACKEND[pool]]
-            for name, value in resp.raw_headers:
+            for name, value in resp.headers:
                 lname = name.lower()
                 if lname in DROP_RESPONSE or (strip and lname == b"content-length"):
                     continue
@@ -380,34 +363,27 @@ class Proxy:
                     ended = await self._relay_stream(ex, resp, send)
                 else:
                     ended = await self._relay_body(ex, resp, send)
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except UpstreamError as exc:
                 # The server failed mid-response: end the client's connection without a proper
                 # end, so it sees a broken response, not a short one that looks complete.
-                kind = "timeout" if isinstance(exc, asyncio.TimeoutError) else "protocol"
-                self.metrics.upstream_error(pool, kind)
-                logger.warning(
-                    "%s: %s failed mid-response (%s): %r", ex.rid, ex.lease.server.url, kind, exc
-                )
+                self.metrics.upstream_error(pool, "protocol")
+                logger.warning("%s: %s failed mid-response: %s", ex.rid, ex.lease.server.url, exc)
                 return
             if not ended:
                 ex.finished = True
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            # Closing (not releasing) an unfinished response drops the connection, which is how
+            # An unfinished response closes its connection (not back to the pool), which is how
             # SGLang learns that the request was abandoned and aborts it.
-            if resp.content.is_eof():
-                resp.release()
-            else:
-                resp.close()
+            resp.release()
 
     # Each relay returns True when it sent the response's end itself: when the server's last
     # bytes and its end arrive together (the usual case), the client gets both in one write.
 
-    async def _relay_stream(self, ex: _Exchange, resp: aiohttp.ClientResponse, send: Send) -> bool:
-        content = resp.content
+    async def _relay_stream(self, ex: _Exchange, resp: Response, send: Send) -> bool:
         prev = last = b""
         while True:
-            data = await content.readany()
+            data = await resp.read()
             ex.progress += 1
             if not data:
                 self._take_usage(ex, usage_in(prev + last))
@@ -415,21 +391,20 @@ class Proxy:
             if ex.ttft is None and has_token(data):
                 ex.ttft = time.perf_counter() - ex.start
             prev, last = last, data
-            if content.at_eof():
+            if resp.at_eof():
                 self._take_usage(ex, usage_in(prev + last))
                 ex.finished = True
                 await send({"type": "http.response.body", "body": data, "more_body": False})
                 return True
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
-    async def _relay_body(self, ex: _Exchange, resp: aiohttp.ClientResponse, send: Send) -> bool:
-        content = resp.content
+    async def _relay_body(self, ex: _Exchange, resp: Response, send: Send) -> bool:
         kept: list[bytes] = []
         size = 0
         while True:
-            data = await content.readany()
+            data = await resp.read()
             ex.progress += 1
-            eof = not data or content.at_eof()
+            eof = not data or resp.at_eof()
             if data and size < _MAX_USAGE_SCAN:
                 kept.append(data)
                 size += len(data)
@@ -443,19 +418,16 @@ class Proxy:
                 return True
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
-    async def _relay_stripping(
-        self, ex: _Exchange, resp: aiohttp.ClientResponse, send: Send
-    ) -> bool:
-        content = resp.content
+    async def _relay_stripping(self, ex: _Exchange, resp: Response, send: Send) -> bool:
         carry = b""
         while True:
-            data = await content.readany()
+            data = await resp.read()
             ex.progress += 1
             if not data:
                 if carry:
                     await send({"type": "http.response.body", "body": carry, "more_body": True})
                 return False
-            eof = content.at_eof()
+            eof = resp.at_eof()
             if carry:
                 data = carry + data
                 carry = b""

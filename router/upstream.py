@@ -1,0 +1,423 @@
+"""The router's HTTP/1.1 client: asyncio protocol connections, httptools, a keep-alive pool.
+
+Why not aiohttp (measured with ``bench/overhead``): its reader costs about 15 us of a relayed
+chunk's CPU, more than half of the 25 us budget, through layers the relay does not use (a
+``StreamReader`` with its own buffering and timers, response objects, cookie and redirect logic).
+Here a body piece goes from ``data_received`` through httptools' C parser into a list, and the
+one task reading it is woken at most once per ``data_received``; nothing else runs per chunk.
+
+What it does: one request at a time per connection (no pipelining); request head and body written
+in one ``transport.write``; TCP_NODELAY on every connection; responses framed by content-length,
+chunked encoding, or the connection's end; a per-server pool of idle connections, newest first,
+dropped after ``idle_timeout`` (below the server's keep-alive, so the server never closes one
+under a request) or as soon as the server closes it. A reused connection that the server closed
+just as the request went out (nothing of a response came back) is retried once on a fresh one.
+When the reader falls behind, the connection stops reading from the socket (``pause_reading``)
+until it catches up, so a slow client holds back the server instead of filling memory here.
+
+Timeouts: connect only. Waiting for the first byte and between chunks is the relay's watchdog
+(see ``proxy.py``), which cancels the reading task; a cancelled response closes its connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import socket
+import time
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+# Pause reading from the server when this much response body waits for the reader.
+HIGH_WATER = 256 * 1024
+IDLE_TIMEOUT = 4.0
+# A response with neither header ends when the server closes the connection.
+_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
+
+
+class UpstreamError(Exception):
+    """The server could not be reached, or broke the exchange."""
+
+
+class ConnectError(UpstreamError):
+    """No connection: refused, unreachable, or not made within the connect timeout."""
+
+    def __init__(self, message: str, *, refused: bool = False, timeout: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
+        self.timeout = timeout
+
+
+class ProtocolError(UpstreamError):
+    """The connection ended (or sent garbage) before the response was complete."""
+
+
+class _Stale(Exception):
+    """A reused connection closed before any byte of the response: safe to send again."""
+
+
+Headers = list[tuple[bytes, bytes]]
+
+
+class Target:
+    """One server: its address, the Host header and its idle connections."""
+
+    __slots__ = ("host", "host_header", "idle", "port", "url")
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"the router speaks plain http to servers, not {url!r}")
+        self.url = url
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self.host_header = parts.netloc.encode("latin-1")
+        self.idle: collections.deque[Connection] = collections.deque()
+
+
+class Connection(asyncio.Protocol):
+    """One TCP connection and the response it is reading (if any)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.idle_since = 0.0
+        self._loop = asyncio.get_running_loop()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.busy = False
+        self.began = False  # any byte of the current response seen
+        self.headers_done = False
+        self.complete = False
+        self.status = 0
+        self.headers: Headers = []
+        self.pieces: list[bytes] = []
+        self.buffered = 0
+        self.paused = False
+        self.error: Exception | None = None
+        self.until_close = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    # -- asyncio.Protocol --------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.busy or self.complete:
+            return
+        if self.until_close and self.headers_done:
+            # A body framed by the connection's end: this is its end.
+            self.complete = True
+        elif not self.began:
+            self.error = _Stale()
+        else:
+            reason = f": {exc}" if exc else ""
+            self.error = ProtocolError(f"the server closed the connection mid-response{reason}")
+        self._wake()
+
+    def data_received(self, data: bytes) -> None:
+        if not self.busy:
+            # Nothing was asked: a server talking out of turn is not to be trusted with more.
+            self.close()
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.error = ProtocolError("the server switched protocols")
+            self.close()
+            self._wake()
+        except httptools.HttpParserError as exc:
+            self.error = ProtocolError(f"invalid response from the server: {exc}")
+            self.close()
+            self._wake()
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport; connection_lost decides what the end meant
+
+    # -- httptools callbacks -----------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.began = True
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.headers_done = True
+        if self.status >= 200 and self.status not in (204, 304):
+            self.until_close = not any(name.lower() in _FRAMING for name, _ in self.headers)
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.pieces.append(body)
+        self.buffered += len(body)
+        if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def on_message_complete(self) -> None:
+        if self.status < 200:
+            # An interim response (100 Continue): the real one follows on the same parser.
+            self.headers = []
+            self.headers_done = False
+            return
+        self.complete = True
+        self._wake()
+
+    # -- the reading side --------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        waiter = self._waiter = self._loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def send(self, data: bytes) -> None:
+        self._reset()
+        self.busy = True
+        assert self.transport is not None
+        self.transport.write(data)
+
+    async def wait_headers(self) -> None:
+        while not self.headers_done:
+            if self.error is not None:
+                raise self.error
+            if self.closed:
+                raise ProtocolError("the server closed the connection")
+            await self._wait()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Response:
+    """A response being read; ``read`` until it returns b"", then ``release`` (or ``close``)."""
+
+    __slots__ = ("_client", "_conn", "_target", "headers", "status")
+
+    def __init__(self, client: Client, target: Target, conn: Connection) -> None:
+        self._client = client
+        self._target = target
+        self._conn = conn
+        self.status = conn.status
+        self.headers = conn.headers
+
+    def header(self, name: bytes) -> bytes | None:
+        """The first value of a header (``name`` in lower case)."""
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return None
+
+    @property
+    def content_type(self) -> bytes:
+        value = self.header(b"content-type") or b""
+        return value.split(b";", 1)[0].strip().lower()
+
+    async def read(self) -> bytes:
+        """Everything received since the last read; b"" at the end. Raises ``ProtocolError``
+        once the bytes that did arrive are handed out, if the response broke."""
+        conn = self._conn
+        while not conn.pieces:
+            if conn.complete:
+                return b""
+            error = conn.error
+            if error is not None:
+                raise error if isinstance(error, ProtocolError) else ProtocolError(str(error))
+            if conn.closed:
+                raise ProtocolError("the server closed the connection mid-response")
+            await conn._wait()
+        pieces = conn.pieces
+        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        conn.pieces = []
+        conn.buffered = 0
+        if conn.paused:
+            conn.paused = False
+            if conn.transport is not None:
+                conn.transport.resume_reading()
+        return data
+
+    def at_eof(self) -> bool:
+        """All of the body was received and read."""
+        conn = self._conn
+        return conn.complete and not conn.pieces
+
+    async def body(self) -> bytes:
+        chunks: list[bytes] = []
+        while data := await self.read():
+            chunks.append(data)
+        return b"".join(chunks)
+
+    def release(self) -> None:
+        """Back to the pool if the response was read whole and the connection may stay open,
+        else closed. Safe to call twice."""
+        conn = self._conn
+        if conn.busy and self.at_eof() and not conn.closed and conn.parser.should_keep_alive():
+            conn.busy = False
+            conn.idle_since = time.monotonic()
+            self._target.idle.append(conn)
+            self._client._sweep_later()
+        elif conn.busy:
+            self.close()
+
+    def close(self) -> None:
+        """Drop the connection: the server sees the request abandoned."""
+        conn = self._conn
+        conn.busy = False
+        conn.close()
+
+
+class Client:
+    """Requests to the servers over pooled keep-alive connections."""
+
+    def __init__(self, *, connect_timeout: float, idle_timeout: float = IDLE_TIMEOUT) -> None:
+        self.connect_timeout = connect_timeout
+        self.idle_timeout = idle_timeout
+        self._targets: dict[str, Target] = {}
+        self._sweep: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    def target(self, url: str) -> Target:
+        target = self._targets.get(url)
+        if target is None:
+            target = self._targets[url] = Target(url)
+        return target
+
+    def head(
+        self, url: str, method: bytes, path: bytes, headers: bytes, length: int | None
+    ) -> bytes:
+        """A request's head: ``headers`` are whole ``name: value\\r\\n`` lines."""
+        target = self.target(url)
+        size = b"" if length is None else b"content-length: %d\r\n" % length
+        return b"%s %s HTTP/1.1\r\nhost: %s\r\n%s%s\r\n" % (
+            method,
+            path,
+            target.host_header,
+            headers,
+            size,
+        )
+
+    async def request(self, url: str, data: bytes) -> Response:
+        """Send ``data`` (a whole request: ``head`` + body) to the server at ``url`` and wait for
+        the response's head. Raises ``ConnectError`` before anything was sent, ``ProtocolError``
+        after; on cancellation the connection is closed."""
+        target = self.target(url)
+        conn = self._take(target)
+        if conn is not None:
+            try:
+                return await self._exchange(target, conn, data)
+            except _Stale:
+                pass  # the server closed it as we sent: once more, on a fresh connection
+        conn = await self._connect(target)
+        try:
+            return await self._exchange(target, conn, data)
+        except _Stale:
+            raise ProtocolError("the server closed the connection without answering") from None
+
+    async def get(self, url: str, path: str, headers: bytes = b"") -> tuple[int, bytes]:
+        """A whole GET: (status, body). For health checks and the model list, not the relay."""
+        data = self.head(url, b"GET", path.encode("latin-1"), headers, None)
+        resp = await self.request(url, data)
+        try:
+            body = await resp.body()
+        except BaseException:
+            resp.close()
+            raise
+        resp.release()
+        return resp.status, body
+
+    async def _exchange(self, target: Target, conn: Connection, data: bytes) -> Response:
+        try:
+            conn.send(data)
+            await conn.wait_headers()
+        except BaseException:
+            conn.busy = False
+            conn.close()
+            raise
+        return Response(self, target, conn)
+
+    def _take(self, target: Target) -> Connection | None:
+        idle = target.idle
+        deadline = time.monotonic() - self.idle_timeout
+        while idle:
+            conn = idle.pop()
+            if conn.closed or conn.idle_since < deadline:
+                conn.close()
+                continue
+            return conn
+        return None
+
+    async def _connect(self, target: Target) -> Connection:
+        loop = asyncio.get_running_loop()
+        where = f"{target.host}:{target.port}"
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(Connection, target.host, target.port),
+                self.connect_timeout,
+            )
+        except asyncio.TimeoutError:
+            raise ConnectError(
+                f"no connection to {where} within {self.connect_timeout:g}s", timeout=True
+            ) from None
+        except ConnectionRefusedError as exc:
+            raise ConnectError(f"{where} refused the connection: {exc}", refused=True) from None
+        except OSError as exc:
+            raise ConnectError(f"cannot connect to {where}: {exc}") from None
+        return conn
+
+    # -- idle connections --------------------------------------------------------------------------
+
+    def _sweep_later(self) -> None:
+        if self._sweep is None and not self._closed:
+            loop = asyncio.get_running_loop()
+            self._sweep = loop.call_later(self.idle_timeout / 2, self._sweep_idle)
+
+    def _sweep_idle(self) -> None:
+        self._sweep = None
+        deadline = time.monotonic() - self.idle_timeout
+        left = False
+        for target in self._targets.values():
+            idle = target.idle
+            # Oldest first: stop at the first one still fresh.
+            while idle and (idle[0].closed or idle[0].idle_since < deadline):
+                idle.popleft().close()
+            left = left or bool(idle)
+        if left:
+            self._sweep_later()
+
+    def close(self) -> None:
+        """Close the idle connections (responses being read close with their relays)."""
+        self._closed = True
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        for target in self._targets.values():
+            while target.idle:
+                target.idle.pop().close()
