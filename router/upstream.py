@@ -94,6 +94,7 @@ class Connection(asyncio.Protocol):
         self.began = False  # any byte of the current response seen
         self.headers_done = False
         self.complete = False
+        self.keep_alive = False
         self.status = 0
         self.headers: Headers = []
         self.pieces: list[bytes] = []
@@ -179,6 +180,8 @@ class Connection(asyncio.Protocol):
             self.headers_done = False
             return
         self.complete = True
+        # Asked now: once the callback returns, the parser has reset for the next message.
+        self.keep_alive = self.parser.should_keep_alive()
         self._wake()
 
     # -- the reading side --------------------------------------------------------------------------
@@ -279,7 +282,7 @@ class Response:
         """Back to the pool if the response was read whole and the connection may stay open,
         else closed. Safe to call twice."""
         conn = self._conn
-        if conn.busy and self.at_eof() and not conn.closed and conn.parser.should_keep_alive():
+        if conn.busy and self.at_eof() and not conn.closed and conn.keep_alive:
             conn.busy = False
             conn.idle_since = time.monotonic()
             self._target.idle.append(conn)
