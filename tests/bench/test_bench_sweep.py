@@ -209,3 +209,8 @@ def test_envelope_smoke(tmp_path: Path) -> None:
     assert md.startswith("# SIMULATED")
     assert "routed / better tok/s" in md
     assert stem.with_suffix(".png").read_bytes().startswith(PNG_MAGIC)
+    # The report can be rewritten from the JSONL alone, without running anything.
+    stem.with_suffix(".md").unlink()
+    r = bench("envelope", "--from-jsonl", str(stem.with_suffix(".jsonl")))
+    assert r.returncode == 0, r.stderr
+    assert stem.with_suffix(".md").read_text() == md
