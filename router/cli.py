@@ -24,6 +24,7 @@ import uvicorn
 
 from dynspec.router.app import create_app
 from dynspec.router.config import PROG, RouterConfig, build_parser, config_from_args
+from dynspec.router.downstream import RelayProtocol
 from dynspec.router.entry import configure_logging, run_main
 
 logger = logging.getLogger(__name__)
@@ -77,7 +78,8 @@ def serve(config: RouterConfig) -> int:
     server = uvicorn.Server(
         uvicorn.Config(
             app,
-            http="httptools",
+            # uvicorn's httptools protocol, plus the relay's shortcut for streamed chunks.
+            http=RelayProtocol,
             lifespan="on",
             access_log=False,
             log_config=None,

@@ -12,6 +12,10 @@ Per chunk the relay does no JSON parsing and no logging. It looks at bytes only 
   (a chunk is cut after its last blank line and the rest waits for the next read), and the few
   events that contain ``"choices":[]`` are parsed and the usage-only one is dropped.
 
+A streamed response's chunks skip ASGI when the server is ours (``downstream.RelayProtocol``):
+the upstream connection's parser callback runs the relay's per-chunk step and writes the chunk to
+the client's socket, so the request's task wakes once per response rather than once per chunk.
+
 The read timeout (``--request-timeout``: to the first byte, then between chunks) is a watchdog
 task that looks at every exchange a few times per timeout, not a per-read timer: aiohttp's
 ``sock_read`` cancelled and re-armed one on every chunk received, measured at ~6 us a chunk under
@@ -31,6 +35,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
+from dynspec.router.downstream import RAW_BODY, RawBody
 from dynspec.router.errors import (
     BadGateway,
     GatewayTimeout,
@@ -92,6 +97,7 @@ class _Exchange:
         "path",
         "progress",
         "prompt_tokens",
+        "raw",
         "rid",
         "seen",
         "seen_at",
@@ -137,6 +143,7 @@ class _Exchange:
         self.seen_at = time.monotonic()
         self.timed_out = False
         self.task: asyncio.Task[Any] | None = None
+        self.raw: RawBody | None = None
 
 
 class Proxy:
@@ -238,6 +245,9 @@ class Proxy:
         ex = _Exchange(lease, rid, path=scope["path"], body=body, headers=headers, start=start)
         ex.stream = stream
         ex.strip = strip
+        extensions = scope.get("extensions")
+        if stream and extensions and RAW_BODY in extensions:
+            ex.raw = extensions[RAW_BODY]["body"]
         await self._relay(ex, receive, send)
 
     # -- upstream side -----------------------------------------------------------------------------
@@ -319,7 +329,14 @@ class Proxy:
                 prompt_tokens=ex.prompt_tokens,
                 output_tokens=ex.output_tokens,
             )
-            logger.debug("%s: %s %d via %s", ex.rid, ex.lease.pool, ex.code, ex.lease.server.url)
+            logger.debug(
+                "%s: %s %d via %s%s",
+                ex.rid,
+                ex.lease.pool,
+                ex.code,
+                ex.lease.server.url,
+                " (direct)" if ex.raw is not None else "",
+            )
 
     async def _timed_out(self, ex: _Exchange, send: Send) -> None:
         self.metrics.upstream_error(ex.lease.pool, "timeout")
@@ -356,8 +373,12 @@ class Proxy:
                 out.append((lname, value))
             ex.started = True
             await send({"type": "http.response.start", "status": resp.status, "headers": out})
+            raw = ex.raw = ex.raw if sse and ex.raw is not None and ex.raw.usable() else None
             try:
-                if strip:
+                if raw is not None:
+                    relay = self._relay_stripping_direct if strip else self._relay_stream_direct
+                    ended = await relay(ex, resp, raw, send)
+                elif strip:
                     ended = await self._relay_stripping(ex, resp, send)
                 elif sse:
                     ended = await self._relay_stream(ex, resp, send)
@@ -452,6 +473,78 @@ class Proxy:
                 return True
             if data:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
+
+    # The direct relays: the same per-chunk steps as above, run by the upstream connection as each
+    # piece arrives (see downstream.py). The task waits for the end, or for a full client socket.
+
+    @staticmethod
+    async def _stream_until_end(resp: Response, raw: RawBody) -> None:
+        while not await resp.wait():
+            await raw.drain()
+            resp.unhold()
+
+    async def _relay_stream_direct(
+        self, ex: _Exchange, resp: Response, raw: RawBody, send: Send
+    ) -> bool:
+        start = ex.start
+        prev = last = b""
+
+        def sink(data: bytes) -> None:
+            nonlocal prev, last
+            ex.progress += 1
+            if ex.ttft is None and has_token(data):
+                ex.ttft = time.perf_counter() - start
+            prev, last = last, data
+            if not raw.write(data):
+                resp.hold()
+
+        resp.stream_to(sink)
+        await self._stream_until_end(resp, raw)
+        self._take_usage(ex, usage_in(prev + last))
+        ex.finished = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return True
+
+    async def _relay_stripping_direct(
+        self, ex: _Exchange, resp: Response, raw: RawBody, send: Send
+    ) -> bool:
+        start = ex.start
+        carry = b""
+
+        def events(data: bytes) -> bytes:
+            if may_hold_usage_event(data):
+                data, usage = strip_usage_events(data)
+                if usage is not None:
+                    self._take_usage(ex, usage)
+            if ex.ttft is None and has_token(data):
+                ex.ttft = time.perf_counter() - start
+            return data
+
+        def sink(data: bytes) -> None:
+            nonlocal carry
+            ex.progress += 1
+            if carry:
+                data = carry + data
+                carry = b""
+            end = data.rfind(b"\n\n")
+            if end == -1:
+                if len(data) < _MAX_CARRY:
+                    carry = data
+                    return
+            elif end + 2 < len(data):
+                carry = data[end + 2 :]
+                data = data[: end + 2]
+            data = events(data)
+            if data and not raw.write(data):
+                resp.hold()
+
+        resp.stream_to(sink)
+        await self._stream_until_end(resp, raw)
+        # What is left (an event the server did not end) goes out with the response's end.
+        last = events(carry) if carry else b""
+        ex.finished = True
+        await send({"type": "http.response.body", "body": last, "more_body": False})
+        return True
 
     @staticmethod
     def _take_usage(ex: _Exchange, usage: Usage) -> None:

@@ -26,6 +26,7 @@ import collections
 import contextlib
 import socket
 import time
+from collections.abc import Callable
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -100,8 +101,11 @@ class Connection(asyncio.Protocol):
         self.pieces: list[bytes] = []
         self.buffered = 0
         self.paused = False
+        self.held = False
         self.error: Exception | None = None
         self.until_close = False
+        # When set, body pieces go to it as they arrive instead of waiting for ``read``.
+        self.sink: Callable[[bytes], None] | None = None
         self._waiter: asyncio.Future[None] | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
@@ -162,6 +166,10 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        sink = self.sink
+        if sink is not None:
+            sink(body)
+            return
         self.pieces.append(body)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
@@ -267,6 +275,54 @@ class Response:
                 conn.transport.resume_reading()
         return data
 
+    def stream_to(self, sink: Callable[[bytes], None]) -> None:
+        """Hand every body piece to ``sink`` from now on, starting with those already here,
+        instead of ``read``. ``sink`` runs inside the connection's ``data_received``: it must
+        not raise, and it may ``hold`` the connection. ``wait`` for the end."""
+        conn = self._conn
+        pieces = conn.pieces
+        conn.pieces = []
+        conn.buffered = 0
+        for piece in pieces:
+            sink(piece)
+        conn.sink = sink
+        if conn.paused and not conn.held:
+            conn.paused = False
+            if conn.transport is not None:
+                conn.transport.resume_reading()
+
+    def hold(self) -> None:
+        """Stop reading from the server (the reader cannot take more) and wake ``wait``."""
+        conn = self._conn
+        conn.held = True
+        if not conn.paused and conn.transport is not None:
+            conn.paused = True
+            conn.transport.pause_reading()
+        conn._wake()
+
+    def unhold(self) -> None:
+        conn = self._conn
+        conn.held = False
+        if conn.paused and conn.transport is not None:
+            conn.paused = False
+            conn.transport.resume_reading()
+
+    async def wait(self) -> bool:
+        """With a sink: until the body is complete (True) or the sink held the connection
+        (False). Raises ``ProtocolError`` if the response broke."""
+        conn = self._conn
+        while True:
+            if conn.held:
+                return False
+            if conn.complete:
+                return True
+            error = conn.error
+            if error is not None:
+                raise error if isinstance(error, ProtocolError) else ProtocolError(str(error))
+            if conn.closed:
+                raise ProtocolError("the server closed the connection mid-response")
+            await conn._wait()
+
     def at_eof(self) -> bool:
         """All of the body was received and read."""
         conn = self._conn
@@ -283,6 +339,7 @@ class Response:
         else closed. Safe to call twice."""
         conn = self._conn
         if conn.busy and self.at_eof() and not conn.closed and conn.keep_alive:
+            conn.sink = None
             conn.busy = False
             conn.idle_since = time.monotonic()
             self._target.idle.append(conn)
@@ -293,6 +350,7 @@ class Response:
     def close(self) -> None:
         """Drop the connection: the server sees the request abandoned."""
         conn = self._conn
+        conn.sink = None
         conn.busy = False
         conn.close()
 

@@ -12,8 +12,9 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
-from conftest import RouterProc, fake_upstream, router
+from conftest import RouterProc, fake_upstream, router, wait_for
 
 from dynspec.router.cli import bind_socket
 
@@ -191,3 +192,55 @@ def test_no_healthy_server_is_503(tmp_path: Path) -> None:
         assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
         assert r.json()["error"]["code"] == "no_healthy_server"
         assert proc.metric("dynspec_server_up", pool="eagle", server=dead) == 0
+
+
+@pytest.mark.parametrize("usage", [False, True])
+def test_streamed_chunks_skip_asgi(rp: RouterProc, upstream: str, usage: bool) -> None:
+    """Under the router's own server, a streamed body's chunks are written by the relay itself
+    (downstream.RelayProtocol), with or without the usage chunk removed."""
+    body: dict[str, Any] = {"messages": MESSAGES, "max_tokens": 5, "stream": True}
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    rid = f"direct-{usage}"
+    headers = {"Authorization": "Bearer client-secret", "x-request-id": rid, "x-fake-split": "1"}
+    r = httpx.post(rp.url + CHAT, json=body, headers=headers, timeout=10)
+    got = events(r.content)
+    assert got[-1] == b"data: [DONE]"
+    assert any(b'"choices":[]' in e for e in got) == usage
+    assert len(got) == 1 + 5 + usage + 1
+    line = f"{rid}: eagle 200 via {upstream} (direct)"
+    assert wait_for(lambda: line in rp.log.read_text())  # logged just after the response
+
+
+async def test_slow_client_gets_every_chunk(rp: RouterProc) -> None:
+    """A client that stops reading holds the server back (the relay stops reading from it),
+    then gets the whole stream, in order, once it reads again."""
+    n = 40000  # ~3 MB of events, more than the sockets between here and the client hold
+    body = orjson.dumps({"messages": MESSAGES, "max_tokens": n, "stream": True,
+                         "stream_options": {"include_usage": True}})  # fmt: skip
+    port = int(rp.url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer client-secret\r\n"
+        b"x-fake-delay: 0\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    await writer.drain()
+    await asyncio.sleep(1.5)  # not reading
+    raw = await asyncio.wait_for(reader.read(), 60)
+    writer.close()
+    head, _, chunked = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head
+    payload = bytearray()
+    while True:
+        size_line, _, chunked = chunked.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        payload += chunked[:size]
+        chunked = chunked[size + 2 :]
+    got = events(bytes(payload))
+    assert got[-1] == b"data: [DONE]"
+    texts = [e for e in got if b'"content":"t' in e]
+    assert len(texts) == n
+    assert all(b'"content":"t%d ' % i in e for i, e in enumerate(texts))

@@ -328,3 +328,46 @@ async def test_response_written_one_byte_at_a_time() -> None:
         resp.release()
         assert isinstance(resp._conn, Connection) and not resp._conn.closed
         client.close()
+
+
+async def test_sink_gets_pieces_and_can_hold_the_server() -> None:
+    """``stream_to``: pieces already received first, then each as it arrives; ``hold`` stops
+    reading and wakes ``wait``, which returns True at the end."""
+    go = asyncio.Event()
+
+    async def handler(n: int, i: int, head: bytes, w: asyncio.StreamWriter) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\na\r\n")
+        await w.drain()
+        await go.wait()
+        w.write(b"1\r\nb\r\n")
+        await w.drain()
+        await asyncio.sleep(0.05)
+        w.write(b"1\r\nc\r\n0\r\n\r\n")
+        await w.drain()
+        return True
+
+    async with serve(handler) as server:
+        client = Client(connect_timeout=2)
+        resp = await post(client, server.url)
+        await asyncio.sleep(0.05)  # "a" arrives before the sink
+        got: list[bytes] = []
+
+        def sink(data: bytes) -> None:
+            got.append(data)
+            if data == b"b":
+                resp.hold()
+
+        resp.stream_to(sink)
+        assert got == [b"a"]
+        go.set()
+        assert await resp.wait() is False  # held after "b"
+        assert got == [b"a", b"b"] and resp._conn.paused
+        await asyncio.sleep(0.15)
+        assert got == [b"a", b"b"]  # "c" waits in the socket
+        resp.unhold()
+        assert await resp.wait() is True
+        assert got == [b"a", b"b", b"c"] and resp.at_eof()
+        resp.release()
+        assert (await client.get(server.url, "/")) == (200, b"abc")
+        assert server.connections == 1
+        client.close()
