@@ -44,7 +44,11 @@ class RawBody:
         cycle = self._cycle
         if cycle.disconnected:
             return True  # the relay learns it from the ASGI disconnect, as without the shortcut
-        cycle.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        try:
+            cycle.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        except RuntimeError:
+            # uvloop: the socket is closed and uvicorn's connection_lost has yet to run.
+            return True
         return not cycle.flow.write_paused
 
     async def drain(self) -> None:

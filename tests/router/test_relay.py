@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,8 @@ import httpx
 import openai
 import orjson
 import pytest
-from conftest import RouterProc, fake_upstream, router, wait_for
+from conftest import LIVE_ROUTERS, RouterProc, fake_upstream, router, wait_for
+from utils import free_port, running
 
 from dynspec.router.cli import bind_socket
 
@@ -244,3 +246,55 @@ async def test_slow_client_gets_every_chunk(rp: RouterProc) -> None:
     texts = [e for e in got if b'"content":"t' in e]
     assert len(texts) == n
     assert all(b'"content":"t%d ' % i in e for i, e in enumerate(texts))
+
+
+@pytest.fixture(scope="module")
+def plain(upstream: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProc]:
+    """The same router app under stock uvicorn: every chunk through ASGI ``send``."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path_factory.mktemp("plain") / "router.log"
+    argv = [
+        sys.executable, str(Path(__file__).parent / "plain_router.py"), str(port),
+        "--eagle-url", upstream, "--request-timeout", "1", "--health-interval", "0.2",
+    ]  # fmt: skip
+    with running(argv, ready_url=url + "/health", timeout=30, log=log) as proc:
+        rp = RouterProc(url, proc, log, None)
+        LIVE_ROUTERS.append(rp)
+        try:
+            yield rp
+        finally:
+            LIVE_ROUTERS.remove(rp)
+
+
+@pytest.mark.parametrize("usage", [False, True])
+@pytest.mark.parametrize("split", ["0", "1"])
+def test_streamed_chunks_through_asgi(plain: RouterProc, usage: bool, split: str) -> None:
+    body: dict[str, Any] = {"messages": MESSAGES, "max_tokens": 5, "stream": True}
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    rid = f"plain-{usage}-{split}"
+    headers = {"x-request-id": rid, "x-fake-split": split}
+    r = httpx.post(plain.url + CHAT, json=body, headers=headers, timeout=10)
+    got = events(r.content)
+    assert got[-1] == b"data: [DONE]"
+    assert any(b'"choices":[]' in e for e in got) == usage
+    assert len(got) == 1 + 5 + usage + 1
+    assert all(e.startswith(b"data: ") for e in got)
+    assert wait_for(lambda: f"{rid}: eagle 200 via " in plain.log.read_text())
+    assert "(direct)" not in plain.log.read_text()
+
+
+async def test_server_dies_mid_stream_through_asgi(plain: RouterProc) -> None:
+    before = plain.metric("dynspec_upstream_errors_total", pool="eagle", kind="protocol")
+    async with openai.AsyncOpenAI(base_url=plain.url + "/v1", api_key="x", max_retries=0) as c:
+        stream = await c.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=50, stream=True,
+            extra_headers={"x-fake-die-after": "4"},
+        )  # fmt: skip
+        with pytest.raises((openai.APIError, httpx.HTTPError)):
+            async for _ in stream:
+                pass
+    assert await asyncio.to_thread(plain.wait_load, 0)
+    after = plain.metric("dynspec_upstream_errors_total", pool="eagle", kind="protocol")
+    assert after == before + 1
