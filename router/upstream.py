@@ -3,8 +3,10 @@
 Why not aiohttp (measured with ``bench/overhead``): its reader costs about 15 us of a relayed
 chunk's CPU, more than half of the 25 us budget, through layers the relay does not use (a
 ``StreamReader`` with its own buffering and timers, response objects, cookie and redirect logic).
-Here a body piece goes from ``data_received`` through httptools' C parser into a list, and the
-one task reading it is woken at most once per ``data_received``; nothing else runs per chunk.
+Here a body piece goes from ``data_received`` through httptools' C parser either into a list,
+waking the one task that ``read``s it at most once per ``data_received``, or, for the relay's
+streams, straight into a callback (``stream_to``) that forwards it on the spot; nothing else runs
+per chunk.
 
 What it does: one request at a time per connection (no pipelining); request head and body written
 in one ``transport.write``; TCP_NODELAY on every connection; responses framed by content-length,
@@ -160,8 +162,10 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
+        if self.status < 200:
+            return  # an interim response (100 Continue): the real one follows
         self.headers_done = True
-        if self.status >= 200 and self.status not in (204, 304):
+        if self.status not in (204, 304):
             self.until_close = not any(name.lower() in _FRAMING for name, _ in self.headers)
         self._wake()
 
@@ -183,9 +187,7 @@ class Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         if self.status < 200:
-            # An interim response (100 Continue): the real one follows on the same parser.
             self.headers = []
-            self.headers_done = False
             return
         self.complete = True
         # Asked now: once the callback returns, the parser has reset for the next message.

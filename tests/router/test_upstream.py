@@ -371,3 +371,19 @@ async def test_sink_gets_pieces_and_can_hold_the_server() -> None:
         assert (await client.get(server.url, "/")) == (200, b"abc")
         assert server.connections == 1
         client.close()
+
+
+async def test_interim_response_is_skipped() -> None:
+    async def handler(n: int, i: int, head: bytes, w: asyncio.StreamWriter) -> bool:
+        w.write(b"HTTP/1.1 100 Continue\r\nx-interim: 1\r\n\r\n")
+        await w.drain()
+        await asyncio.sleep(0.05)
+        return await answer(sized(b"done"), w)
+
+    async with serve(handler) as server:
+        client = Client(connect_timeout=2)
+        resp = await post(client, server.url)
+        assert resp.status == 200 and resp.header(b"x-interim") is None
+        assert await resp.body() == b"done"
+        resp.release()
+        client.close()
