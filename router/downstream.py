@@ -24,10 +24,11 @@ RAW_BODY = "dynspec.raw_body"
 class RawBody:
     """Chunked body frames written straight to one response's connection."""
 
-    __slots__ = ("_cycle",)
+    __slots__ = ("_cycle", "_frames")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
         self._cycle = cycle
+        self._frames: list[bytes] = []
 
     def usable(self) -> bool:
         """The response's head went out with chunked framing, and its end has not."""
@@ -39,13 +40,23 @@ class RawBody:
             and cycle.scope["method"] != "HEAD"
         )
 
-    def write(self, data: bytes) -> bool:
-        """Write one chunk; False when the client's socket is full (wait for ``drain``)."""
+    def write(self, data: bytes) -> None:
+        """Frame one chunk; it goes out with the next ``flush``."""
+        self._frames.append(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def flush(self) -> bool:
+        """Write the framed chunks in one go; False when the client's socket is full (wait for
+        ``drain``)."""
+        frames = self._frames
+        if not frames:
+            return True
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
+        frames.clear()
         cycle = self._cycle
         if cycle.disconnected:
             return True  # the relay learns it from the ASGI disconnect, as without the shortcut
         try:
-            cycle.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+            cycle.transport.write(data)
         except RuntimeError:
             # uvloop: the socket is closed and uvicorn's connection_lost has yet to run.
             return True

@@ -495,10 +495,10 @@ class Proxy:
             if ex.ttft is None and has_token(data):
                 ex.ttft = time.perf_counter() - start
             prev, last = last, data
-            if not raw.write(data):
-                resp.hold()
+            write(data)
 
-        resp.stream_to(sink)
+        write = raw.write
+        resp.stream_to(sink, raw.flush)
         await self._stream_until_end(resp, raw)
         self._take_usage(ex, usage_in(prev + last))
         ex.finished = True
@@ -535,10 +535,11 @@ class Proxy:
                 carry = data[end + 2 :]
                 data = data[: end + 2]
             data = events(data)
-            if data and not raw.write(data):
-                resp.hold()
+            if data:
+                write(data)
 
-        resp.stream_to(sink)
+        write = raw.write
+        resp.stream_to(sink, raw.flush)
         await self._stream_until_end(resp, raw)
         # What is left (an event the server did not end) goes out with the response's end.
         last = events(carry) if carry else b""

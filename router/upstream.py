@@ -108,6 +108,8 @@ class Connection(asyncio.Protocol):
         self.until_close = False
         # When set, body pieces go to it as they arrive instead of waiting for ``read``.
         self.sink: Callable[[bytes], None] | None = None
+        # Called once after each read's pieces went to the sink; False holds the connection.
+        self.flush: Callable[[], bool] | None = None
         self._waiter: asyncio.Future[None] | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
@@ -148,6 +150,16 @@ class Connection(asyncio.Protocol):
             self.error = ProtocolError(f"invalid response from the server: {exc}")
             self.close()
             self._wake()
+        flush = self.flush
+        if flush is not None and not flush():
+            self.hold()
+
+    def hold(self) -> None:
+        self.held = True
+        if not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
 
     def eof_received(self) -> bool | None:
         return None  # close the transport; connection_lost decides what the end meant
@@ -277,10 +289,11 @@ class Response:
                 conn.transport.resume_reading()
         return data
 
-    def stream_to(self, sink: Callable[[bytes], None]) -> None:
+    def stream_to(self, sink: Callable[[bytes], None], flush: Callable[[], bool]) -> None:
         """Hand every body piece to ``sink`` from now on, starting with those already here,
-        instead of ``read``. ``sink`` runs inside the connection's ``data_received``: it must
-        not raise, and it may ``hold`` the connection. ``wait`` for the end."""
+        instead of ``read``; ``flush`` runs once after the pieces of each socket read (so a
+        burst goes on in one write) and returns False to ``hold`` the connection. Both run
+        inside the connection's ``data_received`` and must not raise. ``wait`` for the end."""
         conn = self._conn
         pieces = conn.pieces
         conn.pieces = []
@@ -288,19 +301,17 @@ class Response:
         for piece in pieces:
             sink(piece)
         conn.sink = sink
-        if conn.paused and not conn.held:
+        conn.flush = flush
+        if not flush():
+            conn.hold()
+        elif conn.paused and not conn.held:
             conn.paused = False
             if conn.transport is not None:
                 conn.transport.resume_reading()
 
     def hold(self) -> None:
         """Stop reading from the server (the reader cannot take more) and wake ``wait``."""
-        conn = self._conn
-        conn.held = True
-        if not conn.paused and conn.transport is not None:
-            conn.paused = True
-            conn.transport.pause_reading()
-        conn._wake()
+        self._conn.hold()
 
     def unhold(self) -> None:
         conn = self._conn
@@ -341,7 +352,7 @@ class Response:
         else closed. Safe to call twice."""
         conn = self._conn
         if conn.busy and self.at_eof() and not conn.closed and conn.keep_alive:
-            conn.sink = None
+            conn.sink = conn.flush = None
             conn.busy = False
             conn.idle_since = time.monotonic()
             self._target.idle.append(conn)
@@ -352,7 +363,7 @@ class Response:
     def close(self) -> None:
         """Drop the connection: the server sees the request abandoned."""
         conn = self._conn
-        conn.sink = None
+        conn.sink = conn.flush = None
         conn.busy = False
         conn.close()
 

@@ -357,7 +357,7 @@ async def test_sink_gets_pieces_and_can_hold_the_server() -> None:
             if data == b"b":
                 resp.hold()
 
-        resp.stream_to(sink)
+        resp.stream_to(sink, lambda: True)
         assert got == [b"a"]
         go.set()
         assert await resp.wait() is False  # held after "b"
@@ -386,4 +386,43 @@ async def test_interim_response_is_skipped() -> None:
         assert resp.status == 200 and resp.header(b"x-interim") is None
         assert await resp.body() == b"done"
         resp.release()
+        client.close()
+
+
+async def test_flush_once_per_read_and_hold_from_flush() -> None:
+    """A burst read at once reaches the sink piece by piece and ``flush`` once; a False from
+    ``flush`` holds the connection."""
+    go = asyncio.Event()
+
+    async def handler(n: int, i: int, head: bytes, w: asyncio.StreamWriter) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        await w.drain()
+        await go.wait()
+        w.write(b"1\r\na\r\n1\r\nb\r\n1\r\nc\r\n")  # one write, one read
+        await w.drain()
+        await asyncio.sleep(0.05)
+        w.write(b"1\r\nd\r\n0\r\n\r\n")
+        await w.drain()
+        return True
+
+    async with serve(handler) as server:
+        client = Client(connect_timeout=2)
+        resp = await post(client, server.url)
+        log: list[bytes] = []
+
+        def flush() -> bool:
+            log.append(b"|")
+            return b"c" not in log  # the client's socket is "full" after "c"
+
+        resp.stream_to(log.append, flush)
+        assert log == [b"|"]
+        go.set()
+        assert await resp.wait() is False
+        assert log == [b"|", b"a", b"b", b"c", b"|"]
+        resp.unhold()
+        log.clear()
+        assert await resp.wait() is True
+        assert log == [b"d", b"|"]
+        resp.release()
+        assert server.connections == 1
         client.close()
