@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -426,3 +428,29 @@ async def test_flush_once_per_read_and_hold_from_flush() -> None:
         resp.release()
         assert server.connections == 1
         client.close()
+
+
+async def test_connect_timeout() -> None:
+    """A server whose accept queue is full drops the SYN: the connect times out (loopback)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(4):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            fillers.append(s)
+        await asyncio.sleep(0.1)
+        client = Client(connect_timeout=0.3)
+        started = time.monotonic()
+        with pytest.raises(ConnectError) as info:
+            await client.get(f"http://127.0.0.1:{port}", "/")
+        assert info.value.timeout and not info.value.refused
+        assert 0.25 < time.monotonic() - started < 2
+    finally:
+        for s in fillers:
+            s.close()
+        listener.close()
