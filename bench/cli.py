@@ -26,6 +26,7 @@ COMMANDS = {
     "suggest-threshold": "the router threshold/hysteresis where EAGLE stops paying, from 2 sweeps",
     "profile": "turn a measured sweep into a dynspec-sim profile",
     "envelope": "simulated servers + router: does routing follow the better server?",
+    "overhead": "router hot-path cost: direct vs dynspec-router vs SGLang's router",
 }
 DEFAULT_LEVELS = "1,2,4,8,16,32,64,128,256"
 logger = logging.getLogger(__name__)
@@ -455,11 +456,18 @@ def cmd_envelope(argv: Sequence[str]) -> NoReturn:
     run_main(PROG, body, args.log_level)
 
 
+def cmd_overhead(argv: Sequence[str]) -> None:
+    from dynspec.bench.overhead import main as overhead_main
+
+    overhead_main(argv, prog=f"{PROG} overhead")
+
+
 HANDLERS = {
     "sweep": cmd_sweep,
     "suggest-threshold": cmd_threshold,
     "profile": cmd_profile,
     "envelope": cmd_envelope,
+    "overhead": cmd_overhead,
 }
 
 

@@ -902,8 +902,8 @@ def _requests(text: str) -> dict[int, int]:
     return out
 
 
-def build_parser() -> FlagParser:
-    p = FlagParser(prog="python -m dynspec.bench.overhead", description=__doc__.split("\n")[0])
+def build_parser(prog: str = "python -m dynspec.bench.overhead") -> FlagParser:
+    p = FlagParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument(
         "--targets",
         default="direct,floor,floor-asgi,dynspec,sglang",
@@ -1011,8 +1011,8 @@ def settings_from(args: argparse.Namespace) -> tuple[Settings, list[str]]:
     return s, skipped
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_layered(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m dynspec.bench.overhead") -> None:
+    args = build_parser(prog).parse_layered(argv)
     configure_logging(args.log_level)
 
     def body() -> None:
@@ -1035,7 +1035,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not args.log_dir:
             shutil.rmtree(s.log_dir, ignore_errors=True)
 
-    run_main("overhead", body, args.log_level)
+    run_main(prog, body, args.log_level)
 
 
 if __name__ == "__main__":
