@@ -23,8 +23,6 @@ import json
 import logging
 import math
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +36,7 @@ import httpx
 
 from dynspec.bench import report, threshold
 from dynspec.bench.load import Target
+from dynspec.bench.procs import free_port, stop_group
 from dynspec.bench.report import Record, model_time
 from dynspec.bench.sweep import ProgressLine, SweepConfig, sweep
 from dynspec.launcher.sim.profile import Profile, load_profile
@@ -174,12 +173,6 @@ def schedule_table(records: Sequence[Record], profile: Profile) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_ready(
     url: str, proc: subprocess.Popen[bytes], timeout: float, name: str, log: Path
 ) -> None:
@@ -194,19 +187,6 @@ def _wait_ready(
             pass
         time.sleep(0.1)
     raise RuntimeError(f"{name} not ready at {url} within {timeout:.0f}s (log: {log})")
-
-
-def _stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(grace)
 
 
 class Processes:
@@ -231,7 +211,7 @@ class Processes:
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
-            _stop(proc)
+            stop_group(proc)
 
 
 @contextlib.contextmanager
@@ -245,7 +225,7 @@ def processes() -> Iterator[Processes]:
 
 
 def _start_sim(procs: Processes, cfg: EnvelopeConfig, mode: str) -> str:
-    port = _free_port()
+    port = free_port()
     argv = [
         sys.executable,
         "-m",
@@ -275,7 +255,7 @@ def _start_sim(procs: Processes, cfg: EnvelopeConfig, mode: str) -> str:
 def _start_router(
     procs: Processes, cfg: EnvelopeConfig, eagle: str, baseline: str, *, thr: int, hyst: int
 ) -> str:
-    port = _free_port()
+    port = free_port()
     # Threshold 0 is suggest-threshold's "EAGLE never wins": the router gets no EAGLE pool
     # (its threshold policy needs --threshold >= 1, which would still send lone requests there).
     pools = ["--baseline-url", baseline]

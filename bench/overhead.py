@@ -26,8 +26,6 @@ import platform
 import select
 import shlex
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +40,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from dynspec.bench.procs import free_port, stop_group
 from dynspec.router.entry import FlagParser, UsageError, add_log_level, configure_logging, run_main
 
 log = logging.getLogger(__name__)
@@ -128,12 +127,6 @@ class RssSampler:
 
 
 # -- processes ------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _http_status(url: str, timeout: float = 2.0) -> int | None:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -192,20 +185,7 @@ def started(services: Sequence[Service], log_dir: Path, timeout: float = 60.0) -
     finally:
         for svc in services:
             if svc.proc is not None:
-                _stop(svc.proc)
-
-
-def _stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(grace)
+                stop_group(svc.proc)
 
 
 def dynspec_available() -> str | None:
@@ -288,7 +268,7 @@ def _readline(proc: subprocess.Popen[bytes], timeout: float) -> bytes:
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     if not ready:
-        _stop(proc)
+        stop_group(proc)
         raise RuntimeError(f"load generator silent for {timeout:.0f}s")
     return proc.stdout.readline()
 
