@@ -33,12 +33,19 @@ class RawBody:
     def usable(self) -> bool:
         """The response's head went out with chunked framing, and its end has not."""
         cycle = self._cycle
-        return (
-            cycle.response_started
-            and cycle.chunked_encoding is True
-            and not cycle.response_complete
-            and cycle.scope["method"] != "HEAD"
-        )
+        try:
+            return (
+                cycle.response_started
+                and cycle.chunked_encoding is True
+                and not cycle.response_complete
+                and cycle.scope["method"] != "HEAD"
+                and cycle.flow is not None
+                and cycle.transport is not None
+                and not cycle.disconnected
+            )
+        except AttributeError:
+            # A uvicorn whose response cycle is shaped otherwise: relay through ASGI ``send``.
+            return False
 
     def write(self, data: bytes) -> None:
         """Frame one chunk; it goes out with the next ``flush``."""
@@ -73,9 +80,9 @@ class RelayProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
-        cycle = self.cycle
+        cycle = getattr(self, "cycle", None)
         # No new cycle for an upgrade; a pipelined request's cycle waits, with its own scope.
-        if cycle is not None and cycle.scope is self.scope:
+        if cycle is not None and getattr(cycle, "scope", None) is self.scope:
             # ASGI extensions map a name to a dict.
             extensions = dict(self.scope.get("extensions") or {})
             extensions[RAW_BODY] = {"body": RawBody(cycle)}

@@ -9,7 +9,7 @@ import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import openai
@@ -298,3 +298,16 @@ async def test_server_dies_mid_stream_through_asgi(plain: RouterProc) -> None:
     assert await asyncio.to_thread(plain.wait_load, 0)
     after = plain.metric("dynspec_upstream_errors_total", pool="eagle", kind="protocol")
     assert after == before + 1
+
+
+def test_raw_body_unusable_on_an_unknown_response_cycle() -> None:
+    # A future uvicorn with another cycle shape must make the relay fall back to ASGI send.
+    from dynspec.router.downstream import RawBody
+
+    class Cycle:
+        response_started = True
+        chunked_encoding = True
+        response_complete = False
+        scope: ClassVar[dict[str, str]] = {"method": "POST"}
+
+    assert RawBody(Cycle()).usable() is False  # type: ignore[arg-type]
