@@ -74,6 +74,9 @@ class _StateCollector(Collector):
         yield up
 
 
+USUAL_CODES = (200, 400, 499, 500, 502, 503, 504)
+
+
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry, pools: Pools) -> None:
         self.registry = registry
@@ -137,7 +140,11 @@ class RouterMetrics:
         self._errors = {
             (p, k): self.upstream_errors.labels(p, k) for p in POOLS for k in UPSTREAM_ERROR_KINDS
         }
-        self._requests: dict[tuple[str, int], Any] = {}
+        # The usual statuses exist from the start at 0, so the first error of a kind is an increase
+        # that rate() and the error-ratio alert can see, not a series that appears already at 1.
+        self._requests: dict[tuple[str, int], Any] = {
+            (p, code): self.requests.labels(p, str(code)) for p in POOLS for code in USUAL_CODES
+        }
         registry.register(_StateCollector(pools))
 
     def switched(self, to: PoolName) -> None:

@@ -247,6 +247,9 @@ async def test_metric_values_after_known_requests(sims: tuple[str, str], tmp_pat
         m = rp.metrics()
         assert metric_value(m, "dynspec_requests_total", pool="eagle", code="200") == 4
         assert metric_value(m, "dynspec_requests_total", pool="baseline", code="200") == 0
+        # The usual error statuses are there at 0 before any error, so a first error is an increase.
+        for code in ("499", "500", "502", "503", "504"):
+            assert f'dynspec_requests_total{{code="{code}",pool="baseline"}} 0.0' in m
         assert metric_value(m, "dynspec_output_tokens_total", pool="eagle") == sum(streamed) + 4
         assert metric_value(m, "dynspec_prompt_tokens_total", pool="eagle") == 4 * prompt
         assert metric_value(m, "dynspec_time_to_first_token_seconds_count", pool="eagle") == 3
