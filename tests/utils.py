@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +12,11 @@ from pathlib import Path
 
 import httpx
 
+from dynspec.bench.procs import free_port, stop_group
+
+__all__ = ["BIN", "free_port", "kill_group", "running", "wait_http"]
+
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, timeout: float = 30.0, status: int = 200) -> None:
@@ -40,16 +36,7 @@ def wait_http(url: str, timeout: float = 30.0, status: int = 200) -> None:
 
 
 def kill_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(grace)
+    stop_group(proc, grace)
 
 
 @contextlib.contextmanager

@@ -36,20 +36,27 @@ def _finish_fields(finish_reason: str, matched_stop: int | None) -> bytes:
     )
 
 
+def _event_top(rid: str, obj: bytes, created: int, model: str) -> bytes:
+    """The start every streamed event of one response shares, up to its ``choices``."""
+    return (
+        b'data: {"id":'
+        + orjson.dumps(rid)
+        + b',"object":"'
+        + obj
+        + b'","created":'
+        + str(created).encode()
+        + b',"model":'
+        + orjson.dumps(model)
+    )
+
+
 class ChatChunks:
     """The SSE events of one streamed chat completion."""
 
     __slots__ = ("_head", "_usage_head")
 
     def __init__(self, rid: str, created: int, model: str) -> None:
-        top = (
-            b'data: {"id":'
-            + orjson.dumps(rid)
-            + b',"object":"chat.completion.chunk","created":'
-            + str(created).encode()
-            + b',"model":'
-            + orjson.dumps(model)
-        )
+        top = _event_top(rid, b"chat.completion.chunk", created, model)
         self._head = top + b',"choices":[{"index":0,"delta":{"reasoning_content":null'
         self._usage_head = top + b',"choices":[],"usage":'
 
@@ -72,14 +79,7 @@ class CompletionChunks:
     __slots__ = ("_head", "_usage_head")
 
     def __init__(self, rid: str, created: int, model: str) -> None:
-        top = (
-            b'data: {"id":'
-            + orjson.dumps(rid)
-            + b',"object":"text_completion","created":'
-            + str(created).encode()
-            + b',"model":'
-            + orjson.dumps(model)
-        )
+        top = _event_top(rid, b"text_completion", created, model)
         self._head = top + b',"choices":[{"index":0,"text":'
         self._usage_head = top + b',"choices":[],"usage":'
 
