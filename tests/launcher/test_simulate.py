@@ -22,6 +22,8 @@ async def stream(
         messages=MESSAGES,
         max_tokens=max_tokens,
         stream=True,  # type: ignore[arg-type]
+        # SGLang's ignore_eos: else the simulator may end an answer itself (64-768 tokens), "stop".
+        extra_body={"ignore_eos": True},
     )
     text, finish = "", None
     async for chunk in raw.parse():
@@ -45,7 +47,7 @@ async def test_simulate_serves_shows_the_switch_and_drains_on_sigint(tmp_path: P
         )
         # Twelve at once: load goes above the default threshold 8, so the router switches pools.
         results = await asyncio.gather(*(stream(client, 96) for _ in range(12)))
-        assert all(text and finish == "length" for _, text, finish in results)
+        assert all(text and finish == "length" for _, text, finish in results), results
         assert {pool for pool, _, _ in results} == {"eagle", "baseline"}
         switch = run.wait_for(
             r"\[dynspec\] switch: new requests go to the baseline pool "
