@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import router
+from routerkit import router
 
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
 

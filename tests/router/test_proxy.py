@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import (
+from routerkit import (
     RouterProc,
     clear_faults,
     metric_value,

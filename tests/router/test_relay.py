@@ -15,7 +15,7 @@ import httpx
 import openai
 import orjson
 import pytest
-from conftest import LIVE_ROUTERS, RouterProc, fake_upstream, router, wait_for
+from routerkit import LIVE_ROUTERS, RouterProc, fake_upstream, router, wait_for
 from utils import free_port, running
 
 from dynspec.router.cli import bind_socket

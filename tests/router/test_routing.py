@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import openai
-from conftest import RouterProc, clear_faults, metric_value, router, set_faults, sim_proc, wait_for
+from routerkit import RouterProc, clear_faults, metric_value, router, set_faults, sim_proc, wait_for
 from utils import kill_group
 
 MESSAGES: Any = [{"role": "user", "content": "Tell me a long story."}]
