@@ -156,10 +156,27 @@ class Connection(asyncio.Protocol):
 
     def hold(self) -> None:
         self.held = True
+        self.pause()
+        self._wake()
+
+    def pause(self) -> None:
         if not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
-        self._wake()
+
+    def resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            if self.transport is not None:
+                self.transport.resume_reading()
+
+    def raise_if_broken(self) -> None:
+        """Raise ``ProtocolError`` if the response broke before it completed."""
+        error = self.error
+        if error is not None:
+            raise error if isinstance(error, ProtocolError) else ProtocolError(str(error))
+        if self.closed:
+            raise ProtocolError("the server closed the connection mid-response")
 
     def eof_received(self) -> bool | None:
         return None  # close the transport; connection_lost decides what the end meant
@@ -188,9 +205,8 @@ class Connection(asyncio.Protocol):
             return
         self.pieces.append(body)
         self.buffered += len(body)
-        if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
-            self.paused = True
-            self.transport.pause_reading()
+        if self.buffered > HIGH_WATER:
+            self.pause()
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
@@ -273,20 +289,13 @@ class Response:
         while not conn.pieces:
             if conn.complete:
                 return b""
-            error = conn.error
-            if error is not None:
-                raise error if isinstance(error, ProtocolError) else ProtocolError(str(error))
-            if conn.closed:
-                raise ProtocolError("the server closed the connection mid-response")
+            conn.raise_if_broken()
             await conn._wait()
         pieces = conn.pieces
         data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         conn.pieces = []
         conn.buffered = 0
-        if conn.paused:
-            conn.paused = False
-            if conn.transport is not None:
-                conn.transport.resume_reading()
+        conn.resume()
         return data
 
     def stream_to(self, sink: Callable[[bytes], None], flush: Callable[[], bool]) -> None:
@@ -304,10 +313,8 @@ class Response:
         conn.flush = flush
         if not flush():
             conn.hold()
-        elif conn.paused and not conn.held:
-            conn.paused = False
-            if conn.transport is not None:
-                conn.transport.resume_reading()
+        elif not conn.held:
+            conn.resume()
 
     def hold(self) -> None:
         """Stop reading from the server (the reader cannot take more) and wake ``wait``."""
@@ -316,9 +323,7 @@ class Response:
     def unhold(self) -> None:
         conn = self._conn
         conn.held = False
-        if conn.paused and conn.transport is not None:
-            conn.paused = False
-            conn.transport.resume_reading()
+        conn.resume()
 
     async def wait(self) -> bool:
         """With a sink: until the body is complete (True) or the sink held the connection
@@ -329,11 +334,7 @@ class Response:
                 return False
             if conn.complete:
                 return True
-            error = conn.error
-            if error is not None:
-                raise error if isinstance(error, ProtocolError) else ProtocolError(str(error))
-            if conn.closed:
-                raise ProtocolError("the server closed the connection mid-response")
+            conn.raise_if_broken()
             await conn._wait()
 
     def at_eof(self) -> bool:
