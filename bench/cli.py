@@ -18,7 +18,16 @@ from typing import NoReturn
 
 from dynspec.bench import envelope, load, profile_export, report, threshold
 from dynspec.bench.sweep import ProgressLine, SweepConfig, sweep
-from dynspec.router.entry import FlagParser, UsageError, add_log_level, configure_logging, run_main
+from dynspec.common.cli import (
+    FlagParser,
+    UsageError,
+    add_log_level,
+    configure_logging,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    run_main,
+)
 
 PROG = "dynspec-bench"
 COMMANDS = {
@@ -44,31 +53,10 @@ def _levels(text: str) -> list[int]:
     return sorted(set(levels))
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return value
-
-
 def _ratio(text: str) -> float:
     value = float(text)
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError("must be between 0 and 1")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError("must be > 0")
     return value
 
 
@@ -81,24 +69,24 @@ def _add_load_flags(p: FlagParser) -> None:
     )
     p.add_argument(
         "--requests",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="measured requests per level (default: max(--min-requests, --requests-per-c x C))",
     )
     p.add_argument(
-        "--requests-per-c", type=_positive_int, default=4, help="default requests per level / C"
+        "--requests-per-c", type=positive_int, default=4, help="default requests per level / C"
     )
     p.add_argument(
-        "--min-requests", type=_positive_int, default=16, help="fewest requests in a level"
+        "--min-requests", type=positive_int, default=16, help="fewest requests in a level"
     )
     p.add_argument(
         "--warmup",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=None,
         help="warm-up requests per level, not measured (default: C, one round of the loop)",
     )
-    p.add_argument("--input-len", type=_positive_int, default=256, help="random prompt tokens")
-    p.add_argument("--output-len", type=_positive_int, default=128, help="output tokens")
+    p.add_argument("--input-len", type=positive_int, default=256, help="random prompt tokens")
+    p.add_argument("--output-len", type=positive_int, default=128, help="output tokens")
     p.add_argument(
         "--range-ratio",
         type=_ratio,
@@ -115,7 +103,7 @@ def _add_load_flags(p: FlagParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for prompt sampling")
     p.add_argument(
         "--request-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=600.0,
         help="seconds a stream may stay silent before the request counts as failed",
     )
@@ -371,16 +359,16 @@ def envelope_parser() -> FlagParser:
     p.add_argument("--profile", default="demo", help="dynspec-sim profile: NAME or FILE.json")
     p.add_argument(
         "--speed",
-        type=_positive_float,
+        type=positive_float,
         default=1.0,
         help="simulated time runs this many times faster than real time (figures are reported "
         "in model time); keep it low enough that the CPU keeps up",
     )
     p.add_argument(
-        "--threshold", type=_non_negative_int, default=None, help="override the suggested one"
+        "--threshold", type=non_negative_int, default=None, help="override the suggested one"
     )
     p.add_argument(
-        "--hysteresis", type=_non_negative_int, default=None, help="override the suggested one"
+        "--hysteresis", type=non_negative_int, default=None, help="override the suggested one"
     )
     _add_load_flags(p)
     p.set_defaults(requests_per_c=2)
@@ -391,7 +379,7 @@ def envelope_parser() -> FlagParser:
         help="results path without suffix (default: envelope-PROFILE in the current directory)",
     )
     p.add_argument(
-        "--startup-timeout", type=_positive_float, default=60.0, help="seconds to wait per process"
+        "--startup-timeout", type=positive_float, default=60.0, help="seconds to wait per process"
     )
     p.add_argument(
         "--from-jsonl",

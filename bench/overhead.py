@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from dynspec.bench.procs import free_port, stop_group
-from dynspec.router.entry import FlagParser, UsageError, add_log_level, configure_logging, run_main
+from dynspec.common.cli import FlagParser, UsageError, add_log_level, configure_logging, run_main
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from dynspec.router.entry import FlagParser, add_log_level, configure_logging, run_main
+from dynspec.common.cli import FlagParser, add_log_level, configure_logging, run_main
 
 log = logging.getLogger(__name__)
 

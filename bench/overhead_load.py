@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from dynspec.router.entry import FlagParser, run_main
+from dynspec.common.cli import FlagParser, run_main
 
 _EVENT = b"data:"
 _CONTENT = b'"content":"'

@@ -26,7 +26,7 @@ from typing import Any, cast
 import httptools
 import orjson
 
-from dynspec.router.entry import FlagParser, add_log_level, configure_logging, run_main
+from dynspec.common.cli import FlagParser, add_log_level, configure_logging, run_main
 
 log = logging.getLogger(__name__)
 

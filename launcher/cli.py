@@ -9,13 +9,13 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from dynspec.common.cli import UsageError, configure_logging, env_name, run_main
 from dynspec.launcher.config import PROG, LaunchConfig, build_parser, load_config
 from dynspec.launcher.gpus import split_halves
 from dynspec.launcher.preflight import list_gpus, run_preflight
 from dynspec.launcher.printer import Printer
 from dynspec.launcher.spec import build_specs
 from dynspec.launcher.supervisor import Supervisor
-from dynspec.router.entry import UsageError, configure_logging, env_name, run_main
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dynspec.common.cli import (
+    FlagParser,
+    UsageError,
+    add_log_level,
+    env_name,
+    non_negative_float,
+    non_negative_int,
+    port,
+    positive_int,
+)
 from dynspec.launcher.gpus import GpuSet, parse_gpus, split_halves
-from dynspec.router.entry import FlagParser, UsageError, add_log_level, env_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -64,34 +73,6 @@ class LaunchConfig:
     progress_every: float = 10.0  # seconds between progress lines when stdout is no terminal
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError("must be >= 1")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError("must be >= 0")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 65535:
-        raise ValueError("must be 1-65535")
-    return value
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise ValueError("must be >= 0")
-    return value
-
-
 def build_parser() -> FlagParser:
     p = FlagParser(
         prog=PROG,
@@ -120,12 +101,12 @@ def build_parser() -> FlagParser:
     s = p.add_argument_group("SGLang settings")
     s.add_argument(
         "--speculative-num-steps",
-        type=_positive_int,
+        type=positive_int,
         help="EAGLE draft steps (omitted: SGLang chooses steps, topk and draft tokens)",
     )
-    s.add_argument("--speculative-eagle-topk", type=_positive_int, help="EAGLE draft top-k")
+    s.add_argument("--speculative-eagle-topk", type=positive_int, help="EAGLE draft top-k")
     s.add_argument(
-        "--speculative-num-draft-tokens", type=_positive_int, help="EAGLE draft tokens per step"
+        "--speculative-num-draft-tokens", type=positive_int, help="EAGLE draft tokens per step"
     )
     s.add_argument(
         "--eagle-args",
@@ -139,21 +120,21 @@ def build_parser() -> FlagParser:
     s.add_argument("--sglang-args", default="", help="extra SGLang flags for both servers")
     n = p.add_argument_group("addresses")
     n.add_argument("--host", default="0.0.0.0", help="router listen address")
-    n.add_argument("--port", type=_port, default=8000, help="router port")
-    n.add_argument("--eagle-port", type=_port, default=30001, help="EAGLE server port")
-    n.add_argument("--baseline-port", type=_port, default=30002, help="baseline server port")
+    n.add_argument("--port", type=port, default=8000, help="router port")
+    n.add_argument("--eagle-port", type=port, default=30001, help="EAGLE server port")
+    n.add_argument("--baseline-port", type=port, default=30002, help="baseline server port")
     n.add_argument("--backend-host", default="127.0.0.1", help="listen address of both servers")
     r = p.add_argument_group("router")
     r.add_argument("--policy", default="threshold", choices=POLICIES, help="routing policy")
     r.add_argument(
         "--threshold",
-        type=_positive_int,
+        type=positive_int,
         default=8,
         help="load above which new requests go to the baseline server",
     )
     r.add_argument(
         "--hysteresis",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=2,
         help="back to EAGLE when load <= threshold - hysteresis",
     )
@@ -181,19 +162,19 @@ def build_parser() -> FlagParser:
     o.add_argument("--log-dir", default="./dynspec-logs", help="one log file per process here")
     o.add_argument(
         "--startup-timeout",
-        type=_seconds,
+        type=non_negative_float,
         default=1800.0,
         help="seconds a server may take to answer /health_generate with 200",
     )
     o.add_argument(
         "--drain-timeout",
-        type=_seconds,
+        type=non_negative_float,
         default=30.0,
         help="on shutdown, seconds the router may take to finish requests in flight",
     )
     o.add_argument(
         "--kill-grace",
-        type=_seconds,
+        type=non_negative_float,
         default=20.0,
         help="on shutdown, seconds between SIGTERM and SIGKILL for each server's process group",
     )
@@ -209,7 +190,9 @@ def build_parser() -> FlagParser:
     # command (a fake SGLang in tests), and skip the pre-flight checks.
     p.add_argument("--server-command", help=argparse.SUPPRESS)
     p.add_argument("--no-preflight", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--progress-every", type=_seconds, default=10.0, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--progress-every", type=non_negative_float, default=10.0, help=argparse.SUPPRESS
+    )
     # FlagParser names each flag's variable in its help, but argument groups add their flags
     # without passing through it.
     for action in p._actions:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dynspec.router.entry import UsageError
+from dynspec.common.cli import UsageError
 
 GpuSet = tuple[int, ...]
 

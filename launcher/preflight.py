@@ -18,9 +18,9 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from dynspec.common.cli import UsageError
 from dynspec.launcher.config import LaunchConfig
 from dynspec.launcher.gpus import format_gpus
-from dynspec.router.entry import UsageError
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dynspec.common.cli import UsageError
 from dynspec.launcher.config import LaunchConfig
 from dynspec.launcher.gpus import format_gpus, visible_devices
-from dynspec.router.entry import UsageError
 
 SGLANG_MODULE = "sglang.launch_server"
 SIM_MODULE = "dynspec.launcher.sim"

@@ -22,10 +22,10 @@ from typing import Any, NoReturn
 
 import uvicorn
 
+from dynspec.common.cli import configure_logging, run_main
 from dynspec.router.app import create_app
 from dynspec.router.config import PROG, RouterConfig, build_parser, config_from_args
 from dynspec.router.downstream import RelayProtocol
-from dynspec.router.entry import configure_logging, run_main
 
 logger = logging.getLogger(__name__)
 

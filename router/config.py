@@ -7,7 +7,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from dynspec.router.entry import FlagParser, UsageError, add_log_level
+from dynspec.common.cli import (
+    FlagParser,
+    UsageError,
+    add_log_level,
+    non_negative_int,
+    positive_float,
+)
 from dynspec.router.policy import POLICIES, PoolName
 from dynspec.router.pool import validate_settings
 
@@ -72,20 +78,6 @@ def parse_urls(text: str) -> tuple[str, ...]:
     return tuple(urls)
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError("must be greater than 0")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
-    return value
-
-
 def build_parser() -> FlagParser:
     p = FlagParser(
         prog=PROG,
@@ -142,37 +134,37 @@ def build_parser() -> FlagParser:
     )
     p.add_argument(
         "--max-body-bytes",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=32 * MIB,
         help="largest request body accepted; larger ones get 413",
     )
     p.add_argument(
         "--request-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=600.0,
         help="seconds to wait for a server's first byte and between two reads, else 504",
     )
     p.add_argument(
         "--connect-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=5.0,
         help="seconds to open a connection to a server (a failure is retried on another)",
     )
     p.add_argument(
         "--health-interval",
-        type=_positive_float,
+        type=positive_float,
         default=2.0,
         help="seconds between two health checks of each server",
     )
     p.add_argument(
         "--max-concurrency",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=0,
         help="requests in flight beyond this get 503 with Retry-After (0: no limit)",
     )
     p.add_argument(
         "--drain-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=30.0,
         help="on SIGTERM/SIGINT, seconds to let in-flight requests finish before exiting",
     )

@@ -4,49 +4,24 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import socket
 import sys
 from collections.abc import Sequence
 
-from dynspec.router.entry import (
+from dynspec.common.cli import (
     FlagParser,
     UsageError,
     add_log_level,
     configure_logging,
+    non_negative_float,
+    port_or_zero,
+    positive_float,
+    positive_int,
     run_main,
 )
 
 logger = logging.getLogger(__name__)
 PROG = "dynspec-sim"
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError("must be a positive number")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not (value >= 0 and math.isfinite(value)):
-        raise ValueError("must be zero or more")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError("must be at least 1")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise ValueError("must be 0..65535")
-    return value
 
 
 def build_parser() -> FlagParser:
@@ -58,7 +33,7 @@ def build_parser() -> FlagParser:
             "continuous-batching engine whose speed comes from a profile. No GPU, no model."
         ),
     )
-    p.add_argument("--port", type=_port, default=30000, help="port to listen on")
+    p.add_argument("--port", type=port_or_zero, default=30000, help="port to listen on")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument(
         "--mode",
@@ -78,20 +53,20 @@ def build_parser() -> FlagParser:
     )
     p.add_argument(
         "--max-running-requests",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="requests decoded at once; more wait in a FIFO queue "
         "(default: the profile's, else 48 for eagle as SGLang forces, 1024 for baseline)",
     )
     p.add_argument(
         "--startup-delay",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=0.0,
         help="seconds (real time) during which /health and /health_generate answer 503",
     )
     p.add_argument(
         "--speed",
-        type=_positive_float,
+        type=positive_float,
         default=1.0,
         help="simulated time runs this many times faster than real time (1 = real time)",
     )

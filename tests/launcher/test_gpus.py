@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from dynspec.common.cli import UsageError
 from dynspec.launcher.gpus import format_gpus, parse_gpus, split_halves, visible_devices
-from dynspec.router.entry import UsageError
 
 
 @pytest.mark.parametrize(

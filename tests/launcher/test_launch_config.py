@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from dynspec.common.cli import UsageError, env_name
 from dynspec.launcher.config import LaunchConfig, build_parser, load_config
-from dynspec.router.entry import UsageError, env_name
 
 SIM = ["--simulate"]
 SIM_DRY = ["--dry-run", "--model-path", "M", "--draft-model-path", "D"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from utils import free_port
 
+from dynspec.common.cli import UsageError
 from dynspec.launcher.config import load_config
 from dynspec.launcher.preflight import (
     check_gpus,
@@ -21,7 +22,6 @@ from dynspec.launcher.preflight import (
     sglang_requirement,
     sglang_version,
 )
-from dynspec.router.entry import UsageError
 
 
 def test_pin_is_read_from_the_requirements_file() -> None:

@@ -6,6 +6,7 @@ import sys
 import pytest
 from launch_cases import CASES, Case
 
+from dynspec.common.cli import UsageError
 from dynspec.launcher.config import load_config
 from dynspec.launcher.spec import (
     ProcessSpec,
@@ -13,7 +14,6 @@ from dynspec.launcher.spec import (
     connect_host,
     eagle_max_running_requests,
 )
-from dynspec.router.entry import UsageError
 
 
 def specs(*argv: str) -> tuple[ProcessSpec, ProcessSpec, ProcessSpec]:

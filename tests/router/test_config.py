@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from dynspec.common.cli import UsageError
 from dynspec.router.config import parse_config
-from dynspec.router.entry import UsageError
 
 FLAGS = (
     "--eagle-url", "--baseline-url", "--policy", "--threshold", "--hysteresis", "--api-key",

@@ -1,4 +1,4 @@
-"""What every dynspec entry point shares.
+"""The command-line toolkit every dynspec command shares (router, launcher, simulator, bench).
 
 - ``FlagParser``: an ``argparse`` parser whose every ``--flag`` can also come from the environment
   variable ``DYNSPEC_<FLAG>`` (``--max-body-bytes`` -> ``DYNSPEC_MAX_BODY_BYTES``), and from a file
@@ -7,12 +7,16 @@
 - ``run_main``: runs an entry point so that a runtime failure is one line and exit 1 (a traceback
   only with ``--log-level debug``).
 - ``configure_logging``: the one place logging is set up, called by each entry point.
+- Value checks for ``type=``: ``positive_int``, ``non_negative_int``, ``positive_float``,
+  ``non_negative_float``, ``port`` and ``port_or_zero``. A bad value is a usage error that names
+  the rule (``--port: must be 1-65535, got 0``).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +30,53 @@ _FALSE = {"0", "false", "no", "off", ""}
 
 class UsageError(Exception):
     """Bad usage found after parsing (a flag combination, a value out of range): exit 2."""
+
+
+# Value checks for ``add_argument(type=...)``. A text that is no number at all raises ValueError,
+# which argparse reports with the function's name ("invalid positive_int value: 'x'"); a number out
+# of range raises ArgumentTypeError, whose message argparse prints as is. Floats must be finite:
+# "inf" or "nan" seconds is no setting any command can honour.
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text.strip()}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text.strip()}")
+    return value
+
+
+def port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 1-65535, got {value}")
+    return value
+
+
+def port_or_zero(text: str) -> int:
+    """A port to listen on; 0 lets the system pick a free one."""
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0-65535, got {value}")
+    return value
 
 
 def env_name(option: str) -> str:

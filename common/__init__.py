@@ -1,0 +1,1 @@
+"""dynspec.common: what every dynspec command shares (flags, environment layering, exit codes)."""
