@@ -25,7 +25,8 @@ from deploy_files import (
     variables,
 )
 
-# What issue 5 asks the dashboard to show, by panel title.
+# The panels an operator needs, by title: which pool serves and why (load against threshold),
+# how fast each pool answers, and whether each server is up, busy and accepting drafts.
 REQUIRED_PANELS = (
     "Active pool",
     "Load against threshold",
