@@ -22,8 +22,6 @@ import datetime as dt
 import json
 import logging
 import math
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +34,7 @@ import httpx
 
 from dynspec.bench import report, threshold
 from dynspec.bench.load import Target
-from dynspec.bench.procs import free_port, stop_group
+from dynspec.bench.procs import Children, free_port
 from dynspec.bench.report import Record, model_time
 from dynspec.bench.sweep import ProgressLine, SweepConfig, sweep
 from dynspec.launcher.sim.profile import Profile, load_profile
@@ -173,58 +171,15 @@ def schedule_table(records: Sequence[Record], profile: Profile) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _wait_ready(
-    url: str, proc: subprocess.Popen[bytes], timeout: float, name: str, log: Path
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {proc.returncode} before ready (log: {log})")
-        try:
-            if httpx.get(url, timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{name} not ready at {url} within {timeout:.0f}s (log: {log})")
-
-
-class Processes:
-    """Children in their own process groups, always stopped on exit (router first)."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, name: str, argv: Sequence[str]) -> tuple[subprocess.Popen[bytes], Path]:
-        log = self.log_dir / f"{name}.log"
-        # The children get their settings from argv only: a DYNSPEC_* variable meant for another
-        # run (an API key, a port) must not leak into the experiment.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DYNSPEC_")}
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                list(argv), stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
-            )
-        self.procs.append(proc)
-        logger.debug("started %s (pid %d): %s", name, proc.pid, " ".join(argv))
-        return proc, log
-
-    def stop_all(self) -> None:
-        for proc in reversed(self.procs):
-            stop_group(proc)
-
-
 @contextlib.contextmanager
-def processes() -> Iterator[Processes]:
-    log_dir = Path(tempfile.mkdtemp(prefix="dynspec-envelope-"))
-    procs = Processes(log_dir)
-    try:
-        yield procs
-    finally:
-        procs.stop_all()
+def processes() -> Iterator[Children]:
+    # The children get their settings from argv only: a DYNSPEC_* variable meant for another run
+    # (an API key, a port) must not leak into the experiment.
+    with Children(Path(tempfile.mkdtemp(prefix="dynspec-envelope-")), drop_env=("DYNSPEC_",)) as c:
+        yield c
 
 
-def _start_sim(procs: Processes, cfg: EnvelopeConfig, mode: str) -> str:
+def _start_sim(procs: Children, cfg: EnvelopeConfig, mode: str) -> str:
     port = free_port()
     argv = [
         sys.executable,
@@ -246,14 +201,16 @@ def _start_sim(procs: Processes, cfg: EnvelopeConfig, mode: str) -> str:
         "warning",
         *cfg.extra_sim_args,
     ]
-    proc, log = procs.start(f"sim-{mode}", argv)
+    proc = procs.start(f"sim-{mode}", argv)
     url = f"http://127.0.0.1:{port}"
-    _wait_ready(url + "/health_generate", proc, cfg.startup_timeout, f"dynspec-sim {mode}", log)
+    procs.wait_ready(
+        proc, url + "/health_generate", cfg.startup_timeout, name=f"dynspec-sim {mode}"
+    )
     return url
 
 
 def _start_router(
-    procs: Processes, cfg: EnvelopeConfig, eagle: str, baseline: str, *, thr: int, hyst: int
+    procs: Children, cfg: EnvelopeConfig, eagle: str, baseline: str, *, thr: int, hyst: int
 ) -> str:
     port = free_port()
     # Threshold 0 is suggest-threshold's "EAGLE never wins": the router gets no EAGLE pool
@@ -274,9 +231,9 @@ def _start_router(
         "warning",
         *cfg.extra_router_args,
     ]
-    proc, log = procs.start("router", argv)
+    proc = procs.start("router", argv)
     url = f"http://127.0.0.1:{port}"
-    _wait_ready(url + "/health", proc, cfg.startup_timeout, "dynspec-router", log)
+    procs.wait_ready(proc, url + "/health", cfg.startup_timeout, name="dynspec-router")
     # /health is 200 with one healthy server; the experiment needs both.
     deadline = time.monotonic() + cfg.startup_timeout
     while time.monotonic() < deadline:
@@ -286,7 +243,9 @@ def _start_router(
             if servers and all(s.get("healthy") for s in servers):
                 return url
         time.sleep(0.1)
-    raise RuntimeError(f"dynspec-router does not see both servers healthy (log: {log})")
+    raise RuntimeError(
+        f"dynspec-router does not see both servers healthy (log: {procs.logs.get(proc.pid)})"
+    )
 
 
 def run(cfg: EnvelopeConfig, progress: ProgressLine | None = None) -> EnvelopeResult:

@@ -1,18 +1,80 @@
-"""Child processes of the benchmarks: loopback ports for them, and stopping their process groups."""
+"""Child processes of the benchmarks and the tests: a free loopback port for each, a start in its
+own process group with its output in a log file, a wait until its readiness URL answers, and a
+stop of the whole group (SIGTERM, then SIGKILL after a grace period) that always runs.
+
+Readiness is polled with the standard library's HTTP client, without proxies: it only ever asks
+loopback addresses, and a proxy variable in the environment must not take those requests elsewhere.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import http.client
+import logging
 import os
 import signal
 import socket
 import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+logger = logging.getLogger(__name__)
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """The status ``url`` answers a GET with, or None when it does not answer."""
+    try:
+        with _OPENER.open(url, timeout=timeout) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return int(exc.code)
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+
+
+def wait_http(
+    url: str,
+    timeout: float = 30.0,
+    status: int = 200,
+    *,
+    proc: subprocess.Popen[bytes] | None = None,
+    name: str = "",
+    log: Path | None = None,
+) -> None:
+    """Poll ``url`` until it answers ``status``; a refused connection counts as not yet.
+
+    With ``proc``, its exit ends the wait at once (RuntimeError); at the deadline, TimeoutError.
+    Both messages name the process and its log.
+    """
+    who = name or url
+    where = f" (log: {log})" if log else ""
+    deadline = time.monotonic() + timeout
+    last: int | None = None
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{who} exited with {proc.returncode} before ready{where}")
+        last = http_status(url, timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+        if last == status:
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"{who} did not answer {status} at {url} within {timeout:g}s "
+                f"(last: {'no answer' if last is None else last}){where}"
+            )
+        time.sleep(0.05)
 
 
 def stop_group(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
@@ -27,3 +89,107 @@ def stop_group(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(grace)
+
+
+class Children:
+    """Children in their own process groups, stopped last-started first when the block ends.
+
+    Each child's stdout and stderr go to ``log`` if given, else to ``log_dir/NAME.log``, else
+    nowhere. Its environment is this process's, without variables that start with one of
+    ``drop_env`` (so that, say, a ``DYNSPEC_*`` setting meant for another run cannot reach it),
+    plus ``env``.
+    """
+
+    def __init__(
+        self, log_dir: Path | None = None, *, drop_env: Sequence[str] = (), grace: float = 10.0
+    ) -> None:
+        self.log_dir = log_dir
+        self.drop_env = tuple(drop_env)
+        self.grace = grace
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: dict[int, Path | None] = {}
+
+    def __enter__(self) -> Children:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
+    def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        log: Path | None = None,
+        append: bool = False,
+    ) -> subprocess.Popen[bytes]:
+        if log is None and self.log_dir is not None:
+            log = self.log_dir / f"{name}.log"
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if not (self.drop_env and k.startswith(self.drop_env))
+        }
+        out: IO[bytes] | int = subprocess.DEVNULL
+        if log is not None:
+            out = open(log, "ab" if append else "wb")  # noqa: SIM115 - closed once the child has it
+        try:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**base, **(env or {})},
+            )
+        finally:
+            if not isinstance(out, int):
+                out.close()
+        self.procs.append(proc)
+        self.logs[proc.pid] = log
+        logger.debug("started %s (pid %d): %s", name, proc.pid, " ".join(argv))
+        return proc
+
+    def wait_ready(
+        self,
+        proc: subprocess.Popen[bytes],
+        url: str,
+        timeout: float = 30.0,
+        *,
+        name: str = "",
+        status: int = 200,
+    ) -> None:
+        wait_http(url, timeout, status, proc=proc, name=name, log=self.logs.get(proc.pid))
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            stop_group(proc, self.grace)
+
+
+@contextlib.contextmanager
+def running(
+    argv: Sequence[str],
+    ready_url: str | None = None,
+    timeout: float = 30.0,
+    env: Mapping[str, str] | None = None,
+    log: Path | None = None,
+    *,
+    grace: float = 5.0,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """One child in its own process group: ready once ``ready_url`` answers 200, always stopped."""
+    name = _label(argv)
+    with Children(grace=grace) as children:
+        proc = children.start(name, argv, env=env, log=log)
+        if ready_url is not None:
+            children.wait_ready(proc, ready_url, timeout, name=name)
+        yield proc
+
+
+def _label(argv: Sequence[str]) -> str:
+    """A short name for a child: the module of ``python -m MODULE``, else the script or program."""
+    if len(argv) > 2 and argv[1] == "-m":
+        return argv[2]
+    if len(argv) > 1 and Path(argv[0]).name.startswith("python"):
+        return Path(argv[1]).name
+    return Path(argv[0]).name

@@ -18,7 +18,8 @@ import openai
 import pytest
 from utils import free_port, running
 
-from dynspec.bench.overhead import cpu_seconds, rss_bytes, solve_cost
+from dynspec.bench.host import cpu_seconds, rss_bytes
+from dynspec.bench.overhead_analysis import solve_cost
 from dynspec.bench.overhead_load import expected_events
 
 PY = sys.executable
@@ -127,6 +128,8 @@ def test_tiny_run_counts_every_chunk(tmp_path: Path) -> None:
     assert sorted((r["tokens"], r["target"]) for r in runs) == sorted(
         (t, name) for t in (4, 8) for name in targets
     )
+    # Every run measures the CPU of exactly the relays and the two upstreams of its phase.
+    watched = {*targets[1:], "upstream1-1ms", "upstream2-1ms"}
     for r in runs:
         n = r["requests_planned"]
         assert r["requests_ok"] == n and r["requests_failed"] == 0, r
@@ -135,11 +138,16 @@ def test_tiny_run_counts_every_chunk(tmp_path: Path) -> None:
         assert r["events"] == n * expected_events(r["tokens"]), r
         assert r["ttft_ms"]["p50"] is not None, r
         assert r["ttft_ms"]["p50"] <= r["latency_ms"]["p50"]
+        assert set(r["cpu_s"]) == watched, r
+        assert all(isinstance(v, float) and v >= 0 for v in r["cpu_s"].values()), r
         if r["target"] == "direct":
             assert r["router_cpu_s"] is None
         else:
-            assert r["router_cpu_s"] >= 0
+            assert r["router_cpu_s"] == r["cpu_s"][r["target"]]
             assert r["rss_peak_mb"][r["target"]] > 0
+    # One run may take less than a clock tick of a relay's CPU, but all of them together cannot
+    # have cost the relays and the upstreams nothing.
+    assert sum(v for r in runs for v in r["cpu_s"].values()) > 0
 
     rows = {(row["tokens"], row["target"]): row for row in result["summary"]}
     assert rows[(4, "direct")]["x_direct"] == 1.0
