@@ -14,7 +14,7 @@ from pathlib import Path
 
 from utils import free_port
 
-FAKE_SGLANG = Path(__file__).with_name("fake_sglang.py")
+FAKE_SGLANG = Path(__file__).parent.parent / "fake_sglang.py"
 
 
 def alive(pid: int) -> bool:

@@ -67,11 +67,11 @@ def test_crash_at_start_stops_everything_with_one_line(tmp_path: Path) -> None:
 
 
 def test_startup_timeout_names_the_late_server(tmp_path: Path) -> None:
-    env = {"FAKE_SGLANG_BASELINE": "slow", "FAKE_SGLANG_REFUSE": "30"}
+    # The baseline server would refuse connections for an hour: only the 2 s start-up timeout can
+    # end the launch before the wait below gives up.
+    env = {"FAKE_SGLANG_BASELINE": "slow", "FAKE_SGLANG_REFUSE": "3600"}
     with launched(tmp_path, *SHORT, "--startup-timeout", "2", env=env) as (run, _):
-        started = time.monotonic()
         assert run.wait(60) == 1
-        assert time.monotonic() - started < 30
         assert "baseline server [baseline gpu1] did not answer /health_generate within 2s" in (
             run.err
         )
@@ -80,23 +80,21 @@ def test_startup_timeout_names_the_late_server(tmp_path: Path) -> None:
 
 
 def test_server_that_dies_later_is_restarted_while_the_other_pool_serves(tmp_path: Path) -> None:
-    # The EAGLE server crashes 2 s after it starts listening (first start only), then takes
-    # 3 s to come back: the router must serve from the baseline meanwhile.
-    env = {
-        "FAKE_SGLANG_EAGLE": "crash-later,slow-restart",
-        "FAKE_SGLANG_CRASH_AFTER": "2",
-        "FAKE_SGLANG_REFUSE": "3",
-    }
+    # The test decides when the EAGLE server crashes (first start only) and when its restart may
+    # listen again, so the requests in between find it down however slow the machine is.
+    env = {"FAKE_SGLANG_EAGLE": "crash-later,hold-restart"}
     with launched(tmp_path, *SHORT, env=env) as (run, ports):
         run.wait_for(r"\[dynspec\] ready")
+        (tmp_path / "crash-eagle").touch()
         run.wait_for(r"\[eagle gpu0\] exited with code 3; restarting in 1s")
-        backends = set()
+        backends = []
         for _ in range(3):
             r = chat(ports["router"])
             assert r.status_code == 200
-            backends.add(r.headers["x-dynspec-backend"])
-        assert "baseline" in backends
+            backends.append(r.headers["x-dynspec-backend"])
+        assert backends == ["baseline"] * 3
         run.wait_for(r"\[eagle gpu0\] restarted \(start 2\)")
+        (tmp_path / "release-eagle").touch()
         run.wait_for(r"\[eagle gpu0\] healthy again after \d+s")
         starts = (tmp_path / "starts.log").read_text().splitlines()
         assert [line.split()[0] for line in starts].count("eagle") == 2
@@ -106,8 +104,10 @@ def test_server_that_dies_later_is_restarted_while_the_other_pool_serves(tmp_pat
 
 
 def test_restart_never_stops_everything(tmp_path: Path) -> None:
-    env = {"FAKE_SGLANG_BASELINE": "crash-later", "FAKE_SGLANG_CRASH_AFTER": "2"}
+    env = {"FAKE_SGLANG_BASELINE": "crash-later"}
     with launched(tmp_path, *SHORT, "--restart", "never", env=env) as (run, _):
+        run.wait_for(r"\[dynspec\] ready")
+        (tmp_path / "crash-baseline").touch()
         assert run.wait(60) == 1
         err = run.err.strip().splitlines()
         assert len(err) == 1
@@ -137,10 +137,9 @@ def test_second_ctrl_c_kills_at_once(tmp_path: Path) -> None:
         run.wait_for(r"\[dynspec\] ready")
         run.send(signal.SIGINT)
         run.wait_for(r"servers: SIGTERM to each process group")
-        sent = time.monotonic()
         run.send(signal.SIGINT)
+        # The wait's deadline is half the grace: an exit before it is the second Ctrl-C's doing.
         assert run.wait(30) == 130
-        assert time.monotonic() - sent < 20  # far below the 60 s grace
         assert run.leftovers() == []
 
 

@@ -105,7 +105,7 @@ def router(
 def fake_upstream(tmp_path: Path) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, str(HERE / "fake_upstream.py"), str(port)]
+    argv = [sys.executable, str(HERE.parent / "fake_sglang.py"), "--port", str(port)]
     with running(argv, ready_url=url + "/health", timeout=30, log=tmp_path / f"fake-{port}.log"):
         yield url
 
