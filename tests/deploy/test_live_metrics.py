@@ -173,16 +173,30 @@ def _ramp(stack: Stack, client: openai.OpenAI) -> None:
             assert not t.is_alive(), "a stream did not finish"
 
 
+def _prometheus_has_router_count(stack: Stack, code: str | None = None) -> bool:
+    """Prometheus holds the router's count of finished requests (with HTTP status ``code``) as
+    it is now, and that count is not zero: a scrape came after them."""
+    labels = {} if code is None else {"code": code}
+    finished = _sample_value(_metrics(stack.router), "dynspec_requests", **labels)
+    selector = "" if code is None else f'{{code="{code}"}}'
+    got = _instant(stack, f"sum(dynspec_requests_total{selector})")
+    return finished > 0 and got != [] and float(got[0]["value"][1]) == finished
+
+
 def _faults(stack: Stack, client: openai.OpenAI) -> None:
-    # Server errors: the eagle server (active at load 1) answers 500 to two requests. The router
-    # makes the {code="500"} series at the first one; a scrape must see it before the second,
-    # or rate() has no increase to show (a new series' first value counts for nothing).
+    # Server errors: the eagle server (active at load 1) answers 500 to two requests, with a
+    # scrape between them, so the error series moves between two scrapes as well as across them.
     eagle = stack.servers["eagle"]
     httpx.post(eagle + "/sim/faults", json={"fail_status": 500}, timeout=5).raise_for_status()
     try:
         for i in range(2):
-            if i:
-                time.sleep(SCRAPE_S * 1.5)
+            if i and stack.prometheus is not None:
+                _wait(
+                    "Prometheus scrapes the first failure",
+                    lambda: _prometheus_has_router_count(stack, code="500"),
+                    30,
+                    stack.logs,
+                )
             with contextlib.suppress(openai.APIStatusError):
                 _stream(client, 8)
     finally:
@@ -258,14 +272,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             logs,
         )
         if st.prometheus is not None:
-            finished = _sample_value(_metrics(st.router), "dynspec_requests")
             _wait(
                 "Prometheus has the final request count",
-                lambda: (
-                    _instant(st, "sum(dynspec_requests_total)") != []
-                    and float(_instant(st, "sum(dynspec_requests_total)")[0]["value"][1])
-                    == finished
-                ),
+                lambda: _prometheus_has_router_count(st),
                 30,
                 logs,
             )
