@@ -37,7 +37,7 @@ async def stream(
 
 async def test_simulate_serves_shows_the_switch_and_drains_on_sigint(tmp_path: Path) -> None:
     with launched(tmp_path, "--simulate", "--drain-timeout", "20", fake=False) as (run, ports):
-        run.wait_for(r"\[dynspec\] policy threshold", timeout=90)
+        await asyncio.to_thread(run.wait_for, r"\[dynspec\] policy threshold", 90)
         assert "[dynspec] see the switch: for i in $(seq 12); do curl -s " in run.out
         client = openai.AsyncOpenAI(
             base_url=f"http://127.0.0.1:{ports['router']}/v1",
@@ -49,9 +49,10 @@ async def test_simulate_serves_shows_the_switch_and_drains_on_sigint(tmp_path: P
         results = await asyncio.gather(*(stream(client, 96) for _ in range(12)))
         assert all(text and finish == "length" for _, text, finish in results), results
         assert {pool for pool, _, _ in results} == {"eagle", "baseline"}
-        switch = run.wait_for(
+        switch = await asyncio.to_thread(
+            run.wait_for,
             r"\[dynspec\] switch: new requests go to the baseline pool "
-            r"\(load went above the threshold, 8\)"
+            r"\(load went above the threshold, 8\)",
         )
         # A lone request: load 1 <= 8 - 2, back to EAGLE.
         lone = await client.chat.completions.with_raw_response.create(
@@ -60,9 +61,10 @@ async def test_simulate_serves_shows_the_switch_and_drains_on_sigint(tmp_path: P
             max_tokens=4,
         )
         assert lone.headers["x-dynspec-backend"] == "eagle"
-        back = run.wait_for(
+        back = await asyncio.to_thread(
+            run.wait_for,
             r"\[dynspec\] switch: new requests go to the EAGLE pool again "
-            r"\(load fell to 6 or less\)"
+            r"\(load fell to 6 or less\)",
         )
         assert back.start() > switch.start()
 
