@@ -9,7 +9,7 @@ import argparse
 import os
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from dynspec.common.cli import (
     non_negative_float,
     non_negative_int,
     port,
+    positive_float,
     positive_int,
 )
 from dynspec.launcher.gpus import GpuSet, parse_gpus, split_halves
@@ -34,6 +35,56 @@ else:  # pragma: no cover - Python 3.10
 PROG = "dynspec-launch"
 RESTART_POLICIES = ("on-failure", "never")
 POLICIES = ("threshold",)
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RouterSetting:
+    flag: str
+    type: Callable[[str], object]
+    default: object
+    help: str
+
+
+# Router settings the launcher passes through as they are: each is a launcher flag and TOML key of
+# the same name, with the router's check and default (tests hold them to the router's own parser);
+# a value other than the default reaches the router. Adding one is one row here. Keys reach the
+# router through its environment (see spec.SECRET_ENV). The launcher's own uses of a setting
+# (threshold, drain-timeout, log-level) are flags of its own.
+ROUTER_SETTINGS = (
+    RouterSetting("--api-key", str, None, "key clients must send (Authorization: Bearer KEY)"),
+    RouterSetting("--admin-api-key", str, None, "key for /admin/* and /status (else 403)"),
+    RouterSetting(
+        "--backend-api-key",
+        str,
+        None,
+        "key the router sends to the servers; both SGLang servers get it as their --api-key",
+    ),
+    RouterSetting(
+        "--max-concurrency",
+        non_negative_int,
+        0,
+        "requests in flight beyond this get 503 with Retry-After (0: no limit)",
+    ),
+    RouterSetting(
+        "--request-timeout",
+        positive_float,
+        600.0,
+        "seconds to wait for a server's first byte and between two reads, else 504",
+    ),
+    RouterSetting(
+        "--connect-timeout", positive_float, 5.0, "seconds to open a connection to a server"
+    ),
+    RouterSetting(
+        "--max-body-bytes",
+        non_negative_int,
+        32 * MIB,
+        "largest request body the router accepts; larger ones get 413",
+    ),
+    RouterSetting(
+        "--health-interval", positive_float, 2.0, "seconds between two health checks of a server"
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -58,7 +109,7 @@ class LaunchConfig:
     policy: str
     threshold: int
     hysteresis: int
-    api_key: str | None
+    router_settings: tuple[tuple[str, object], ...]  # (flag, value) of each one not at its default
     sim_profile: str
     sim_speed: float
     dry_run: bool
@@ -71,6 +122,26 @@ class LaunchConfig:
     server_command: tuple[str, ...] | None
     preflight: bool
     progress_every: float = 10.0  # seconds between progress lines when stdout is no terminal
+
+    def router_setting(self, flag: str) -> object | None:
+        """A pass-through router setting's value, or None where the router's default holds."""
+        return dict(self.router_settings).get(flag)
+
+    @property
+    def api_key(self) -> str | None:
+        return _text_or_none(self.router_setting("--api-key"))
+
+    @property
+    def admin_api_key(self) -> str | None:
+        return _text_or_none(self.router_setting("--admin-api-key"))
+
+    @property
+    def backend_api_key(self) -> str | None:
+        return _text_or_none(self.router_setting("--backend-api-key"))
+
+
+def _text_or_none(value: object | None) -> str | None:
+    return None if value is None else str(value)
 
 
 def build_parser() -> FlagParser:
@@ -138,10 +209,8 @@ def build_parser() -> FlagParser:
         default=2,
         help="back to EAGLE when load <= threshold - hysteresis",
     )
-    r.add_argument(
-        "--api-key",
-        help="key clients must send (Authorization: Bearer KEY); prefer the environment variable",
-    )
+    for setting in ROUTER_SETTINGS:
+        r.add_argument(setting.flag, type=setting.type, default=setting.default, help=setting.help)
     m = p.add_argument_group("simulation")
     m.add_argument(
         "--simulate",
@@ -168,7 +237,7 @@ def build_parser() -> FlagParser:
     )
     o.add_argument(
         "--drain-timeout",
-        type=non_negative_float,
+        type=positive_float,  # as the router checks it: a 0 would stop it at start-up
         default=30.0,
         help="on shutdown, seconds the router may take to finish requests in flight",
     )
@@ -200,6 +269,15 @@ def build_parser() -> FlagParser:
         if long and action.help not in (None, argparse.SUPPRESS) and "[env " not in action.help:
             action.help = f"{action.help} [env {env_name(long[0])}]"
     return p
+
+
+def _router_settings(ns: argparse.Namespace) -> tuple[tuple[str, object], ...]:
+    given = []
+    for setting in ROUTER_SETTINGS:
+        value = getattr(ns, setting.flag[2:].replace("-", "_"))
+        if value not in (None, "") and value != setting.default:
+            given.append((setting.flag, value))
+    return tuple(given)
 
 
 def read_config_file(path: str) -> dict[str, Any]:
@@ -366,7 +444,7 @@ def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
         policy=ns.policy,
         threshold=ns.threshold,
         hysteresis=ns.hysteresis,
-        api_key=ns.api_key or None,
+        router_settings=_router_settings(ns),
         sim_profile=ns.sim_profile,
         sim_speed=float(ns.sim_speed),
         dry_run=bool(ns.dry_run),

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dynspec.common.cli import UsageError
+from dynspec.common.cli import UsageError, env_name
 from dynspec.launcher.config import LaunchConfig
 from dynspec.launcher.gpus import format_gpus, visible_devices
 
@@ -28,7 +28,8 @@ POOLS = ("eagle", "baseline")
 BASELINE_CUDA_GRAPH_MAX_BS = 512
 
 # Environment variables whose values must never be printed (dry-run shows a reference instead).
-SECRET_ENV = frozenset({"DYNSPEC_API_KEY"})
+# A router setting named here reaches the router through its variable, never its command line.
+SECRET_ENV = frozenset({"DYNSPEC_API_KEY", "DYNSPEC_ADMIN_API_KEY", "DYNSPEC_BACKEND_API_KEY"})
 
 # Flags the launcher owns: a user's extra SGLang flags may not change them, because the router's
 # URLs, the health checks and the GPU split are built from them. Value: the launcher flag to use.
@@ -43,6 +44,7 @@ _RESERVED = {
     "--speculative-algorithm": "(the EAGLE server always runs EAGLE3)",
     "--speculative-draft-model-path": "--draft-model-path",
     "--speculative-draft-model": "--draft-model-path",
+    "--api-key": "--backend-api-key (the router sends it to the servers)",
 }
 
 # The launcher's own choices that a user's flag replaces: our flag -> user flags that replace it.
@@ -71,6 +73,9 @@ class ProcessSpec:
     health_url: str
     log_file: Path
     port: int
+    # Secret values that must stand in argv (SGLang takes its key only as a flag): value -> the
+    # variable that holds it, which the printed command line shows instead.
+    secret_args: tuple[tuple[str, str], ...] = ()
 
     @property
     def is_server(self) -> bool:
@@ -84,7 +89,8 @@ class ProcessSpec:
                 parts.append(f'{key}="${key}"')
             else:
                 parts.append(f"{key}={shlex.quote(value)}")
-        parts.append(shlex.join(self.argv))
+        hidden = dict(self.secret_args)
+        parts += [f'"${hidden[a]}"' if a in hidden else shlex.quote(a) for a in self.argv]
         return " ".join(parts)
 
 
@@ -229,6 +235,11 @@ def build_server_spec(config: LaunchConfig, pool: str) -> ProcessSpec:
         ]
     else:
         own.append(["--cuda-graph-max-bs-decode", str(BASELINE_CUDA_GRAPH_MAX_BS)])
+    secret_args: tuple[tuple[str, str], ...] = ()
+    if config.backend_api_key:
+        # The router sends this key; SGLang then refuses requests without it.
+        own.append(["--api-key", config.backend_api_key])
+        secret_args = ((config.backend_api_key, env_name("--backend-api-key")),)
     command = (
         list(config.server_command)
         if config.server_command
@@ -236,7 +247,13 @@ def build_server_spec(config: LaunchConfig, pool: str) -> ProcessSpec:
     )
     argv = [*command, *_merge(own, extra)]
     env = (("CUDA_VISIBLE_DEVICES", visible_devices(gpus)),)
-    return ProcessSpec(pool, prefix, tuple(argv), env, base + "/health_generate", log_file, port)
+    return ProcessSpec(
+        pool, prefix, tuple(argv), env, base + "/health_generate", log_file, port, secret_args
+    )
+
+
+def _flag_value(value: object) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def build_router_spec(config: LaunchConfig) -> ProcessSpec:
@@ -263,13 +280,18 @@ def build_router_spec(config: LaunchConfig) -> ProcessSpec:
         "--log-level",
         config.log_level,
     ]
-    # The key goes through the environment: a command line is visible to every user in `ps`.
-    env = (("DYNSPEC_API_KEY", config.api_key),) if config.api_key else ()
+    env: list[tuple[str, str]] = []
+    for flag, value in config.router_settings:
+        if env_name(flag) in SECRET_ENV:
+            # Keys go through the environment: a command line is visible to every user in `ps`.
+            env.append((env_name(flag), str(value)))
+        else:
+            argv += [flag, _flag_value(value)]
     return ProcessSpec(
         "router",
         "[router]",
         tuple(argv),
-        env,
+        tuple(env),
         router_url(config) + "/health",
         config.log_dir / "router.log",
         config.port,

@@ -319,7 +319,9 @@ class Supervisor:
     async def _poll_status(self) -> None:
         """Report the router's active pool when it changes (the switch, made visible)."""
         assert self._http is not None
-        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        # /status takes the admin key when one is set, else the API key.
+        key = self.config.admin_api_key or self.config.api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         url = self.router.spec.health_url.rsplit("/", 1)[0] + "/status"
         try:
             r = await self._http.get(url, headers=headers, timeout=2.0)

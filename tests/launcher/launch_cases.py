@@ -142,4 +142,9 @@ CASES = [
         [*BASE, "--eagle-args", "--disable-cuda-graph"],
         {"eagle": {"cuda_graph_max_bs_decode": None, "disable_cuda_graph": True}},
     ),
+    Case(
+        "backend key: the servers take it as their own API key",
+        [*BASE, "--backend-api-key", "sk-backend"],
+        {"eagle": {"api_key": "sk-backend"}, "baseline": {"api_key": "sk-backend"}},
+    ),
 ]

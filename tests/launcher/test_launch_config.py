@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from dynspec.common.cli import UsageError, env_name
-from dynspec.launcher.config import LaunchConfig, build_parser, load_config
+from dynspec.launcher.config import (
+    ROUTER_SETTINGS,
+    LaunchConfig,
+    RouterSetting,
+    build_parser,
+    load_config,
+)
 
 SIM = ["--simulate"]
 SIM_DRY = ["--dry-run", "--model-path", "M", "--draft-model-path", "D"]
@@ -234,3 +240,68 @@ def test_cli_usage_errors_are_one_line_exit_2(argv: list[str], reason: str) -> N
     assert done.stdout == ""
     assert done.stderr.count("\n") == 1 and reason in done.stderr
     assert done.stderr.startswith("dynspec-launch: error: ")
+
+
+@pytest.mark.parametrize(
+    ("key", "values", "read"),
+    [
+        ("max-concurrency", ("5", "6", "7"), int),
+        ("request_timeout", ("50", "60", "70"), float),
+        ("admin-api-key", ('"from-file"', "from-env", "from-flag"), str),
+    ],
+)
+def test_router_settings_layer_like_every_flag(
+    tmp_path: Path, key: str, values: tuple[str, str, str], read: type
+) -> None:
+    file_value, env_value, flag_value = values
+    flag = "--" + key.replace("_", "-")
+    path = write(tmp_path, f"{key} = {file_value}\nsimulate = true\n")
+    cfg = ["--config", str(path)]
+    env = {env_name(flag): env_value}
+
+    def get(argv: list[str], environ: dict[str, str]) -> object:
+        return load_config(argv, environ=environ).router_setting(flag)
+
+    assert get(SIM, {}) is None  # the router's default: nothing passed
+    assert get(cfg, {}) == read(file_value.strip('"'))
+    assert get(cfg, env) == read(env_value)
+    assert get([*cfg, flag, flag_value], env) == read(flag_value)
+
+
+def test_router_setting_out_of_range_is_one_usage_line() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "dynspec.launcher", "--simulate", "--dry-run",
+         "--request-timeout", "-1"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "--request-timeout" in r.stderr
+
+
+def _router_actions() -> dict[str, argparse.Action]:
+    from dynspec.router.config import build_parser as router_parser
+
+    return {a.option_strings[-1]: a for a in router_parser()._actions if a.option_strings}
+
+
+# Router flags that are launcher flags of their own (the launcher builds on them or sets them).
+LAUNCHER_OWN = {"--eagle-url", "--baseline-url", "--host", "--port", "--policy", "--threshold"}
+LAUNCHER_OWN |= {"--hysteresis", "--drain-timeout", "--log-level", "--help"}
+
+
+def test_every_router_setting_is_a_launcher_flag() -> None:
+    passed = {s.flag for s in ROUTER_SETTINGS}
+    missing = sorted(set(_router_actions()) - passed - LAUNCHER_OWN)
+    assert not missing, f"add a row to launcher.config.ROUTER_SETTINGS for {missing}"
+
+
+@pytest.mark.parametrize("setting", ROUTER_SETTINGS, ids=lambda s: s.flag)
+def test_router_setting_checks_and_defaults_are_the_routers(setting: RouterSetting) -> None:
+    action = _router_actions()[setting.flag]
+    assert action.default == setting.default
+    assert (action.type or str) is setting.type
+
+
+def test_drain_timeout_is_checked_as_the_router_checks_it() -> None:
+    ours = next(a for a in build_parser()._actions if "--drain-timeout" in a.option_strings)
+    assert ours.type is _router_actions()["--drain-timeout"].type

@@ -160,3 +160,61 @@ def test_eagle_cap_is_a_margin_above_the_threshold(threshold: int, cap: int) -> 
 )
 def test_connect_host(host: str, connect: str) -> None:
     assert connect_host(host) == connect
+
+
+# Each router setting the launcher passes through: the flag, a value, and how the router gets it.
+PASSED_THROUGH = [
+    ("--max-concurrency", "64", "64"),
+    ("--request-timeout", "120", "120"),
+    ("--connect-timeout", "2.5", "2.5"),
+    ("--max-body-bytes", "1048576", "1048576"),
+    ("--health-interval", "0.5", "0.5"),
+]
+
+
+@pytest.mark.parametrize(("flag", "value", "argv_value"), PASSED_THROUGH)
+def test_router_setting_reaches_the_router(flag: str, value: str, argv_value: str) -> None:
+    *_, router = specs("--simulate", flag, value)
+    assert option(router.argv, flag) == [argv_value]
+    assert flag in router.command_line()
+    *_, router = specs("--simulate")
+    assert option(router.argv, flag) == []  # not given: the router's own default holds
+
+
+@pytest.mark.parametrize("flag", ["--api-key", "--admin-api-key", "--backend-api-key"])
+def test_router_keys_go_through_env_and_are_never_printed(flag: str) -> None:
+    var = "DYNSPEC_" + flag[2:].upper().replace("-", "_")
+    *_, router = specs("--simulate", flag, "sk-secret-456")
+    assert (var, "sk-secret-456") in router.env
+    assert "sk-secret-456" not in " ".join(router.argv)
+    line = router.command_line()
+    assert "sk-secret-456" not in line
+    assert f'{var}="${var}"' in line
+
+
+def test_backend_key_reaches_both_sglang_servers_and_is_never_printed() -> None:
+    eagle, baseline, router = specs(
+        "--gpus", "0-1", "--model-path", "M", "--draft-model-path", "D",
+        "--backend-api-key", "sk-backend",
+    )  # fmt: skip
+    for spec in (eagle, baseline):
+        assert option(spec.argv, "--api-key") == ["sk-backend"]
+        line = spec.command_line()
+        assert "sk-backend" not in line
+        assert '--api-key "$DYNSPEC_BACKEND_API_KEY"' in line
+    assert ("DYNSPEC_BACKEND_API_KEY", "sk-backend") in router.env
+
+
+def test_sglang_api_key_in_extra_args_points_to_backend_api_key() -> None:
+    with pytest.raises(UsageError, match="--backend-api-key"):
+        specs("--gpus", "0-1", "--model-path", "M", "--draft-model-path", "D",
+              "--sglang-args", "--api-key k")  # fmt: skip
+
+
+def test_drain_timeout_the_router_refuses_is_a_launcher_usage_error() -> None:
+    # The router takes only a drain timeout above 0; the launcher checks the same, not later.
+    with pytest.raises(SystemExit) as exc:
+        specs("--simulate", "--drain-timeout", "0")
+    assert exc.value.code == 2
+    *_, router = specs("--simulate", "--drain-timeout", "7.5")
+    assert option(router.argv, "--drain-timeout") == ["7.5"]
