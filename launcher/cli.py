@@ -31,11 +31,14 @@ def launcher_env_names() -> frozenset[str]:
 
 
 def with_detected_gpus(config: LaunchConfig) -> LaunchConfig:
-    """No --gpus: use every GPU nvidia-smi lists, split in halves."""
+    """No --gpus: use every visible GPU (else every GPU nvidia-smi lists), split in halves."""
     if config.simulate or (config.eagle_gpus and config.baseline_gpus):
         return config
+    visible = config.visible_gpus
     try:
-        eagle, baseline = split_halves(list_gpus())
+        eagle, baseline = split_halves(
+            list_gpus() if visible is None else tuple(range(len(visible)))
+        )
     except UsageError as exc:
         raise UsageError(f"no --gpus given, and {exc}") from None
     return dataclasses.replace(config, eagle_gpus=eagle, baseline_gpus=baseline)

@@ -6,6 +6,7 @@ Precedence, highest first: command-line flag, environment variable, config file,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
@@ -25,7 +26,7 @@ from dynspec.common.cli import (
     positive_float,
     positive_int,
 )
-from dynspec.launcher.gpus import GpuSet, parse_gpus, split_halves
+from dynspec.launcher.gpus import GpuSet, check_visible, parse_gpus, parse_visible, split_halves
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -122,6 +123,8 @@ class LaunchConfig:
     server_command: tuple[str, ...] | None
     preflight: bool
     progress_every: float = 10.0  # seconds between progress lines when stdout is no terminal
+    # The launcher's own CUDA_VISIBLE_DEVICES, which GPU indices count within; None when unset.
+    visible_gpus: tuple[str, ...] | None = None
 
     def router_setting(self, flag: str) -> object | None:
         """A pass-through router setting's value, or None where the router's default holds."""
@@ -156,7 +159,10 @@ def build_parser() -> FlagParser:
     g.add_argument(
         "--gpus",
         help="GPUs to use, e.g. 0-7, 0,1,2,3 or 0-3,6,7; first half for the EAGLE server, second "
-        "half for the baseline, tp = half the count (default: every GPU nvidia-smi lists)",
+        "half for the baseline, tp = half the count. These are indices into the GPUs visible to "
+        "the launcher: with CUDA_VISIBLE_DEVICES=4,5 already set (Slurm, containers), --gpus 0-1 "
+        "means GPUs 4 and 5 (default: every visible GPU; every GPU nvidia-smi lists when "
+        "CUDA_VISIBLE_DEVICES is unset)",
     )
     g.add_argument("--eagle-gpus", help="GPUs of the EAGLE server (overrides the split)")
     g.add_argument("--baseline-gpus", help="GPUs of the baseline server (overrides the split)")
@@ -355,7 +361,12 @@ def load_config(
     ns = parser.parse_layered(
         args_list, file_values=file_values, file_name=str(config_path), environ=env
     )
-    return config_from_namespace(ns)
+    config = config_from_namespace(ns)
+    if config.simulate:
+        return config
+    visible = parse_visible(env.get("CUDA_VISIBLE_DEVICES"))
+    check_visible([*config.eagle_gpus, *config.baseline_gpus], visible)
+    return dataclasses.replace(config, visible_gpus=visible)
 
 
 def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:

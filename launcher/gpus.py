@@ -64,6 +64,33 @@ def format_gpus(gpus: Sequence[int]) -> str:
     return ",".join(parts)
 
 
-def visible_devices(gpus: Sequence[int]) -> str:
-    """The value of ``CUDA_VISIBLE_DEVICES`` for these GPUs."""
-    return ",".join(str(g) for g in gpus)
+def parse_visible(value: str | None) -> tuple[str, ...] | None:
+    """The launcher's own ``CUDA_VISIBLE_DEVICES`` (ids, UUIDs or MIG names); None when unset."""
+    if value is None:
+        return None
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def check_visible(gpus: Sequence[int], visible: Sequence[str] | None) -> None:
+    """Every index must name a GPU of the visible set, when the launcher was given one."""
+    if visible is None:
+        return
+    outside = [g for g in gpus if g >= len(visible)]
+    if outside:
+        shown = ",".join(visible)
+        raise UsageError(
+            f"GPU {outside[0]} is not visible: CUDA_VISIBLE_DEVICES={shown} shows "
+            f"{len(visible)} GPU(s), which --gpus counts from 0"
+            + (f" to {len(visible) - 1}" if visible else "")
+        )
+
+
+def visible_devices(gpus: Sequence[int], visible: Sequence[str] | None = None) -> str:
+    """The value of ``CUDA_VISIBLE_DEVICES`` for these GPUs.
+
+    Where the launcher itself runs with ``CUDA_VISIBLE_DEVICES`` set (Slurm, containers), GPU
+    indices count within that set, as CUDA counts them: with ``4,5`` visible, GPU 0 is GPU 4.
+    """
+    if visible is None:
+        return ",".join(str(g) for g in gpus)
+    return ",".join(visible[g] for g in gpus)

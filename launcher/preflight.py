@@ -77,6 +77,13 @@ def _run_nvidia_smi(argv: Sequence[str]) -> str:
 
 def check_gpus(config: LaunchConfig, available: Sequence[int]) -> None:
     wanted = [*config.eagle_gpus, *config.baseline_gpus]
+    visible = config.visible_gpus
+    if visible is not None:
+        # nvidia-smi ignores CUDA_VISIBLE_DEVICES: compare the ids the indices stand for (UUIDs
+        # and MIG names it does not list by index, so those are left to CUDA).
+        if not all(visible[g].isdigit() for g in wanted):
+            return
+        wanted = [int(visible[g]) for g in wanted]
     missing = [g for g in wanted if g not in available]
     if missing:
         raise UsageError(

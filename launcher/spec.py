@@ -246,7 +246,7 @@ def build_server_spec(config: LaunchConfig, pool: str) -> ProcessSpec:
         else [sys.executable, "-m", SGLANG_MODULE]
     )
     argv = [*command, *_merge(own, extra)]
-    env = (("CUDA_VISIBLE_DEVICES", visible_devices(gpus)),)
+    env = (("CUDA_VISIBLE_DEVICES", visible_devices(gpus, config.visible_gpus)),)
     return ProcessSpec(
         pool, prefix, tuple(argv), env, base + "/health_generate", log_file, port, secret_args
     )

@@ -125,3 +125,13 @@ def test_preflight_failures_are_one_line_exit_2(
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and reason in done.stderr, done.stderr
     assert not (tmp_path / "eagle.log").exists()  # nothing was started
+
+
+def test_check_gpus_compares_the_ids_the_visible_indices_stand_for() -> None:
+    argv = ["--gpus", "0-1", "--model-path", "M", "--draft-model-path", "D"]
+    config = load_config(argv, environ={"CUDA_VISIBLE_DEVICES": "4,5"})
+    check_gpus(config, [0, 1, 2, 3, 4, 5, 6, 7])
+    with pytest.raises(UsageError, match="GPU 5 is not on this machine"):
+        check_gpus(config, [0, 1, 2, 3, 4])
+    uuids = load_config(argv, environ={"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"})
+    check_gpus(uuids, [0])  # nvidia-smi lists indices, not UUIDs: left to CUDA

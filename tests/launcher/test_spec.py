@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
 import sys
 
 import pytest
 from launch_cases import CASES, Case
 
 from dynspec.common.cli import UsageError
-from dynspec.launcher.config import load_config
+from dynspec.launcher.cli import with_detected_gpus
+from dynspec.launcher.config import build_parser, load_config
 from dynspec.launcher.spec import (
     ProcessSpec,
     build_specs,
@@ -218,3 +221,58 @@ def test_drain_timeout_the_router_refuses_is_a_launcher_usage_error() -> None:
     assert exc.value.code == 2
     *_, router = specs("--simulate", "--drain-timeout", "7.5")
     assert option(router.argv, "--drain-timeout") == ["7.5"]
+
+
+GPU_ARGS = ["--model-path", "M", "--draft-model-path", "D", "--dry-run"]
+
+
+@pytest.mark.parametrize(
+    ("visible", "gpus", "eagle_env", "baseline_env"),
+    [
+        ("4,5", "0-1", "4", "5"),
+        ("6,7,2,3", "0-3", "6,7", "2,3"),
+        ("GPU-aa,GPU-bb", "1,0", "GPU-bb", "GPU-aa"),
+        (None, "0-1", "0", "1"),
+    ],
+)
+def test_gpus_index_the_visible_set(
+    visible: str | None, gpus: str, eagle_env: str, baseline_env: str
+) -> None:
+    environ = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    eagle, baseline, _ = build_specs(load_config(["--gpus", gpus, *GPU_ARGS], environ=environ))
+    assert eagle.env == (("CUDA_VISIBLE_DEVICES", eagle_env),)
+    assert baseline.env == (("CUDA_VISIBLE_DEVICES", baseline_env),)
+
+
+def test_gpu_outside_the_visible_set_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match=r"GPU 2 is not visible: CUDA_VISIBLE_DEVICES=4,5"):
+        load_config(["--gpus", "0-3", *GPU_ARGS], environ={"CUDA_VISIBLE_DEVICES": "4,5"})
+    with pytest.raises(UsageError, match="not visible"):
+        load_config(
+            ["--eagle-gpus", "0", "--baseline-gpus", "1", *GPU_ARGS],
+            environ={"CUDA_VISIBLE_DEVICES": ""},
+        )
+
+
+def test_gpu_outside_the_visible_set_exits_2_with_one_line() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "dynspec.launcher", "--gpus", "0-3", *GPU_ARGS],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "4,5"},
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "CUDA_VISIBLE_DEVICES=4,5" in r.stderr
+
+
+def test_help_says_gpus_index_the_visible_set() -> None:
+    text = " ".join(build_parser().format_help().split())
+    assert "CUDA_VISIBLE_DEVICES=4,5" in text and "--gpus 0-1 means GPUs 4 and 5" in text
+
+
+def test_no_gpus_given_uses_every_visible_gpu() -> None:
+    config = load_config(GPU_ARGS, environ={"CUDA_VISIBLE_DEVICES": "3,1"})
+    eagle, baseline, _ = build_specs(with_detected_gpus(config))
+    assert (eagle.env, baseline.env) == (
+        (("CUDA_VISIBLE_DEVICES", "3"),),
+        (("CUDA_VISIBLE_DEVICES", "1"),),
+    )
