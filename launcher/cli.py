@@ -12,7 +12,7 @@ from typing import NoReturn
 from dynspec.common.cli import UsageError, configure_logging, env_name, run_main
 from dynspec.launcher.config import PROG, LaunchConfig, build_parser, load_config
 from dynspec.launcher.gpus import split_halves
-from dynspec.launcher.preflight import list_gpus, run_preflight
+from dynspec.launcher.preflight import list_gpus, run_preflight, tp_warnings
 from dynspec.launcher.printer import Printer
 from dynspec.launcher.spec import build_specs
 from dynspec.launcher.supervisor import Supervisor
@@ -47,6 +47,8 @@ def with_detected_gpus(config: LaunchConfig) -> LaunchConfig:
 def launch(config: LaunchConfig) -> int:
     config = with_detected_gpus(config)
     specs = build_specs(config)
+    for warning in tp_warnings(config):
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
     if config.dry_run:
         for spec in specs:
             print(spec.command_line())

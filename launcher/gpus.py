@@ -94,3 +94,20 @@ def visible_devices(gpus: Sequence[int], visible: Sequence[str] | None = None) -
     if visible is None:
         return ",".join(str(g) for g in gpus)
     return ",".join(visible[g] for g in gpus)
+
+
+def tp_problems(tp: int, heads: int | None = None, kv_heads: int | None = None) -> list[str]:
+    """Why a tensor-parallel size may not work well, or at all; empty when nothing is odd.
+
+    Attention heads are split evenly over the tp ranks, so tp must divide them; key-value heads
+    are split too, or replicated when there are fewer than ranks (then they must divide tp).
+    NCCL and the kernels are tuned for powers of two.
+    """
+    problems = []
+    if tp & (tp - 1):
+        problems.append("is not a power of two")
+    if heads and heads % tp:
+        problems.append(f"does not divide the model's {heads} attention heads")
+    if kv_heads and kv_heads % tp and tp % kv_heads:
+        problems.append(f"does not fit its {kv_heads} key-value heads")
+    return problems

@@ -10,6 +10,7 @@ import errno
 import importlib.metadata
 import importlib.resources
 import importlib.util
+import json
 import logging
 import re
 import shutil
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from dynspec.common.cli import UsageError
 from dynspec.launcher.config import LaunchConfig
-from dynspec.launcher.gpus import format_gpus
+from dynspec.launcher.gpus import format_gpus, tp_problems
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,47 @@ def check_model_path(value: str | None, flag: str) -> None:
     looks_like_path = value.startswith(("/", ".", "~")) or value.count("/") != 1
     if looks_like_path or not _HUB_ID.match(value):
         raise UsageError(f"{flag} {value}: no such directory, and not a hub id like org/name")
+
+
+def model_heads(model_path: str | None) -> tuple[int | None, int | None]:
+    """Attention and key-value head counts from a local model's config.json (None: unknown)."""
+    if not model_path:
+        return None, None
+    try:
+        data = json.loads((Path(model_path).expanduser() / "config.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return None, None  # a hub id, or no readable config: SGLang will say what it needs
+    if not isinstance(data, dict):
+        return None, None
+    # Multimodal models keep the language model's settings in a nested config.
+    for section in (data, data.get("text_config"), data.get("llm_config")):
+        if isinstance(section, dict) and isinstance(section.get("num_attention_heads"), int):
+            kv = section.get("num_key_value_heads")
+            return section["num_attention_heads"], kv if isinstance(kv, int) else None
+    return None, None
+
+
+def _and(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def tp_warnings(config: LaunchConfig) -> list[str]:
+    """One line per odd tensor-parallel size: not a power of two, or not fitting the heads."""
+    if config.simulate:
+        return []
+    heads, kv_heads = model_heads(config.model_path)
+    sizes = {"EAGLE": len(config.eagle_gpus), "baseline": len(config.baseline_gpus)}
+    lines = []
+    for tp in sorted(set(sizes.values())):
+        problems = tp_problems(tp, heads, kv_heads)
+        if problems:
+            who = [name for name, size in sizes.items() if size == tp]
+            servers = "both servers" if len(who) == 2 else f"the {who[0]} server"
+            lines.append(
+                f"tp {tp} ({servers}) {_and(problems)}: SGLang may refuse it or run "
+                "slower; 1, 2, 4 or 8 GPUs per server are the usual sizes"
+            )
+    return lines
 
 
 def check_port_free(host: str, port: int, what: str) -> None:

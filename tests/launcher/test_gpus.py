@@ -3,7 +3,13 @@ from __future__ import annotations
 import pytest
 
 from dynspec.common.cli import UsageError
-from dynspec.launcher.gpus import format_gpus, parse_gpus, split_halves, visible_devices
+from dynspec.launcher.gpus import (
+    format_gpus,
+    parse_gpus,
+    split_halves,
+    tp_problems,
+    visible_devices,
+)
 
 
 @pytest.mark.parametrize(
@@ -68,3 +74,25 @@ def test_format_round_trips(gpus: tuple[int, ...], text: str) -> None:
     assert format_gpus(gpus) == text
     assert parse_gpus(format_gpus(gpus)) == gpus
     assert visible_devices(gpus) == ",".join(map(str, gpus))
+
+
+@pytest.mark.parametrize(
+    ("tp", "heads", "kv_heads", "problems"),
+    [
+        (4, 32, 8, []),
+        (8, 32, 8, []),
+        (8, 64, 4, []),  # fewer key-value heads than ranks: replicated, 4 divides 8
+        (1, 40, 8, []),
+        (3, None, None, ["power of two"]),
+        (3, 24, 3, ["power of two"]),
+        (3, 32, 8, ["power of two", "32 attention heads", "8 key-value heads"]),
+        (6, 48, 8, ["power of two", "8 key-value heads"]),
+        (4, 40, 10, ["10 key-value heads"]),
+        (8, 12, None, ["12 attention heads"]),
+    ],
+)
+def test_tp_problems(tp: int, heads: int | None, kv_heads: int | None, problems: list[str]) -> None:
+    found = tp_problems(tp, heads, kv_heads)
+    assert len(found) == len(problems), found
+    for text, want in zip(found, problems, strict=True):
+        assert want in text

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -18,6 +19,7 @@ from dynspec.launcher.preflight import (
     check_model_path,
     check_port_free,
     list_gpus,
+    model_heads,
     run_preflight,
     sglang_requirement,
     sglang_version,
@@ -135,3 +137,49 @@ def test_check_gpus_compares_the_ids_the_visible_indices_stand_for() -> None:
         check_gpus(config, [0, 1, 2, 3, 4])
     uuids = load_config(argv, environ={"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"})
     check_gpus(uuids, [0])  # nvidia-smi lists indices, not UUIDs: left to CUDA
+
+
+def _model(tmp_path: Path, config: object) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_model_heads_from_a_local_config(tmp_path: Path) -> None:
+    plain = _model(tmp_path, {"num_attention_heads": 32, "num_key_value_heads": 8})
+    assert model_heads(str(plain)) == (32, 8)
+    assert model_heads("org/model") == (None, None)  # a hub id: nothing to read here
+    assert model_heads(str(tmp_path)) == (None, None)  # no config.json
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{not json")
+    assert model_heads(str(tmp_path / "bad")) == (None, None)
+
+
+def test_model_heads_of_a_multimodal_config(tmp_path: Path) -> None:
+    folder = _model(tmp_path, {"text_config": {"num_attention_heads": 40}})
+    assert model_heads(str(folder)) == (40, None)
+
+
+def test_odd_tp_is_one_warning_line_in_dry_run(tmp_path: Path) -> None:
+    folder = _model(tmp_path, {"num_attention_heads": 32, "num_key_value_heads": 8})
+    argv = ["--model-path", str(folder), "--draft-model-path", "D", "--dry-run"]
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "dynspec.launcher", *argv, *extra],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    r = run("--gpus", "0-5")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, lines
+    assert "warning: tp 3 (both servers)" in lines[0]
+    assert "power of two" in lines[0] and "32 attention heads" in lines[0]
+    assert len(r.stdout.splitlines()) == 3  # the commands themselves are all there
+    r = run("--gpus", "0-7")
+    assert (r.returncode, r.stderr) == (0, "")
+    r = run("--eagle-gpus", "0-3", "--baseline-gpus", "4-9")
+    assert "warning: tp 6 (the baseline server)" in r.stderr
+    assert r.stderr.count("\n") == 1
