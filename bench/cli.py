@@ -27,6 +27,7 @@ from dynspec.common.cli import (
     positive_float,
     positive_int,
     run_main,
+    write_stdout,
 )
 
 PROG = "dynspec-bench"
@@ -473,7 +474,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.stderr.write(f"{PROG}: error: missing command (choose from {', '.join(COMMANDS)})\n")
         sys.exit(2)
     if args[0] in ("-h", "--help"):
-        sys.stdout.write(_usage())
+        write_stdout(_usage())
         sys.exit(0)
     handler = HANDLERS.get(args[0])
     if handler is None:

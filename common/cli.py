@@ -10,6 +10,8 @@
 - Value checks for ``type=``: ``positive_int``, ``non_negative_int``, ``positive_float``,
   ``non_negative_float``, ``port`` and ``port_or_zero``. A bad value is a usage error that names
   the rule (``--port: must be 1-65535, got 0``).
+- Output whose reader leaves early (``dynspec-launch --dry-run | head -1``) ends the command
+  quietly, as it ends ``cat`` or ``ls``: no "Broken pipe" line, exit 141 (128 + SIGPIPE).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 ENV_PREFIX = "DYNSPEC_"
+READER_GONE = 141  # 128 + SIGPIPE: the status a shell shows for a writer whose reader left
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -79,6 +82,24 @@ def port_or_zero(text: str) -> int:
     return value
 
 
+def _reader_gone() -> NoReturn:
+    # Python ignores SIGPIPE, so the write failed with EPIPE instead of ending the process. Point
+    # stdout at /dev/null first: the flush at exit would otherwise fail again, and say so.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    sys.exit(READER_GONE)
+
+
+def write_stdout(text: str) -> None:
+    """Write and flush; when stdout's reader has left, exit quietly (see the module's note)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _reader_gone()
+
+
 def env_name(option: str) -> str:
     return ENV_PREFIX + option.lstrip("-").upper().replace("-", "_")
 
@@ -100,6 +121,14 @@ class FlagParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, exit 2: the usage block argparse prints by default buries the reason.
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        # argparse's own version drops a failed write and then exits 0 as if all was shown.
+        if message:
+            if file is None or file is sys.stdout:
+                write_stdout(message)  # --help into a pipe that closes early
+            else:
+                file.write(message)
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
         action = super().add_argument(*args, **kwargs)
@@ -194,11 +223,14 @@ def run_main(prog: str, body: Callable[[], int | None], log_level: str = "info")
     """Run ``body`` and exit with its code; turn failures into one line (exit 1, usage exit 2)."""
     try:
         code = body()
+        sys.stdout.flush()  # here, where a reader that left is caught, not at exit
     except KeyboardInterrupt:
         sys.exit(130)
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except BrokenPipeError:
+        _reader_gone()
     except Exception as exc:
         if log_level == "debug":
             raise
