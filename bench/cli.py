@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import logging
 import shlex
@@ -14,10 +15,9 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from dynspec.bench import envelope, load, profile_export, report, threshold
-from dynspec.bench.sweep import ProgressLine, SweepConfig, sweep
+from dynspec.bench import profile_export, report, threshold
 from dynspec.common.cli import (
     FlagParser,
     UsageError,
@@ -30,6 +30,10 @@ from dynspec.common.cli import (
     write_stdout,
 )
 
+if TYPE_CHECKING:
+    from dynspec.bench.load import Target
+    from dynspec.bench.sweep import SweepConfig
+
 PROG = "dynspec-bench"
 COMMANDS = {
     "sweep": "closed-loop concurrency sweep of one or more servers or routers",
@@ -38,6 +42,10 @@ COMMANDS = {
     "envelope": "simulated servers + router: does routing follow the better server?",
     "overhead": "router hot-path cost: direct vs dynspec-router vs SGLang's router",
 }
+# Commands that load servers or draw plots need the bench extra (aiohttp, matplotlib); the others
+# read files and run on the base install. Their modules are imported only once this is checked.
+NEEDS_EXTRA = {"sweep", "envelope", "overhead"}
+EXTRA_MODULES = ("aiohttp", "matplotlib")
 DEFAULT_LEVELS = "1,2,4,8,16,32,64,128,256"
 logger = logging.getLogger(__name__)
 
@@ -115,6 +123,8 @@ def _add_load_flags(p: FlagParser) -> None:
 
 
 def _sweep_config(args: argparse.Namespace, **extra: object) -> SweepConfig:
+    from dynspec.bench.sweep import SweepConfig
+
     if args.dataset is not None and not args.dataset.is_file():
         raise UsageError(f"--dataset: no such file: {args.dataset}")
     return SweepConfig(
@@ -136,6 +146,8 @@ def _sweep_config(args: argparse.Namespace, **extra: object) -> SweepConfig:
 
 
 def sweep_parser() -> FlagParser:
+    from dynspec.bench import load
+
     p = FlagParser(
         prog=f"{PROG} sweep",
         description=(
@@ -166,7 +178,9 @@ def sweep_parser() -> FlagParser:
     return p
 
 
-def _targets(raw: object, endpoint: str) -> list[load.Target]:
+def _targets(raw: object, endpoint: str) -> list[Target]:
+    from dynspec.bench import load
+
     items: list[str] = []
     if isinstance(raw, str):  # from DYNSPEC_URL
         items = raw.split()
@@ -175,7 +189,7 @@ def _targets(raw: object, endpoint: str) -> list[load.Target]:
             items += str(x).split()
     if not items:
         raise UsageError("give at least one --url")
-    out: list[load.Target] = []
+    out: list[Target] = []
     for item in items:
         try:
             out.append(load.parse_target(item, endpoint))
@@ -209,6 +223,8 @@ def _finish(out: Path, title: str) -> None:
 
 
 def cmd_sweep(argv: Sequence[str]) -> NoReturn:
+    from dynspec.bench.sweep import ProgressLine, sweep
+
     args = sweep_parser().parse_layered(argv)
     configure_logging(args.log_level)
 
@@ -393,6 +409,9 @@ def envelope_parser() -> FlagParser:
 
 
 def cmd_envelope(argv: Sequence[str]) -> NoReturn:
+    from dynspec.bench import envelope
+    from dynspec.bench.sweep import ProgressLine
+
     args = envelope_parser().parse_layered(argv)
     configure_logging(args.log_level)
 
@@ -460,6 +479,14 @@ HANDLERS = {
 }
 
 
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
 def _usage() -> str:
     lines = [f"usage: {PROG} {{{','.join(COMMANDS)}}} [flags]  ({PROG} COMMAND --help)", ""]
     lines += [f"  {name:<18} {text}" for name, text in COMMANDS.items()]
@@ -482,6 +509,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{PROG}: error: unknown command {args[0]!r} (choose from {', '.join(COMMANDS)})\n"
         )
         sys.exit(2)
+    if args[0] in NEEDS_EXTRA:
+        missing = [m for m in EXTRA_MODULES if not _importable(m)]
+        if missing:
+            sys.stderr.write(
+                f"{PROG}: error: {PROG} {args[0]} needs the bench extra ({', '.join(missing)} "
+                "not installed): pip install 'dynspec[bench]'\n"
+            )
+            sys.exit(1)
     handler(args[1:])
 
 
