@@ -229,3 +229,30 @@ def test_systemd_unit_lets_the_launcher_drain_before_systemd_kills() -> None:
     p = build_parser()
     drain, grace = float(p.get_default("drain_timeout")), float(p.get_default("kill_grace"))
     assert float(svc["TimeoutStopSec"]) > drain + grace + 10
+
+
+def test_systemd_sandbox_keeps_what_sglang_needs() -> None:
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    text = (DEPLOY / "systemd" / "dynspec.service").read_text()
+    # DeviceAllow and SystemCallFilter repeat; a plain parser keeps the last, so read them here.
+    allowed = [
+        line.split("=", 1)[1] for line in text.splitlines() if line.startswith("DeviceAllow=")
+    ]
+    unit.read_string(text)
+    svc = unit["Service"]
+    assert svc["NoNewPrivileges"] == "yes" and svc["ProtectSystem"] == "strict"
+    assert svc.get("User") == "dynspec" and svc["CapabilityBoundingSet"] == ""
+    # GPUs: the NVIDIA device nodes stay reachable (PrivateDevices would hide them).
+    assert svc.get("PrivateDevices", "no") == "no"
+    if svc.get("DevicePolicy", "auto") != "auto":
+        assert "char-nvidia* rw" in allowed
+    # Triton, FlashInfer and torch compile kernels at run time: W+X memory and a writable cache.
+    assert svc.get("MemoryDenyWriteExecute", "no") == "no"
+    cache = svc["CacheDirectory"]
+    assert f"TRITON_CACHE_DIR=/var/cache/{cache}/" in text
+    assert f"XDG_CACHE_HOME=/var/cache/{cache}" in text
+    # Logs go where the service may write; HOME and downloads in the state directory.
+    assert f"--log-dir /var/log/{svc['LogsDirectory']}" in svc["ExecStart"]
+    assert f"HOME=/var/lib/{svc['StateDirectory']}" in text
+    assert "AF_NETLINK" in svc["RestrictAddressFamilies"]  # NCCL lists interfaces through it

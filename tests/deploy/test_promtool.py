@@ -69,3 +69,19 @@ def test_systemd_analyze_verify_unit(tmp_path: Path) -> None:
     r = _run([analyze, "verify", str(unit)])
     out = (r.stdout + r.stderr).strip()
     assert r.returncode == 0 and "dynspec.service" not in out, out
+
+
+EXPOSURE = re.compile(r"Overall exposure level for dynspec\.service: (\d+(?:\.\d+)?) ")
+
+
+def test_systemd_unit_is_hardened(tmp_path: Path) -> None:
+    analyze = require_tool("systemd-analyze", "systemd")
+    unit = tmp_path / "dynspec.service"
+    unit.write_text((DEPLOY / "systemd" / "dynspec.service").read_text())
+    # --offline reads the unit file alone (systemd >= 250), without a running systemd.
+    r = _run([analyze, "security", "--offline=true", "--no-pager", str(unit)])
+    out = r.stdout + r.stderr
+    found = EXPOSURE.search(out)
+    assert found, out
+    # 0 is fully locked down, 10 is UNSAFE (the unit without a sandbox scored 9.2).
+    assert float(found.group(1)) < 5, out
