@@ -322,9 +322,14 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
         )
         router_line = f"- Router: `--threshold {thr} --hysteresis {hyst}`{picked}"
         if thr == 0:
+            found = (
+                "no difference between the two servers"
+                if suggestion is not None and suggestion.verdict == "tie"
+                else "that EAGLE never wins"
+            )
             router_line = (
-                "- Router: baseline pool only (no `--eagle-url`): `suggest-threshold` found that "
-                "EAGLE never wins, and the threshold policy cannot send every request to the "
+                f"- Router: baseline pool only (no `--eagle-url`): `suggest-threshold` found "
+                f"{found}, and the threshold policy cannot send every request to the "
                 "baseline (`--threshold` >= 1)."
             )
     else:

@@ -13,6 +13,10 @@ EAGLE. ``hysteresis`` is a quarter of the threshold (at least 1, and at most ``t
 that the router can switch back at all): wide enough that a load jittering around the threshold does
 not flip the mode on every request, narrow enough that the loads served by the "wrong" pool after a
 spike are close to the crossover, where the two pools differ least.
+
+Two sweeps within ``TIE_TOLERANCE`` of each other at every level (decode speed and output tok/s)
+are a tie, not a win for EAGLE: speculation buys nothing measurable there, so there is no threshold
+to choose and no reason to give GPUs to an EAGLE pool (the same sweep given twice ends here too).
 """
 
 from __future__ import annotations
@@ -24,7 +28,13 @@ from typing import Literal
 
 from dynspec.bench.report import Record, targets
 
-Verdict = Literal["crossover", "never", "always"]
+Verdict = Literal["crossover", "never", "always", "tie"]
+# Two figures within 2% of each other are the same: closer than repeated sweeps of one server.
+TIE_TOLERANCE = 0.02
+
+
+def _same(log2_ratio: float) -> bool:
+    return abs(log2_ratio) <= math.log2(1.0 + TIE_TOLERANCE)
 
 
 @dataclass(frozen=True)
@@ -125,6 +135,19 @@ def suggest(eagle: Sequence[Record], baseline: Sequence[Record]) -> Suggestion:
         _log_ratio(lv.eagle_output_throughput, lv.baseline_output_throughput) for lv in levels
     ]
     lo, hi = common[0], common[-1]
+    if all(_same(r) and _same(t) for r, t in zip(logr, tp_logr, strict=True)):
+        where = f"C={lo}" if lo == hi else f"every measured concurrency, C={lo} to C={hi}"
+        return Suggestion(
+            "tie",
+            0,
+            0,
+            None,
+            levels,
+            f"No difference: EAGLE's per-request decode speed and output tok/s are within "
+            f"{TIE_TOLERANCE:.0%} of the baseline's at {where}, so neither pool wins and there "
+            f"is no threshold to choose. Speculation buys nothing measurable here: the baseline "
+            f"pool alone serves as well (check that the two sweeps are of two different servers).",
+        )
     if logr[0] < 0:
         wins = tuple(lv.concurrency for lv, r in zip(levels, logr, strict=True) if r >= 0)
         note = f" (it is faster again at C={', '.join(map(str, wins))})" if wins else ""
@@ -202,6 +225,12 @@ def suggest(eagle: Sequence[Record], baseline: Sequence[Record]) -> Suggestion:
     )
 
 
+def _faster(lv: Level) -> str:
+    if _same(math.log2(lv.ratio)):
+        return "same"
+    return "EAGLE" if lv.ratio > 1 else "baseline"
+
+
 def evidence_table(levels: Sequence[Level]) -> str:
     head = (
         "| C | EAGLE TPOT p50 ms | baseline TPOT p50 ms | EAGLE tok/s per request"
@@ -213,7 +242,7 @@ def evidence_table(levels: Sequence[Level]) -> str:
         lines.append(
             f"| {lv.concurrency} | {lv.eagle_tpot_ms:.2f} | {lv.baseline_tpot_ms:.2f}"
             f" | {lv.eagle_speed:.1f} | {lv.baseline_speed:.1f} | {lv.ratio:.2f}"
-            f" | {'EAGLE' if lv.ratio >= 1 else 'baseline'}"
+            f" | {_faster(lv)}"
             f" | {lv.eagle_output_throughput:.0f} | {lv.baseline_output_throughput:.0f} |"
         )
     return "\n".join(lines) + "\n"
@@ -222,6 +251,8 @@ def evidence_table(levels: Sequence[Level]) -> str:
 def render(s: Suggestion) -> str:
     if s.verdict == "never":
         advice = "Recommended: no EAGLE pool (dynspec-router --baseline-url ... only)"
+    elif s.verdict == "tie":
+        advice = "Recommended: no threshold to choose; the baseline pool alone serves as well"
     else:
         advice = f"Recommended: --threshold {s.threshold} --hysteresis {s.hysteresis}"
     return f"{evidence_table(s.levels)}\n{s.message}\n\n{advice}\n"

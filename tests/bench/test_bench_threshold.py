@@ -149,3 +149,39 @@ def test_queueing_eagle_uses_the_throughput_crossing() -> None:
     assert (s.threshold, s.hysteresis) == (6, 2)
     assert "output tok/s falls below" in s.message
     assert "requests queue" in s.message
+
+
+def test_the_same_sweep_twice_is_no_difference_not_a_win() -> None:
+    s = suggest(sweep("e", [20, 21, 22, 24, 28]), BASELINE)
+    assert s.verdict == "tie"
+    assert "No difference" in s.message and "always wins" not in s.message
+    assert (s.threshold, s.hysteresis, s.crossover) == (0, 0, None)
+    text = render(s)
+    assert "always" not in text and "Recommended: no threshold to choose" in text
+    assert "| same |" in text and "| EAGLE |" not in text
+
+
+def test_within_the_tolerance_everywhere_is_a_tie_beyond_it_is_not() -> None:
+    # 1% faster at every level: noise, not a win.
+    close = sweep("e", [t / 1.01 for t in [20, 21, 22, 24, 28]])
+    assert suggest(close, BASELINE).verdict == "tie"
+    # 1% faster at most levels but 10% at one: EAGLE wins there.
+    one_win = sweep(
+        "e",
+        [t / f for t, f in zip([20, 21, 22, 24, 28], [1.01, 1.01, 1.1, 1.01, 1.01], strict=True)],
+    )
+    assert suggest(one_win, BASELINE).verdict == "always"
+
+
+def test_cli_same_file_twice_says_no_difference(tmp_path: Path) -> None:
+    records = [*sweep("eagle", [20, 21, 22, 24, 28]), *sweep("baseline", [20, 21, 22, 24, 28])]
+    path = write(tmp_path / "one.jsonl", records)
+    for targets in (["--eagle-target", "eagle", "--baseline-target", "baseline"],
+                    ["--eagle-target", "eagle", "--baseline-target", "eagle"]):  # fmt: skip
+        r = subprocess.run(
+            [sys.executable, "-m", "dynspec.bench", "suggest-threshold", str(path), str(path),
+             *targets],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert "No difference" in r.stdout and "always wins" not in r.stdout
