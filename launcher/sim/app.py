@@ -394,58 +394,80 @@ class SimApp:
         except BadRequest as exc:
             await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
             return
-        req = SimRequest(
-            rid=inp.rid,
-            prompt_tokens=inp.prompt_tokens,
-            max_new_tokens=inp.max_new_tokens,
-            limit=self.config.profile.context_length - inp.prompt_tokens,
-            stream=inp.stream,
-            seed=self.seed,
-            prompt_key=inp.prompt_key,
-            ignore_eos=inp.ignore_eos,
-        )
+        # n choices are n requests to the engine, with SGLang's ids for them (rid_0, rid_1, ...).
+        rids = [inp.rid] if inp.n == 1 else [f"{inp.rid}_{i}" for i in range(inp.n)]
+        reqs = [
+            SimRequest(
+                rid=rid,
+                prompt_tokens=inp.prompt_tokens,
+                max_new_tokens=inp.max_new_tokens,
+                limit=self.config.profile.context_length - inp.prompt_tokens,
+                stream=inp.stream,
+                # The request's own seed makes its text the same on every server and run.
+                seed=self.seed if inp.seed is None else inp.seed,
+                prompt_key=inp.prompt_key if i == 0 else f"{inp.prompt_key}\x1f{i}",
+                ignore_eos=inp.ignore_eos,
+                stop=inp.stop,
+            )
+            for i, rid in enumerate(rids)
+        ]
         engine = self._engine()
-        engine.submit(req)
-        watcher = asyncio.create_task(self._watch_disconnect(receive, engine, req))
+        for req in reqs:
+            engine.submit(req)
+        watcher = asyncio.create_task(self._watch_disconnect(receive, engine, reqs))
         try:
-            if inp.stream:
+            if inp.stream and len(reqs) == 1:
                 await self._stream(
                     send,
-                    req=req,
+                    req=reqs[0],
+                    chat=chat,
+                    include_usage=inp.include_usage,
+                    model=inp.model,
+                    watcher=watcher,
+                )
+            elif inp.stream:
+                await self._stream_choices(
+                    send,
+                    reqs=reqs,
                     chat=chat,
                     include_usage=inp.include_usage,
                     model=inp.model,
                     watcher=watcher,
                 )
             else:
-                await self._answer(send, req, chat, inp.model)
+                await self._answer(send, reqs, chat, inp.model)
         finally:
             watcher.cancel()
-            engine.abort(req)  # a no-op unless the response was cut short
+            for req in reqs:
+                engine.abort(req)  # a no-op unless the response was cut short
 
-    async def _watch_disconnect(self, receive: Receive, engine: Engine, req: SimRequest) -> None:
+    async def _watch_disconnect(
+        self, receive: Receive, engine: Engine, reqs: list[SimRequest]
+    ) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                if not req.done and engine.abort(req):
-                    logger.debug("client left: aborted %s", req.rid)
+                for req in reqs:
+                    if not req.done and engine.abort(req):
+                        logger.debug("client left: aborted %s", req.rid)
                 return
 
-    async def _answer(self, send: Send, req: SimRequest, chat: bool, model: str) -> None:
-        while not req.done:
-            await req.wait(req.target)
+    async def _answer(self, send: Send, reqs: list[SimRequest], chat: bool, model: str) -> None:
+        for req in reqs:
+            while not req.done:
+                await req.wait(req.target)
         created = int(time.time())
-        text = req.text(0, req.generated)
         build = wire.chat_response if chat else wire.completion_response
         body = build(
-            rid=req.rid,
+            rid=reqs[0].rid,
             created=created,
             model=model,
-            text=text,
-            finish_reason=req.finish_reason,
-            matched_stop=req.matched_stop,
-            prompt_tokens=req.prompt_tokens,
-            completion_tokens=req.generated,
+            choices=[
+                wire.Choice(r.text(0, r.generated), r.finish_reason, r.matched_stop) for r in reqs
+            ],
+            # As SGLang counts n choices: the prompt once, every choice's output.
+            prompt_tokens=reqs[0].prompt_tokens,
+            completion_tokens=sum(r.generated for r in reqs),
         )
         await _respond(send, 200, body)
 
@@ -499,6 +521,70 @@ class SimApp:
                 return
             if self.faults.stall and content_chunks >= 1:
                 # A stalled stream: the connection stays open and silent until the client leaves.
+                await watcher
+                return
+
+    async def _stream_choices(
+        self,
+        send: Send,
+        *,
+        reqs: list[SimRequest],
+        chat: bool,
+        include_usage: bool,
+        model: str,
+        watcher: asyncio.Task[None],
+    ) -> None:
+        """A stream of n > 1 choices, as SGLang interleaves them: each choice's chunks carry its
+        index and id as its tokens come; chat finish chunks come after every choice has ended."""
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        created = int(time.time())
+        kind = wire.ChatChunks if chat else wire.CompletionChunks
+        chunks = [kind(r.rid, created, model, i) for i, r in enumerate(reqs)]
+        sent = [0] * len(reqs)
+        ended = [False] * len(reqs)
+        finished: list[int] = []
+        loop = asyncio.get_running_loop()
+        while True:
+            moved = [not ended[i] and (r.generated > sent[i] or r.done) for i, r in enumerate(reqs)]
+            if not any(moved):
+                # One future for all: whichever choice moves first wakes this loop.
+                fut: asyncio.Future[None] = loop.create_future()
+                for i, r in enumerate(reqs):
+                    if not ended[i]:
+                        r.waiter = fut
+                await fut
+                continue
+            events: list[bytes] = []
+            for i, r in enumerate(reqs):
+                if not moved[i]:
+                    continue
+                c, n = chunks[i], r.generated
+                if isinstance(c, wire.ChatChunks):
+                    if sent[i] == 0 and i not in finished:
+                        events.append(c.role())
+                    if n > sent[i]:
+                        events.append(c.content(r.text(sent[i], n)))
+                    if r.done:
+                        finished.append(i)
+                elif r.done:
+                    events.append(c.last(r.text(sent[i], n), r.finish_reason, r.matched_stop))
+                else:
+                    events.append(c.text(r.text(sent[i], n)))
+                sent[i] = n
+                ended[i] = r.done
+            last = all(ended)
+            if last:
+                for i in finished if chat else ():
+                    chat_chunks = chunks[i]
+                    assert isinstance(chat_chunks, wire.ChatChunks)
+                    events.append(chat_chunks.finish(reqs[i].finish_reason, reqs[i].matched_stop))
+                if include_usage:
+                    events.append(chunks[0].usage(reqs[0].prompt_tokens, sum(sent)))
+                events.append(wire.SSE_DONE)
+            await self._emit(send, events, last=last)
+            if last:
+                return
+            if self.faults.stall and any(sent):
                 await watcher
                 return
 

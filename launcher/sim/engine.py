@@ -9,7 +9,9 @@ jitter does not accumulate; simulated time runs ``speed`` times faster than real
 
 Text is drawn from a fixed token list at an offset chosen by ``seed`` and the prompt, and accept
 lengths from a per-request generator seeded the same way: one seed and one prompt give the same
-text and the same chunks whatever else the server is doing.
+text and the same chunks whatever else the server is doing. Stop strings are found in that text
+when the request arrives: the answer then ends with the token that completes the first one, and
+its text just before it, as SGLang trims it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import itertools
 import logging
 import random
 import time
@@ -71,6 +74,7 @@ class SimRequest:
     __slots__ = (
         "aborted",
         "arrived",
+        "bounds",
         "cdf",
         "done",
         "finish_reason",
@@ -85,6 +89,7 @@ class SimRequest:
         "rng",
         "stream",
         "target",
+        "visible",
         "waiter",
     )
 
@@ -99,6 +104,7 @@ class SimRequest:
         seed: int,
         prompt_key: str,
         ignore_eos: bool = False,
+        stop: tuple[str, ...] = (),
     ) -> None:
         self.rid = rid
         self.prompt_tokens = prompt_tokens
@@ -110,11 +116,15 @@ class SimRequest:
         if natural < cap:
             self.target = natural
             self.finish_reason = "stop"
-            self.matched_stop: int | None = EOS_TOKEN_ID
+            self.matched_stop: int | str | None = EOS_TOKEN_ID
         else:
             self.target = max(cap, 0)
             self.finish_reason = "length"
             self.matched_stop = None
+        self.visible: str | None = None  # with a stop string: the whole answer, trimmed
+        self.bounds: list[int] = []  # with a stop string: where each token's text ends in it
+        if stop:
+            self._apply_stop(stop)
         self.cdf: list[float] = [1.0]
         self.generated = 0
         self.done = False
@@ -125,8 +135,30 @@ class SimRequest:
         self.last_token_at = 0.0
         self.finished_at = 0.0
 
+    def _apply_stop(self, stop: tuple[str, ...]) -> None:
+        full = self.text(0, self.target)
+        best: tuple[int, int, str] | None = None  # (end, start, string) of the first completed
+        for s in stop:
+            at = full.find(s)
+            if at >= 0 and (best is None or at + len(s) < best[0]):
+                best = (at + len(s), at, s)
+        if best is None:
+            return
+        end, at, s = best
+        bounds = list(
+            itertools.accumulate(len(TOKENS[(self.offset + i) % _NTOK]) for i in range(self.target))
+        )
+        self.target = bisect.bisect_left(bounds, end) + 1  # the token that completes the stop
+        self.bounds = [min(b, at) for b in bounds[: self.target]]
+        self.visible = full[:at]
+        self.finish_reason = "stop"
+        self.matched_stop = s
+
     def text(self, start: int, end: int) -> str:
         """The text of output tokens ``start..end`` (end excluded)."""
+        if self.visible is not None:
+            ends = self.bounds
+            return self.visible[ends[start - 1] if start else 0 : ends[end - 1] if end else 0]
         a = (self.offset + start) % _NTOK
         b = a + (end - start)
         if b <= _NTOK:

@@ -19,6 +19,7 @@ import orjson
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # SGLang's CompletionRequest.max_tokens default
+MAX_CHOICES = 128  # OpenAI's cap on n; SGLang has none, but each choice is a request here too
 DEFAULT_MODEL_NAME = "default"  # what SGLang answers under when the request names no model
 
 
@@ -43,6 +44,9 @@ class GenerationInput:
     stream: bool
     include_usage: bool
     ignore_eos: bool
+    n: int = 1  # choices, each its own request in the engine (SGLang's parallel sampling)
+    stop: tuple[str, ...] = ()  # the answer ends before the first of these it produces
+    seed: int | None = None  # the request's own seed: same seed, same request, same text
 
 
 def media_type(headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -122,6 +126,12 @@ def parse_generation(body: bytes, chat: bool, context_length: int) -> Generation
             "the completion. Please reduce the number of tokens in the input messages or the "
             "completion to fit within the limit."
         )
+    n = _positive_int(obj, "n") or 1
+    if n > MAX_CHOICES:
+        raise validation(f"n: Input should be less than or equal to {MAX_CHOICES}")
+    seed = obj.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise validation("seed: Input should be a valid integer")
     rid = obj.get("rid")
     if not isinstance(rid, str) or not rid:
         rid = ("chatcmpl-" if chat else "cmpl-") + os.urandom(16).hex()
@@ -134,7 +144,20 @@ def parse_generation(body: bytes, chat: bool, context_length: int) -> Generation
         stream=stream,
         include_usage=bool(opts and opts.get("include_usage")),
         ignore_eos=bool(obj.get("ignore_eos", False)),
+        n=n,
+        stop=_stop_strings(obj.get("stop")),
+        seed=seed,
     )
+
+
+def _stop_strings(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,) if value else ()
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(v for v in value if v)
+    raise validation("stop: Input should be a valid string or a list of strings")
 
 
 def _count_text_tokens(text: str) -> int:

@@ -7,11 +7,26 @@ chunks, a separate finish chunk with ``finish_reason`` and ``matched_stop``, a u
 then ``data: [DONE]``. Completion streams (``serving_completions.py``, pydantic, ``"usage": null``
 in each chunk): text chunks, the last one carrying ``finish_reason``; the usage chunk drops nulls.
 Chunks are built from per-request byte templates: one ``orjson.dumps`` of the text per chunk.
+With ``n`` choices each has its own templates (its ``index``, and SGLang's id of that choice).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import orjson
+
+# What SGLang reports as matched_stop: a stop token id, a stop string, or None.
+MatchedStop = int | str | None
+
+
+@dataclass(frozen=True)
+class Choice:
+    text: str
+    finish_reason: str
+    matched_stop: MatchedStop = None
+
 
 SSE_DONE = b"data: [DONE]\n\n"
 _TAIL_OPEN = b',"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n\n'
@@ -27,7 +42,7 @@ def error_body(message: str, err_type: str = "BadRequestError", code: int = 400)
     )
 
 
-def _finish_fields(finish_reason: str, matched_stop: int | None) -> bytes:
+def _finish_fields(finish_reason: str, matched_stop: MatchedStop) -> bytes:
     return (
         b',"logprobs":null,"finish_reason":'
         + orjson.dumps(finish_reason)
@@ -50,14 +65,18 @@ def _event_top(rid: str, obj: bytes, created: int, model: str) -> bytes:
     )
 
 
+def _choice_head(index: int) -> bytes:
+    return b',"choices":[{"index":' + str(index).encode()
+
+
 class ChatChunks:
     """The SSE events of one streamed chat completion."""
 
     __slots__ = ("_head", "_usage_head")
 
-    def __init__(self, rid: str, created: int, model: str) -> None:
+    def __init__(self, rid: str, created: int, model: str, index: int = 0) -> None:
         top = _event_top(rid, b"chat.completion.chunk", created, model)
-        self._head = top + b',"choices":[{"index":0,"delta":{"reasoning_content":null'
+        self._head = top + _choice_head(index) + b',"delta":{"reasoning_content":null'
         self._usage_head = top + b',"choices":[],"usage":'
 
     def role(self) -> bytes:
@@ -66,7 +85,7 @@ class ChatChunks:
     def content(self, text: str) -> bytes:
         return self._head + b',"content":' + orjson.dumps(text) + b"}" + _TAIL_OPEN
 
-    def finish(self, finish_reason: str, matched_stop: int | None) -> bytes:
+    def finish(self, finish_reason: str, matched_stop: MatchedStop) -> bytes:
         return self._head + b"}" + _finish_fields(finish_reason, matched_stop) + b"}]}\n\n"
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
@@ -78,15 +97,15 @@ class CompletionChunks:
 
     __slots__ = ("_head", "_usage_head")
 
-    def __init__(self, rid: str, created: int, model: str) -> None:
+    def __init__(self, rid: str, created: int, model: str, index: int = 0) -> None:
         top = _event_top(rid, b"text_completion", created, model)
-        self._head = top + b',"choices":[{"index":0,"text":'
+        self._head = top + _choice_head(index) + b',"text":'
         self._usage_head = top + b',"choices":[],"usage":'
 
     def text(self, text: str) -> bytes:
         return self._head + orjson.dumps(text) + _TAIL_OPEN_COMPLETION
 
-    def last(self, text: str, finish_reason: str, matched_stop: int | None) -> bytes:
+    def last(self, text: str, finish_reason: str, matched_stop: MatchedStop) -> bytes:
         return (
             self._head
             + orjson.dumps(text)
@@ -124,9 +143,7 @@ def chat_response(
     rid: str,
     created: int,
     model: str,
-    text: str,
-    finish_reason: str,
-    matched_stop: int | None,
+    choices: Sequence[Choice],
     prompt_tokens: int,
     completion_tokens: int,
 ) -> bytes:
@@ -138,12 +155,13 @@ def chat_response(
             "model": model,
             "choices": [
                 {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text, "reasoning_content": None},
+                    "index": i,
+                    "message": {"role": "assistant", "content": c.text, "reasoning_content": None},
                     "logprobs": None,
-                    "finish_reason": finish_reason,
-                    "matched_stop": matched_stop,
+                    "finish_reason": c.finish_reason,
+                    "matched_stop": c.matched_stop,
                 }
+                for i, c in enumerate(choices)
             ],
             "usage": orjson.Fragment(usage_json(prompt_tokens, completion_tokens)),
             "metadata": {"weight_version": "default"},
@@ -156,9 +174,7 @@ def completion_response(
     rid: str,
     created: int,
     model: str,
-    text: str,
-    finish_reason: str,
-    matched_stop: int | None,
+    choices: Sequence[Choice],
     prompt_tokens: int,
     completion_tokens: int,
 ) -> bytes:
@@ -170,12 +186,13 @@ def completion_response(
             "model": model,
             "choices": [
                 {
-                    "index": 0,
-                    "text": text,
+                    "index": i,
+                    "text": c.text,
                     "logprobs": None,
-                    "finish_reason": finish_reason,
-                    "matched_stop": matched_stop,
+                    "finish_reason": c.finish_reason,
+                    "matched_stop": c.matched_stop,
                 }
+                for i, c in enumerate(choices)
             ],
             "usage": orjson.Fragment(usage_json(prompt_tokens, completion_tokens)),
             "metadata": {"weight_version": "default"},

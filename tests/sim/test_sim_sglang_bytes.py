@@ -67,6 +67,12 @@ out = {
                                        finish_reason="length", matched_stop=None),
     "finish_stop": build_sse_content(chunk_id=rid, created=created, model=model, index=0,
                                      finish_reason="stop", matched_stop=128009),
+    "role_2": build_sse_content(chunk_id=rid, created=created, model=model, index=2,
+                                role="assistant", content=""),
+    "content_2": build_sse_content(chunk_id=rid, created=created, model=model, index=2,
+                                   content=text),
+    "finish_str_2": build_sse_content(chunk_id=rid, created=created, model=model, index=2,
+                                      finish_reason="stop", matched_stop=a["stop"]),
     "chat_usage": "data: " + ChatCompletionStreamResponse(
         id=rid, created=created, choices=[], model=model, usage=usage).model_dump_json() + "\n\n",
     "comp_text": "data: " + CompletionStreamResponse(
@@ -78,6 +84,11 @@ out = {
         id=rid, created=created, object="text_completion", model=model,
         choices=[CompletionResponseStreamChoice(index=0, text=text, logprobs=None,
                                                 finish_reason="stop", matched_stop=128009)],
+    ).model_dump_json() + "\n\n",
+    "comp_last_str_2": "data: " + CompletionStreamResponse(
+        id=rid, created=created, object="text_completion", model=model,
+        choices=[CompletionResponseStreamChoice(index=2, text=text, logprobs=None,
+                                                finish_reason="stop", matched_stop=a["stop"])],
     ).model_dump_json() + "\n\n",
     "comp_usage": "data: " + CompletionStreamResponse(
         id=rid, created=created, choices=[], model=model, usage=usage,
@@ -95,6 +106,30 @@ out = {
             prompt_tokens=p, completion_tokens=c),
         choices=[CompletionResponseChoice(index=0, text=text, finish_reason="stop",
                                           matched_stop=128009)],
+        metadata={"weight_version": "default"},
+    ).model_dump(),
+    "chat_body_n": ChatCompletionResponse(
+        id=rid, created=created, model=model, usage=UsageProcessor.calculate_token_usage(
+            prompt_tokens=p, completion_tokens=c),
+        choices=[
+            ChatCompletionResponseChoice(
+                index=0, message=ChatMessage(role="assistant", content=text),
+                finish_reason="length", matched_stop=None),
+            ChatCompletionResponseChoice(
+                index=1, message=ChatMessage(role="assistant", content=""),
+                finish_reason="stop", matched_stop=a["stop"]),
+        ],
+        metadata={"weight_version": "default"},
+    ).model_dump(),
+    "comp_body_n": CompletionResponse(
+        id=rid, created=created, model=model, usage=UsageProcessor.calculate_token_usage(
+            prompt_tokens=p, completion_tokens=c),
+        choices=[
+            CompletionResponseChoice(index=0, text=text, finish_reason="stop",
+                                     matched_stop=128009),
+            CompletionResponseChoice(index=1, text="", finish_reason="stop",
+                                     matched_stop=a["stop"]),
+        ],
         metadata={"weight_version": "default"},
     ).model_dump(),
     "error": ErrorResponse(message="Messages cannot be empty.", type="BadRequestError",
@@ -153,6 +188,7 @@ def sglang_bytes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "text": ' tokens with "quotes", a \\ backslash\nand é',
         "p": 17,
         "c": 42,
+        "stop": '\n"end"',
     }
     env = {**os.environ, "PYTHONPATH": str(borrowed)}
     done = subprocess.run(
@@ -176,6 +212,10 @@ def test_chat_stream_chunks_match_sglang(sglang_bytes: dict[str, Any]) -> None:
     assert chunks.finish("length", None).decode() == sglang_bytes["finish_length"]
     assert chunks.finish("stop", 128009).decode() == sglang_bytes["finish_stop"]
     assert chunks.usage(a["p"], a["c"]).decode() == sglang_bytes["chat_usage"]
+    third = wire.ChatChunks(a["rid"], a["created"], a["model"], index=2)
+    assert third.role().decode() == sglang_bytes["role_2"]
+    assert third.content(a["text"]).decode() == sglang_bytes["content_2"]
+    assert third.finish("stop", a["stop"]).decode() == sglang_bytes["finish_str_2"]
 
 
 def test_completion_stream_chunks_match_sglang(sglang_bytes: dict[str, Any]) -> None:
@@ -184,6 +224,8 @@ def test_completion_stream_chunks_match_sglang(sglang_bytes: dict[str, Any]) -> 
     assert chunks.text(a["text"]).decode() == sglang_bytes["comp_text"]
     assert chunks.last(a["text"], "stop", 128009).decode() == sglang_bytes["comp_last"]
     assert chunks.usage(a["p"], a["c"]).decode() == sglang_bytes["comp_usage"]
+    third = wire.CompletionChunks(a["rid"], a["created"], a["model"], index=2)
+    assert third.last(a["text"], "stop", a["stop"]).decode() == sglang_bytes["comp_last_str_2"]
 
 
 def test_bodies_match_sglang(sglang_bytes: dict[str, Any]) -> None:
@@ -192,17 +234,22 @@ def test_bodies_match_sglang(sglang_bytes: dict[str, Any]) -> None:
         "rid": a["rid"],
         "created": a["created"],
         "model": a["model"],
-        "text": a["text"],
         "prompt_tokens": a["p"],
         "completion_tokens": a["c"],
     }
-    chat = orjson.loads(wire.chat_response(finish_reason="length", matched_stop=None, **common))
+    length = wire.Choice(a["text"], "length", None)
+    chat = orjson.loads(wire.chat_response(choices=[length], **common))
     assert chat == sglang_bytes["chat_body"]
     assert list(chat) == list(sglang_bytes["chat_body"])
-    comp = orjson.loads(
-        wire.completion_response(finish_reason="stop", matched_stop=128009, **common)
-    )
+    eos = wire.Choice(a["text"], "stop", 128009)
+    comp = orjson.loads(wire.completion_response(choices=[eos], **common))
     assert comp == sglang_bytes["comp_body"]
     assert list(comp) == list(sglang_bytes["comp_body"])
+    # n choices, one ended by a stop string (SGLang reports the string as matched_stop).
+    at_stop = wire.Choice("", "stop", a["stop"])
+    chat_n = orjson.loads(wire.chat_response(choices=[length, at_stop], **common))
+    assert chat_n == sglang_bytes["chat_body_n"]
+    comp_n = orjson.loads(wire.completion_response(choices=[eos, at_stop], **common))
+    assert comp_n == sglang_bytes["comp_body_n"]
     err = orjson.loads(wire.error_body("Messages cannot be empty."))
     assert err == sglang_bytes["error"]
