@@ -6,6 +6,7 @@ import asyncio
 import signal
 from pathlib import Path
 
+import httpx
 import openai
 from launcher_run import launched
 
@@ -82,3 +83,29 @@ async def test_simulate_serves_shows_the_switch_and_drains_on_sigint(tmp_path: P
         out = run.out
         assert out.index("router: draining") < out.index("servers: SIGTERM")
         await client.close()
+
+
+async def test_router_settings_given_to_the_launcher_reach_the_router(tmp_path: Path) -> None:
+    keys = {"DYNSPEC_ADMIN_API_KEY": "admin-secret", "DYNSPEC_API_KEY": "client-secret"}
+    argv = ["--simulate", "--threshold", "1", "--hysteresis", "0", "--max-body-bytes", "2000"]
+    with launched(tmp_path, *argv, env=keys, fake=False) as (run, ports):
+        run.wait_for(r"\[dynspec\] policy threshold", timeout=90)
+        base = f"http://127.0.0.1:{ports['router']}"
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            # /status takes the admin key when one is set; the client key is not enough.
+            assert (await http.get("/status")).status_code == 401
+            client_auth = {"Authorization": "Bearer client-secret"}
+            assert (await http.get("/status", headers=client_auth)).status_code == 401
+            admin_auth = {"Authorization": "Bearer admin-secret"}
+            assert (await http.get("/status", headers=admin_auth)).status_code == 200
+            big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 3000}]}
+            r = await http.post("/v1/chat/completions", json=big, headers=client_auth)
+            assert r.status_code == 413
+        # The supervisor reads /status with the admin key: it still reports the switch.
+        client = openai.AsyncOpenAI(
+            base_url=base + "/v1", api_key="client-secret", max_retries=0, timeout=60.0
+        )
+        await asyncio.gather(*(stream(client, 48) for _ in range(3)))
+        run.wait_for(r"\[dynspec\] switch: new requests go to the baseline pool")
+        await client.close()
+        assert "admin-secret" not in run.out + run.err
