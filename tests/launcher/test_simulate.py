@@ -89,7 +89,7 @@ async def test_router_settings_given_to_the_launcher_reach_the_router(tmp_path: 
     keys = {"DYNSPEC_ADMIN_API_KEY": "admin-secret", "DYNSPEC_API_KEY": "client-secret"}
     argv = ["--simulate", "--threshold", "1", "--hysteresis", "0", "--max-body-bytes", "2000"]
     with launched(tmp_path, *argv, env=keys, fake=False) as (run, ports):
-        run.wait_for(r"\[dynspec\] policy threshold", timeout=90)
+        await asyncio.to_thread(run.wait_for, r"\[dynspec\] policy threshold", 90)
         base = f"http://127.0.0.1:{ports['router']}"
         async with httpx.AsyncClient(base_url=base, timeout=30) as http:
             # /status takes the admin key when one is set; the client key is not enough.
@@ -106,6 +106,8 @@ async def test_router_settings_given_to_the_launcher_reach_the_router(tmp_path: 
             base_url=base + "/v1", api_key="client-secret", max_retries=0, timeout=60.0
         )
         await asyncio.gather(*(stream(client, 48) for _ in range(3)))
-        run.wait_for(r"\[dynspec\] switch: new requests go to the baseline pool")
+        await asyncio.to_thread(
+            run.wait_for, r"\[dynspec\] switch: new requests go to the baseline pool"
+        )
         await client.close()
         assert "admin-secret" not in run.out + run.err
