@@ -65,8 +65,8 @@ class _Stale(Exception):
 Headers = list[tuple[bytes, bytes]]
 
 
-class Target:
-    """One server: its address, the Host header and its idle connections."""
+class Origin:
+    """One server as the client sees it: its address, the Host header and its idle connections."""
 
     __slots__ = ("host", "host_header", "idle", "port", "url")
 
@@ -231,7 +231,8 @@ class Connection(asyncio.Protocol):
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def _wait(self) -> None:
+    async def wait_event(self) -> None:
+        """Until the parser reports something: the head, a body piece, the end, or a break."""
         waiter = self._waiter = self._loop.create_future()
         try:
             await waiter
@@ -250,7 +251,12 @@ class Connection(asyncio.Protocol):
                 raise self.error
             if self.closed:
                 raise ProtocolError("the server closed the connection")
-            await self._wait()
+            await self.wait_event()
+
+    def detach(self) -> None:
+        """The response is over for its reader: no sink, and no longer busy."""
+        self.sink = self.flush = None
+        self.busy = False
 
     def close(self) -> None:
         self.closed = True
@@ -261,14 +267,19 @@ class Connection(asyncio.Protocol):
 class Response:
     """A response being read; ``read`` until it returns b"", then ``release`` (or ``close``)."""
 
-    __slots__ = ("_client", "_conn", "_target", "headers", "status")
+    __slots__ = ("_client", "_conn", "_origin", "headers", "status")
 
-    def __init__(self, client: Client, target: Target, conn: Connection) -> None:
+    def __init__(self, client: Client, origin: Origin, conn: Connection) -> None:
         self._client = client
-        self._target = target
+        self._origin = origin
         self._conn = conn
         self.status = conn.status
         self.headers = conn.headers
+
+    @property
+    def connection(self) -> Connection:
+        """The connection the response arrives on (to look at its state, not to drive it)."""
+        return self._conn
 
     def header(self, name: bytes) -> bytes | None:
         """The first value of a header (``name`` in lower case)."""
@@ -290,7 +301,7 @@ class Response:
             if conn.complete:
                 return b""
             conn.raise_if_broken()
-            await conn._wait()
+            await conn.wait_event()
         pieces = conn.pieces
         data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         conn.pieces = []
@@ -335,7 +346,7 @@ class Response:
             if conn.complete:
                 return True
             conn.raise_if_broken()
-            await conn._wait()
+            await conn.wait_event()
 
     def at_eof(self) -> bool:
         """All of the body was received and read."""
@@ -353,19 +364,14 @@ class Response:
         else closed. Safe to call twice."""
         conn = self._conn
         if conn.busy and self.at_eof() and not conn.closed and conn.keep_alive:
-            conn.sink = conn.flush = None
-            conn.busy = False
-            conn.idle_since = time.monotonic()
-            self._target.idle.append(conn)
-            self._client._sweep_later()
+            self._client.reuse(self._origin, conn)
         elif conn.busy:
             self.close()
 
     def close(self) -> None:
         """Drop the connection: the server sees the request abandoned."""
         conn = self._conn
-        conn.sink = conn.flush = None
-        conn.busy = False
+        conn.detach()
         conn.close()
 
 
@@ -375,26 +381,26 @@ class Client:
     def __init__(self, *, connect_timeout: float, idle_timeout: float = IDLE_TIMEOUT) -> None:
         self.connect_timeout = connect_timeout
         self.idle_timeout = idle_timeout
-        self._targets: dict[str, Target] = {}
+        self._origins: dict[str, Origin] = {}
         self._sweep: asyncio.TimerHandle | None = None
         self._closed = False
 
-    def target(self, url: str) -> Target:
-        target = self._targets.get(url)
-        if target is None:
-            target = self._targets[url] = Target(url)
-        return target
+    def origin(self, url: str) -> Origin:
+        origin = self._origins.get(url)
+        if origin is None:
+            origin = self._origins[url] = Origin(url)
+        return origin
 
     def head(
         self, url: str, method: bytes, path: bytes, headers: bytes, length: int | None
     ) -> bytes:
         """A request's head: ``headers`` are whole ``name: value\\r\\n`` lines."""
-        target = self.target(url)
+        origin = self.origin(url)
         size = b"" if length is None else b"content-length: %d\r\n" % length
         return b"%s %s HTTP/1.1\r\nhost: %s\r\n%s%s\r\n" % (
             method,
             path,
-            target.host_header,
+            origin.host_header,
             headers,
             size,
         )
@@ -403,16 +409,16 @@ class Client:
         """Send ``data`` (a whole request: ``head`` + body) to the server at ``url`` and wait for
         the response's head. Raises ``ConnectError`` before anything was sent, ``ProtocolError``
         after; on cancellation the connection is closed."""
-        target = self.target(url)
-        conn = self._take(target)
+        origin = self.origin(url)
+        conn = self._take(origin)
         if conn is not None:
             try:
-                return await self._exchange(target, conn, data)
+                return await self._send_on(origin, conn, data)
             except _Stale:
                 pass  # the server closed it as we sent: once more, on a fresh connection
-        conn = await self._connect(target)
+        conn = await self._connect(origin)
         try:
-            return await self._exchange(target, conn, data)
+            return await self._send_on(origin, conn, data)
         except _Stale:
             raise ProtocolError("the server closed the connection without answering") from None
 
@@ -428,18 +434,18 @@ class Client:
         resp.release()
         return resp.status, body
 
-    async def _exchange(self, target: Target, conn: Connection, data: bytes) -> Response:
+    async def _send_on(self, origin: Origin, conn: Connection, data: bytes) -> Response:
         try:
             conn.send(data)
             await conn.wait_headers()
         except BaseException:
-            conn.busy = False
+            conn.detach()
             conn.close()
             raise
-        return Response(self, target, conn)
+        return Response(self, origin, conn)
 
-    def _take(self, target: Target) -> Connection | None:
-        idle = target.idle
+    def _take(self, origin: Origin) -> Connection | None:
+        idle = origin.idle
         deadline = time.monotonic() - self.idle_timeout
         while idle:
             conn = idle.pop()
@@ -449,12 +455,12 @@ class Client:
             return conn
         return None
 
-    async def _connect(self, target: Target) -> Connection:
+    async def _connect(self, origin: Origin) -> Connection:
         loop = asyncio.get_running_loop()
-        where = f"{target.host}:{target.port}"
+        where = f"{origin.host}:{origin.port}"
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(Connection, target.host, target.port),
+                loop.create_connection(Connection, origin.host, origin.port),
                 self.connect_timeout,
             )
         except asyncio.TimeoutError:
@@ -469,6 +475,13 @@ class Client:
 
     # -- idle connections --------------------------------------------------------------------------
 
+    def reuse(self, origin: Origin, conn: Connection) -> None:
+        """Pool a connection whose response was read whole and that may stay open."""
+        conn.detach()
+        conn.idle_since = time.monotonic()
+        origin.idle.append(conn)
+        self._sweep_later()
+
     def _sweep_later(self) -> None:
         if self._sweep is None and not self._closed:
             loop = asyncio.get_running_loop()
@@ -478,8 +491,8 @@ class Client:
         self._sweep = None
         deadline = time.monotonic() - self.idle_timeout
         left = False
-        for target in self._targets.values():
-            idle = target.idle
+        for origin in self._origins.values():
+            idle = origin.idle
             # Oldest first: stop at the first one still fresh.
             while idle and (idle[0].closed or idle[0].idle_since < deadline):
                 idle.popleft().close()
@@ -493,6 +506,6 @@ class Client:
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
-        for target in self._targets.values():
-            while target.idle:
-                target.idle.pop().close()
+        for origin in self._origins.values():
+            while origin.idle:
+                origin.idle.pop().close()
