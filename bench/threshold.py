@@ -38,7 +38,9 @@ def _same(log2_ratio: float) -> bool:
 
 
 @dataclass(frozen=True)
-class Level:
+class LevelComparison:
+    """Both pools measured at one concurrency."""
+
     concurrency: int
     eagle_tpot_ms: float
     baseline_tpot_ms: float
@@ -64,7 +66,7 @@ class Suggestion:
     threshold: int  # 0 with verdict "never": no EAGLE pool at all
     hysteresis: int
     crossover: float | None
-    levels: tuple[Level, ...]
+    levels: tuple[LevelComparison, ...]
     message: str
     # Measured levels above the crossover where EAGLE is faster again (noise or a real second win).
     rewins: tuple[int, ...] = ()
@@ -129,7 +131,7 @@ def suggest(eagle: Sequence[Record], baseline: Sequence[Record]) -> Suggestion:
     common = sorted(set(e) & set(b))
     if not common:
         raise ValueError("the two sweeps share no concurrency level with completed requests")
-    levels = tuple(Level(c, e[c][0], b[c][0], e[c][1], b[c][1]) for c in common)
+    levels = tuple(LevelComparison(c, e[c][0], b[c][0], e[c][1], b[c][1]) for c in common)
     logr = [math.log2(lv.ratio) for lv in levels]
     tp_logr = [
         _log_ratio(lv.eagle_output_throughput, lv.baseline_output_throughput) for lv in levels
@@ -225,13 +227,13 @@ def suggest(eagle: Sequence[Record], baseline: Sequence[Record]) -> Suggestion:
     )
 
 
-def _faster(lv: Level) -> str:
+def _faster(lv: LevelComparison) -> str:
     if _same(math.log2(lv.ratio)):
         return "same"
     return "EAGLE" if lv.ratio > 1 else "baseline"
 
 
-def evidence_table(levels: Sequence[Level]) -> str:
+def evidence_table(levels: Sequence[LevelComparison]) -> str:
     head = (
         "| C | EAGLE TPOT p50 ms | baseline TPOT p50 ms | EAGLE tok/s per request"
         " | baseline tok/s per request | EAGLE / baseline | faster | EAGLE out tok/s"

@@ -49,7 +49,7 @@ class Lease:
 
 
 @dataclass(frozen=True, slots=True)
-class Settings:
+class Thresholds:
     threshold: int
     hysteresis: int
 
@@ -80,7 +80,7 @@ class Pools:
         self.servers: tuple[Server, ...] = tuple(Server(url, pool) for url, pool in servers)
         self._by_url = {s.url: s for s in self.servers}
         self.policy = policy
-        self.settings = Settings(threshold, hysteresis)
+        self.settings = Thresholds(threshold, hysteresis)
         self.max_concurrency = max_concurrency
         self.mode: PoolName = "eagle"
         self.load = 0
@@ -170,7 +170,7 @@ class Pools:
         reason = validate_settings(threshold, hysteresis)
         if reason is not None:
             raise ValueError(reason)
-        self.settings = Settings(threshold, hysteresis)
+        self.settings = Thresholds(threshold, hysteresis)
         logger.info("threshold %d, hysteresis %d", threshold, hysteresis)
 
     def drain(self, pool: PoolName) -> None:
@@ -182,4 +182,4 @@ class Pools:
         logger.info("pool %s resumed", pool)
 
 
-__all__ = ["POOLS", "Lease", "Pools", "Server", "Settings", "validate_settings"]
+__all__ = ["POOLS", "Lease", "Pools", "Server", "Thresholds", "validate_settings"]

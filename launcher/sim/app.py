@@ -29,7 +29,7 @@ from dynspec.launcher.sim import wire
 from dynspec.launcher.sim.engine import Engine, SimRequest
 from dynspec.launcher.sim.faults import Faults
 from dynspec.launcher.sim.inputs import (
-    BadRequest,
+    InvalidRequest,
     media_type,
     parse_generation,
     parse_object,
@@ -326,7 +326,7 @@ class SimApp:
             return
         try:
             obj = parse_object(await read_body(receive))
-        except BadRequest as exc:
+        except InvalidRequest as exc:
             await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
             return
         engine = self._engine()
@@ -344,7 +344,7 @@ class SimApp:
         elif method == "POST":
             try:
                 self._set_faults(self.faults.updated(parse_object(await read_body(receive))))
-            except BadRequest as exc:
+            except InvalidRequest as exc:
                 await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
                 return
         elif method != "GET":
@@ -374,7 +374,7 @@ class SimApp:
             return
         try:
             body = await read_body(receive)
-        except BadRequest as exc:
+        except InvalidRequest as exc:
             await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
             return
         if media_type(scope["headers"]) != b"application/json":
@@ -391,7 +391,7 @@ class SimApp:
             return
         try:
             inp = parse_generation(body, chat, self.config.profile.context_length)
-        except BadRequest as exc:
+        except InvalidRequest as exc:
             await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
             return
         # n choices are n requests to the engine, with SGLang's ids for them (rid_0, rid_1, ...).

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dynspec.launcher.sim.inputs import BadRequest
+from dynspec.launcher.sim.inputs import InvalidRequest
 
 KEYS = ("health_status", "fail_status", "stall", "exit_after_chunks")
 
@@ -33,10 +33,10 @@ class Faults:
         }
 
     def updated(self, switches: dict[str, Any]) -> Faults:
-        """These faults with ``switches`` applied; ``BadRequest`` for an unknown or bad one."""
+        """These faults with ``switches`` applied; ``InvalidRequest`` for an unknown or bad one."""
         unknown = sorted(set(switches) - set(KEYS))
         if unknown:
-            raise BadRequest(f"unknown fault switch {unknown[0]!r}")
+            raise InvalidRequest(f"unknown fault switch {unknown[0]!r}")
         new = self
         if "health_status" in switches:
             status = _status(switches, "health_status")
@@ -45,12 +45,12 @@ class Faults:
             new = replace(new, fail_status=_status(switches, "fail_status"))
         if "stall" in switches:
             if not isinstance(switches["stall"], bool):
-                raise BadRequest("stall must be true or false")
+                raise InvalidRequest("stall must be true or false")
             new = replace(new, stall=switches["stall"])
         if "exit_after_chunks" in switches:
             v = switches["exit_after_chunks"]
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise BadRequest("exit_after_chunks must be a non-negative integer or null")
+                raise InvalidRequest("exit_after_chunks must be a non-negative integer or null")
             new = replace(new, exit_after_chunks=v)
         return new
 
@@ -60,5 +60,5 @@ def _status(switches: dict[str, Any], key: str) -> int | None:
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int) or not 100 <= v <= 599:
-        raise BadRequest(f"{key} must be an HTTP status code")
+        raise InvalidRequest(f"{key} must be an HTTP status code")
     return v

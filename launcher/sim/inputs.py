@@ -23,15 +23,17 @@ MAX_CHOICES = 128  # OpenAI's cap on n; SGLang has none, but each choice is a re
 DEFAULT_MODEL_NAME = "default"  # what SGLang answers under when the request names no model
 
 
-class BadRequest(Exception):
+class InvalidRequest(Exception):
+    """A request SGLang answers with 400; ``err_type`` is the error type it names."""
+
     def __init__(self, message: str, err_type: str = "BadRequestError") -> None:
         super().__init__(message)
         self.err_type = err_type
 
 
-def validation(message: str) -> BadRequest:
+def validation(message: str) -> InvalidRequest:
     """A FastAPI request-validation error, which SGLang turns into 400 "Bad Request"."""
-    return BadRequest(message, HTTPStatus.BAD_REQUEST.phrase)
+    return InvalidRequest(message, HTTPStatus.BAD_REQUEST.phrase)
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ def parse_object(body: bytes) -> dict[str, Any]:
 
 
 def parse_generation(body: bytes, chat: bool, context_length: int) -> GenerationInput:
-    """Validate a chat or completions body; raise ``BadRequest`` as SGLang would answer 400."""
+    """Validate a chat or completions body; raise ``InvalidRequest`` as SGLang would answer 400."""
     obj = parse_object(body)
     model = obj.get("model", DEFAULT_MODEL_NAME)
     if not isinstance(model, str):
@@ -95,7 +97,7 @@ def parse_generation(body: bytes, chat: bool, context_length: int) -> Generation
         if not isinstance(messages, list):
             raise validation("messages: Input should be a valid list")
         if not messages:
-            raise BadRequest("Messages cannot be empty.")
+            raise InvalidRequest("Messages cannot be empty.")
         prompt_tokens, key = _chat_prompt(messages)
         max_new = _positive_int(obj, "max_completion_tokens") or _positive_int(obj, "max_tokens")
     else:
@@ -114,12 +116,12 @@ def parse_generation(body: bytes, chat: bool, context_length: int) -> Generation
     if opts is not None and not isinstance(opts, dict):
         raise validation("stream_options: Input should be a valid dictionary")
     if prompt_tokens >= context_length:
-        raise BadRequest(
+        raise InvalidRequest(
             f"The input ({prompt_tokens} tokens) is longer than the model's context length "
             f"({context_length} tokens)."
         )
     if max_new is not None and max_new + prompt_tokens > context_length:
-        raise BadRequest(
+        raise InvalidRequest(
             "Requested token count exceeds the model's maximum context length of "
             f"{context_length} tokens. You requested a total of {max_new + prompt_tokens} "
             f"tokens: {prompt_tokens} tokens from the input messages and {max_new} tokens for "
