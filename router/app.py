@@ -1,67 +1,29 @@
 """The router application: the bare ASGI relay in front of a FastAPI app for control routes.
 
-``create_app`` wires one ``Pools`` (the counts), one ``RouterMetrics`` (on the given registry),
-one ``Proxy`` (the hot path) and the FastAPI app (``/health``, ``/metrics``, ``/status``,
-``/v1/models``, ``/admin/*``). The FastAPI lifespan owns the shared upstream client and the
-health-check tasks, so they live exactly as long as the server.
+``create_app`` builds what lasts as long as the app object: one ``Pools`` (the counts), one
+``RouterMetrics`` (on the given registry) and the control routes (``control.py``). What lives
+as long as the server — the upstream client, the health checks, the proxy and its watchdog — is
+one ``Runtime``, built and started in the FastAPI lifespan and stopped at its end.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import hmac
-import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
-import orjson
-from fastapi import FastAPI, Request, Response
-from fastapi.exceptions import RequestValidationError
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
 from starlette.types import Receive, Scope, Send
 
 from dynspec.router.config import RouterConfig
-from dynspec.router.errors import (
-    BadRequest,
-    Forbidden,
-    MethodNotAllowed,
-    NoServer,
-    NotFound,
-    RouterError,
-    Unauthorized,
-)
-from dynspec.router.health import HealthChecker, Probe
+from dynspec.router.control import control_api
+from dynspec.router.errors import MethodNotAllowed, NoServer
 from dynspec.router.metrics import RouterMetrics
-from dynspec.router.policy import POLICIES, POOLS, Policy, PoolName
-from dynspec.router.pool import Pools, validate_settings
-from dynspec.router.proxy import Proxy, send_error
+from dynspec.router.policy import POLICIES, Policy
+from dynspec.router.pool import Pools
+from dynspec.router.proxy import send_error
 from dynspec.router.request import PROXY_PATHS
-from dynspec.router.upstream import Client, UpstreamError
-
-logger = logging.getLogger(__name__)
-
-
-def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(data), status, headers, media_type="application/json")
-
-
-def _error_response(exc: RouterError) -> Response:
-    headers = {k.decode(): v.decode() for k, v in exc.headers()}
-    return Response(exc.body(), exc.status, headers, media_type="application/json")
-
-
-def _has_key(request: Request, expected: bytes) -> bool:
-    given = request.headers.get("authorization")
-    return given is not None and hmac.compare_digest(given.encode("latin-1"), expected)
-
-
-def new_client(connect_timeout: float) -> Client:
-    # No cap on connections: --max-concurrency is the limit, and it answers 503 rather than
-    # queue. Idle connections go after 4 s, below uvicorn's 5 s keep-alive (SGLang's server),
-    # so the server does not close a pooled connection under a request.
-    return Client(connect_timeout=connect_timeout, idle_timeout=4.0)
+from dynspec.router.runtime import Runtime
 
 
 class RouterApp:
@@ -72,22 +34,43 @@ class RouterApp:
         config: RouterConfig,
         pools: Pools,
         metrics: RouterMetrics,
-        proxy: Proxy,
-        api: FastAPI,
+        registry: CollectorRegistry,
     ) -> None:
         self.config = config
         self.pools = pools
         self.metrics = metrics
-        self.proxy = proxy
-        self.api = api
+        # Set while the server runs (between the lifespan's start and its end).
+        self.runtime: Runtime | None = None
+        self.api = control_api(config, pools, registry, self.running, self._lifespan)
+
+    def running(self) -> Runtime:
+        runtime = self.runtime
+        if runtime is None:
+            raise NoServer("the router is not serving (starting or stopping)")
+        return runtime
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _: FastAPI) -> AsyncIterator[None]:
+        runtime = Runtime(self.config, self.pools, self.metrics)
+        await runtime.start()
+        self.runtime = runtime
+        try:
+            yield
+        finally:
+            self.runtime = None
+            await runtime.stop()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] in PROXY_PATHS:
-            if scope["method"] == "POST":
-                await self.proxy(scope, receive, send)
-            else:
+            if scope["method"] != "POST":
                 exc = MethodNotAllowed(f"method {scope['method']} not allowed, use POST")
                 await send_error(send, exc, [(b"allow", b"POST")])
+                return
+            runtime = self.runtime
+            if runtime is None:
+                await send_error(send, NoServer("the router is not serving (starting or stopping)"))
+                return
+            await runtime.proxy(scope, receive, send)
             return
         await self.api(scope, receive, send)
 
@@ -108,197 +91,4 @@ def create_app(
     )
     metrics = RouterMetrics(registry, pools)
     pools.on_switch = metrics.switched
-    backend_headers = (
-        b"authorization: Bearer %s\r\n" % config.backend_api_key.encode()
-        if config.backend_api_key
-        else b""
-    )
-    holder: dict[str, HealthChecker] = {}
-
-    def on_refused(url: str) -> None:
-        checker = holder.get("health")
-        if checker is not None:
-            checker.apply(url, Probe.REFUSED)
-
-    proxy = Proxy(
-        pools,
-        metrics,
-        api_key=config.api_key,
-        backend_api_key=config.backend_api_key,
-        max_body_bytes=config.max_body_bytes,
-        request_timeout=config.request_timeout,
-        connect_timeout=config.connect_timeout,
-        on_refused=on_refused,
-    )
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        client = new_client(config.connect_timeout)
-        proxy.client = client
-        checker = HealthChecker(pools, client, config.health_interval, backend_headers)
-        holder["health"] = checker
-        # One round before serving, so /health and routing start from the truth.
-        await checker.check_all()
-        checker.start()
-        proxy.start()
-        logger.info(
-            "routing %s: eagle %s, baseline %s, threshold %d, hysteresis %d",
-            config.policy,
-            ",".join(config.eagle_urls) or "-",
-            ",".join(config.baseline_urls) or "-",
-            config.threshold,
-            config.hysteresis,
-        )
-        try:
-            yield
-        finally:
-            await proxy.stop()
-            await checker.stop()
-            proxy.client = None
-            client.close()
-
-    api = FastAPI(
-        title="dynspec-router",
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-    )
-    api_key = ("Bearer " + config.api_key).encode() if config.api_key else None
-    admin_key = ("Bearer " + config.admin_api_key).encode() if config.admin_api_key else None
-
-    def require_api_key(request: Request) -> None:
-        if api_key is not None and not _has_key(request, api_key):
-            raise Unauthorized("missing or wrong API key")
-
-    def require_admin_key(request: Request) -> None:
-        if admin_key is None:
-            raise Forbidden("admin endpoints are off: start the router with --admin-api-key")
-        if not _has_key(request, admin_key):
-            raise Unauthorized("missing or wrong admin API key")
-
-    def pool_name(name: str) -> PoolName:
-        for pool in POOLS:
-            if pool == name:
-                return pool
-        raise NotFound(f"unknown pool {name!r} (eagle or baseline)")
-
-    @api.exception_handler(RouterError)
-    async def on_router_error(_: Request, exc: RouterError) -> Response:
-        return _error_response(exc)
-
-    @api.exception_handler(StarletteHTTPException)
-    async def on_http_error(_: Request, exc: StarletteHTTPException) -> Response:
-        err = RouterError(str(exc.detail))
-        err.status = exc.status_code
-        return _error_response(err)
-
-    @api.exception_handler(RequestValidationError)
-    async def on_validation_error(_: Request, exc: RequestValidationError) -> Response:
-        return _error_response(BadRequest(str(exc)))
-
-    @api.get("/health")
-    async def health() -> Response:
-        healthy = sum(1 for s in pools.servers if s.healthy)
-        if healthy:
-            return _json({"status": "ok", "healthy_servers": healthy})
-        return _json({"status": "unavailable", "healthy_servers": 0}, 503)
-
-    @api.get("/metrics")
-    async def metrics_route() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-    @api.get("/status")
-    async def status(request: Request) -> Response:
-        if admin_key is not None:
-            if not _has_key(request, admin_key):
-                raise Unauthorized("missing or wrong admin API key")
-        else:
-            require_api_key(request)
-        return _json(status_of(pools))
-
-    @api.get("/v1/models")
-    async def models(request: Request) -> Response:
-        require_api_key(request)
-        client = proxy.client
-        assert client is not None
-        candidates = [s for s in pools.servers if s.healthy] or list(pools.servers)
-        for server in candidates:
-            try:
-                code, body = await asyncio.wait_for(
-                    client.get(server.url, "/v1/models", backend_headers), 10
-                )
-            except (UpstreamError, asyncio.TimeoutError) as exc:
-                logger.warning("%s/v1/models failed: %r", server.url, exc)
-                continue
-            if code == 200:
-                return Response(body, 200, media_type="application/json")
-            logger.warning("%s/v1/models answered %d", server.url, code)
-        raise NoServer("no server answered /v1/models")
-
-    @api.post("/admin/drain/{pool}")
-    async def drain(pool: str, request: Request) -> Response:
-        require_admin_key(request)
-        name = pool_name(pool)
-        pools.drain(name)
-        return _json({"pool": name, "drained": True, "in_flight": pools.in_flight(name)})
-
-    @api.post("/admin/resume/{pool}")
-    async def resume(pool: str, request: Request) -> Response:
-        require_admin_key(request)
-        name = pool_name(pool)
-        pools.resume(name)
-        return _json({"pool": name, "drained": False, "in_flight": pools.in_flight(name)})
-
-    @api.put("/admin/threshold")
-    async def threshold(request: Request) -> Response:
-        require_admin_key(request)
-        try:
-            data = orjson.loads(await request.body())
-        except orjson.JSONDecodeError:
-            raise BadRequest("the request body is not valid JSON") from None
-        if not isinstance(data, dict) or "threshold" not in data:
-            raise BadRequest("expected a JSON object with 'threshold'", param="threshold")
-        new_threshold = data["threshold"]
-        new_hysteresis = data.get("hysteresis", pools.settings.hysteresis)
-        for name, value in (("threshold", new_threshold), ("hysteresis", new_hysteresis)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise BadRequest(f"'{name}' must be an integer", param=name)
-        reason = validate_settings(new_threshold, new_hysteresis)
-        if reason is not None:
-            raise BadRequest(reason, param="threshold")
-        pools.set_settings(new_threshold, new_hysteresis)
-        return _json({"threshold": new_threshold, "hysteresis": new_hysteresis})
-
-    return RouterApp(config, pools, metrics, proxy, api)
-
-
-def status_of(pools: Pools) -> dict[str, Any]:
-    active = pools.active_pool()
-    return {
-        "policy": pools.policy.name,
-        "threshold": pools.settings.threshold,
-        "hysteresis": pools.settings.hysteresis,
-        "mode": pools.mode,
-        "active_pool": active,
-        "load": pools.load,
-        "pools": {
-            pool: {
-                "in_flight": pools.in_flight(pool),
-                "drained": pool in pools.drained,
-                "draining": pools.draining(pool),
-                "healthy_servers": sum(1 for s in pools.servers if s.pool == pool and s.healthy),
-            }
-            for pool in POOLS
-        },
-        "servers": [
-            {
-                "url": s.url,
-                "pool": s.pool,
-                "healthy": s.healthy,
-                "in_flight": s.in_flight,
-                "draining": s.in_flight > 0 and (s.pool != active or s.pool in pools.drained),
-            }
-            for s in pools.servers
-        ],
-    }
+    return RouterApp(config, pools, metrics, registry)

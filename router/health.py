@@ -84,6 +84,11 @@ class HealthChecker:
             else:
                 logger.warning("server %s (%s) is down: %s", url, server.pool, probe.value)
 
+    def refused(self, url: str) -> None:
+        """A request found nothing listening at ``url``: down at once, no need to wait for a
+        probe."""
+        self.apply(url, Probe.REFUSED)
+
     async def check_once(self, url: str) -> None:
         self.apply(url, await self.probe(url))
 

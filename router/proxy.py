@@ -133,17 +133,17 @@ class Proxy:
         self,
         pools: Pools,
         metrics: RouterMetrics,
+        client: Client,
         *,
         api_key: str | None,
         backend_api_key: str | None,
         max_body_bytes: int,
         request_timeout: float,
-        connect_timeout: float,
         on_refused: Callable[[str], None] | None = None,
     ) -> None:
         self.pools = pools
         self.metrics = metrics
-        self.client: Client | None = None
+        self.client = client
         self.max_body_bytes = max_body_bytes
         self.on_refused = on_refused
         self._api_auth = ("Bearer " + api_key).encode() if api_key else None
@@ -237,7 +237,6 @@ class Proxy:
     async def _open(self, req: _Request) -> Response:
         """POST to the chosen server; a connect failure is retried once on another server."""
         client = self.client
-        assert client is not None, "the proxy runs inside the app's lifespan"
         path = req.path.encode()
         tried: set[str] = set()
         while True:

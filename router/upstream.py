@@ -36,6 +36,8 @@ import httptools
 
 # Pause reading from the server when this much response body waits for the reader.
 HIGH_WATER = 256 * 1024
+# Idle connections close after this long, below uvicorn's 5 s keep-alive (SGLang's server), so
+# the server does not close a pooled connection under a request.
 IDLE_TIMEOUT = 4.0
 # A response with neither header ends when the server closes the connection.
 _FRAMING = frozenset({b"content-length", b"transfer-encoding"})

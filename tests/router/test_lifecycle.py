@@ -11,6 +11,9 @@ import httpx
 import pytest
 from routerkit import router
 
+from dynspec.router.app import create_app
+from dynspec.router.config import build_parser, config_from_args
+
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
 
 
@@ -79,3 +82,22 @@ async def test_drain_timeout_bounds_shutdown(sims: tuple[str, str], tmp_path: Pa
         # uvicorn rounds the drain timeout up to whole seconds; generous margin for slow CI.
         assert 0.9 < took < 8, took
         assert "timeout graceful shutdown exceeded" in rp.log.read_text()
+
+
+async def test_outside_the_lifespan_completions_get_503() -> None:
+    """Before the lifespan starts the runtime (or after it stopped), the relay answers 503 in
+    OpenAI's shape instead of failing: the app object alone holds no upstream client."""
+    config = config_from_args(build_parser().parse_layered(["--eagle-url", "http://127.0.0.1:9"]))
+    app = create_app(config)
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
+    await app(scope, receive, send)  # type: ignore[arg-type]
+    assert sent[0]["status"] == 503
+    assert b'"error"' in sent[1]["body"]  # type: ignore[operator]

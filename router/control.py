@@ -1,0 +1,212 @@
+"""The control routes, on FastAPI: ``/health``, ``/metrics``, ``/status``, ``/v1/models`` and
+``/admin/*``; errors in OpenAI's JSON shape.
+
+None of them is on the hot path (the completions go to the bare ASGI relay before FastAPI), so
+they are written for clarity. Keys are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from dynspec.router.config import RouterConfig
+from dynspec.router.errors import (
+    BadRequest,
+    Forbidden,
+    NoServer,
+    NotFound,
+    RouterError,
+    Unauthorized,
+)
+from dynspec.router.policy import POOLS, PoolName
+from dynspec.router.pool import Pools, validate_settings
+from dynspec.router.runtime import Runtime
+from dynspec.router.upstream import UpstreamError
+
+logger = logging.getLogger(__name__)
+
+# How long /v1/models waits for one server before asking the next.
+MODELS_TIMEOUT = 10.0
+
+Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
+
+
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(data), status, headers, media_type="application/json")
+
+
+def _error_response(exc: RouterError) -> Response:
+    headers = {k.decode(): v.decode() for k, v in exc.headers()}
+    return Response(exc.body(), exc.status, headers, media_type="application/json")
+
+
+def _has_key(request: Request, expected: bytes) -> bool:
+    given = request.headers.get("authorization")
+    return given is not None and hmac.compare_digest(given.encode("latin-1"), expected)
+
+
+def control_api(
+    config: RouterConfig,
+    pools: Pools,
+    registry: CollectorRegistry,
+    runtime: Callable[[], Runtime],
+    lifespan: Lifespan,
+) -> FastAPI:
+    """The FastAPI app; ``runtime`` returns the running ``Runtime`` (or raises ``RouterError``)."""
+    api = FastAPI(
+        title="dynspec-router",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    api_key = ("Bearer " + config.api_key).encode() if config.api_key else None
+    admin_key = ("Bearer " + config.admin_api_key).encode() if config.admin_api_key else None
+
+    def require_api_key(request: Request) -> None:
+        if api_key is not None and not _has_key(request, api_key):
+            raise Unauthorized("missing or wrong API key")
+
+    def require_admin_key(request: Request) -> None:
+        if admin_key is None:
+            raise Forbidden("admin endpoints are off: start the router with --admin-api-key")
+        if not _has_key(request, admin_key):
+            raise Unauthorized("missing or wrong admin API key")
+
+    def pool_name(name: str) -> PoolName:
+        for pool in POOLS:
+            if pool == name:
+                return pool
+        raise NotFound(f"unknown pool {name!r} (eagle or baseline)")
+
+    @api.exception_handler(RouterError)
+    async def on_router_error(_: Request, exc: RouterError) -> Response:
+        return _error_response(exc)
+
+    @api.exception_handler(StarletteHTTPException)
+    async def on_http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        err = RouterError(str(exc.detail))
+        err.status = exc.status_code
+        return _error_response(err)
+
+    @api.exception_handler(RequestValidationError)
+    async def on_validation_error(_: Request, exc: RequestValidationError) -> Response:
+        return _error_response(BadRequest(str(exc)))
+
+    @api.get("/health")
+    async def health() -> Response:
+        healthy = sum(1 for s in pools.servers if s.healthy)
+        if healthy:
+            return _json({"status": "ok", "healthy_servers": healthy})
+        return _json({"status": "unavailable", "healthy_servers": 0}, 503)
+
+    @api.get("/metrics")
+    async def metrics_route() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @api.get("/status")
+    async def status(request: Request) -> Response:
+        if admin_key is not None:
+            if not _has_key(request, admin_key):
+                raise Unauthorized("missing or wrong admin API key")
+        else:
+            require_api_key(request)
+        return _json(status_of(pools))
+
+    @api.get("/v1/models")
+    async def models(request: Request) -> Response:
+        require_api_key(request)
+        run = runtime()
+        candidates = [s for s in pools.servers if s.healthy] or list(pools.servers)
+        for server in candidates:
+            try:
+                code, body = await asyncio.wait_for(
+                    run.client.get(server.url, "/v1/models", run.backend_headers),
+                    MODELS_TIMEOUT,
+                )
+            except (UpstreamError, asyncio.TimeoutError) as exc:
+                logger.warning("%s/v1/models failed: %r", server.url, exc)
+                continue
+            if code == 200:
+                return Response(body, 200, media_type="application/json")
+            logger.warning("%s/v1/models answered %d", server.url, code)
+        raise NoServer("no server answered /v1/models")
+
+    @api.post("/admin/drain/{pool}")
+    async def drain(pool: str, request: Request) -> Response:
+        require_admin_key(request)
+        name = pool_name(pool)
+        pools.drain(name)
+        return _json({"pool": name, "drained": True, "in_flight": pools.in_flight(name)})
+
+    @api.post("/admin/resume/{pool}")
+    async def resume(pool: str, request: Request) -> Response:
+        require_admin_key(request)
+        name = pool_name(pool)
+        pools.resume(name)
+        return _json({"pool": name, "drained": False, "in_flight": pools.in_flight(name)})
+
+    @api.put("/admin/threshold")
+    async def threshold(request: Request) -> Response:
+        require_admin_key(request)
+        try:
+            data = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            raise BadRequest("the request body is not valid JSON") from None
+        if not isinstance(data, dict) or "threshold" not in data:
+            raise BadRequest("expected a JSON object with 'threshold'", param="threshold")
+        new_threshold = data["threshold"]
+        new_hysteresis = data.get("hysteresis", pools.settings.hysteresis)
+        for name, value in (("threshold", new_threshold), ("hysteresis", new_hysteresis)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise BadRequest(f"'{name}' must be an integer", param=name)
+        reason = validate_settings(new_threshold, new_hysteresis)
+        if reason is not None:
+            raise BadRequest(reason, param="threshold")
+        pools.set_settings(new_threshold, new_hysteresis)
+        return _json({"threshold": new_threshold, "hysteresis": new_hysteresis})
+
+    return api
+
+
+def status_of(pools: Pools) -> dict[str, Any]:
+    active = pools.active_pool()
+    return {
+        "policy": pools.policy.name,
+        "threshold": pools.settings.threshold,
+        "hysteresis": pools.settings.hysteresis,
+        "mode": pools.mode,
+        "active_pool": active,
+        "load": pools.load,
+        "pools": {
+            pool: {
+                "in_flight": pools.in_flight(pool),
+                "drained": pool in pools.drained,
+                "draining": pools.draining(pool),
+                "healthy_servers": sum(1 for s in pools.servers if s.pool == pool and s.healthy),
+            }
+            for pool in POOLS
+        },
+        "servers": [
+            {
+                "url": s.url,
+                "pool": s.pool,
+                "healthy": s.healthy,
+                "in_flight": s.in_flight,
+                # A server drains while its pool does and it still holds requests.
+                "draining": s.in_flight > 0 and pools.draining(s.pool),
+            }
+            for s in pools.servers
+        ],
+    }

@@ -1,0 +1,77 @@
+"""What lives exactly as long as the server: the upstream client and the tasks around it.
+
+``Runtime`` is built and started in the app's lifespan and stopped at its end. It makes the one
+shared ``upstream.Client``, then each part that uses it, in the order they depend on each other:
+the health checker, the proxy (which tells the checker of a refused connection). Its background
+parts are ``services``: started in order once the first health round is in, so routing starts
+from the truth, and stopped in reverse before the client closes. A new poller is one more entry.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from dynspec.router.config import RouterConfig
+from dynspec.router.health import HealthChecker
+from dynspec.router.metrics import RouterMetrics
+from dynspec.router.pool import Pools
+from dynspec.router.proxy import Proxy
+from dynspec.router.upstream import Client
+
+logger = logging.getLogger(__name__)
+
+
+class Service(Protocol):
+    """A part with background tasks: ``start`` creates them, ``stop`` cancels and awaits them."""
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class Runtime:
+    def __init__(self, config: RouterConfig, pools: Pools, metrics: RouterMetrics) -> None:
+        self.config = config
+        # Header lines for the router's own requests to a server (health, model list).
+        self.backend_headers = (
+            b"authorization: Bearer %s\r\n" % config.backend_api_key.encode()
+            if config.backend_api_key
+            else b""
+        )
+        # No cap on connections: --max-concurrency is the limit, and it answers 503 rather
+        # than queue. Idle ones close after upstream.IDLE_TIMEOUT.
+        self.client = Client(connect_timeout=config.connect_timeout)
+        self.health = HealthChecker(
+            pools, self.client, config.health_interval, self.backend_headers
+        )
+        self.proxy = Proxy(
+            pools,
+            metrics,
+            self.client,
+            api_key=config.api_key,
+            backend_api_key=config.backend_api_key,
+            max_body_bytes=config.max_body_bytes,
+            request_timeout=config.request_timeout,
+            on_refused=self.health.refused,
+        )
+        self.services: list[Service] = [self.health, self.proxy]
+
+    async def start(self) -> None:
+        await self.health.check_all()
+        for service in self.services:
+            service.start()
+        config = self.config
+        logger.info(
+            "routing %s: eagle %s, baseline %s, threshold %d, hysteresis %d",
+            config.policy,
+            ",".join(config.eagle_urls) or "-",
+            ",".join(config.baseline_urls) or "-",
+            config.threshold,
+            config.hysteresis,
+        )
+
+    async def stop(self) -> None:
+        for service in reversed(self.services):
+            await service.stop()
+        self.client.close()
