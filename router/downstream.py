@@ -1,6 +1,6 @@
 """The client side's one shortcut: the relay writes a streamed body's chunks to the socket itself.
 
-Measured (``bench/overhead``, issue 7): going through ASGI, every relayed chunk costs a task
+Measured with ``dynspec-bench overhead``: going through ASGI, every relayed chunk costs a task
 wake-up (the relay's task waits for the next upstream piece) plus uvicorn's ``send``; together
 about a third of the router's CPU per chunk. With this shortcut the upstream connection's parser
 callback frames each piece and writes it to the client's transport on the spot; the relay's task
@@ -11,7 +11,7 @@ uvicorn's ``send``, so uvicorn's own state (chunked framing chosen, response com
 ``connection: close``) stays exactly what it would be without it. ``RelayProtocol`` is uvicorn's
 httptools protocol with one addition: each request's scope carries a ``RawBody`` for its response
 (``scope["extensions"]["dynspec.raw_body"]["body"]``). Under any other server the key is absent
-and the relay sends every chunk through ASGI as before.
+and the relay sends every chunk through ASGI ``send``.
 """
 
 from __future__ import annotations

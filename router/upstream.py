@@ -256,7 +256,7 @@ class Connection(asyncio.Protocol):
             await self.wait_event()
 
     def detach(self) -> None:
-        """The response is over for its reader: no sink, and no longer busy."""
+        """The response is over for its reader: no sink, and not busy."""
         self.sink = self.flush = None
         self.busy = False
 
