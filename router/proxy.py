@@ -356,13 +356,15 @@ class Proxy:
                 out.append((lname, value))
             req.started = True
             await send({"type": "http.response.start", "status": resp.status, "headers": out})
-            req.filter = relay_filter(req.start, status=resp.status, event_stream=sse, strip=strip)
+            filt = req.filter = relay_filter(
+                req.start, status=resp.status, event_stream=sse, strip=strip
+            )
             raw = req.raw = req.raw if sse and req.raw is not None and req.raw.usable() else None
             try:
                 if raw is not None:
-                    await self._relay_direct(req, resp, raw, send)
+                    await self._relay_direct(req, filt, resp, raw, send)
                 else:
-                    await self._relay_asgi(req, resp, send)
+                    await self._relay_asgi(req, filt, resp, send)
             except UpstreamError as exc:
                 # The server failed mid-response: end the client's connection without a proper
                 # end, so it sees a broken response, not a short one that looks complete.
@@ -378,9 +380,7 @@ class Proxy:
     # case), the client gets both in one write.
 
     @staticmethod
-    async def _relay_asgi(req: _Request, resp: Response, send: Send) -> None:
-        filt = req.filter
-        assert filt is not None
+    async def _relay_asgi(req: _Request, filt: RelayFilter, resp: Response, send: Send) -> None:
         feed = filt.feed
         read = resp.read
         at_eof = resp.at_eof
@@ -397,11 +397,11 @@ class Proxy:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
 
     @staticmethod
-    async def _relay_direct(req: _Request, resp: Response, raw: RawBody, send: Send) -> None:
+    async def _relay_direct(
+        req: _Request, filt: RelayFilter, resp: Response, raw: RawBody, send: Send
+    ) -> None:
         """The upstream connection runs the filter and the write as each piece arrives (see
         downstream.py); the task waits for the end, or for a full client socket."""
-        filt = req.filter
-        assert filt is not None
         feed = filt.feed
         write = raw.write
 
