@@ -7,6 +7,8 @@ each chunk costs one template concatenation and one ``send``. Paths:
 - ``/model_info``, ``/server_info`` (and SGLang's deprecated ``/get_*`` aliases), ``/v1/models``.
 - ``/v1/chat/completions``, ``/v1/completions``: streamed or not; errors in SGLang's flat body.
 - ``/abort_request``: ``{"rid": ...}`` or ``{"abort_all": true}``.
+- ``/generate`` (native), ``/v1/responses``, ``/tokenize``, ``/detokenize``, ``/flush_cache``: see
+  ``native.py``.
 - ``/metrics``: SGLang's metric names and labels.
 - ``/sim/faults`` (GET, POST a JSON object of switches, DELETE to clear) and ``/sim/stats``.
 """
@@ -25,10 +27,11 @@ from typing import Any
 
 import orjson
 
-from dynspec.launcher.sim import wire
+from dynspec.launcher.sim import native, wire
 from dynspec.launcher.sim.engine import Engine, SimRequest
 from dynspec.launcher.sim.faults import Faults
 from dynspec.launcher.sim.inputs import (
+    GenerationInput,
     InvalidRequest,
     media_type,
     parse_generation,
@@ -113,6 +116,11 @@ class SimApp:
             "/server_info": self._server_info,
             "/get_server_info": self._server_info,
             "/abort_request": self._abort_request,
+            "/generate": self._native_generate,
+            "/v1/responses": self._responses,
+            "/tokenize": self._tokenize,
+            "/detokenize": self._detokenize,
+            "/flush_cache": self._flush_cache,
             "/sim/faults": self._faults,
             "/sim/stats": self._stats,
         }
@@ -600,6 +608,162 @@ class SimApp:
                 os._exit(1)
             self._chunks_left = left - len(events)
         await send({"type": "http.response.body", "body": b"".join(events), "more_body": not last})
+
+    # -- SGLang's native API, the Responses API, tokenizer and cache ----------------------------
+    async def _native_generate(self, scope: Scope, receive: Receive, send: Send) -> None:
+        context = self.config.profile.context_length
+        await self._run(scope, receive, send, lambda b: native.parse_native(b, context))
+
+    async def _responses(self, scope: Scope, receive: Receive, send: Send) -> None:
+        context = self.config.profile.context_length
+        await self._run(
+            scope, receive, send, lambda b: native.parse_responses(b, context, self.model)
+        )
+
+    async def _run(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        parse: Callable[[bytes], GenerationInput],
+    ) -> None:
+        if scope["method"] != "POST":
+            await _respond(send, 405, b'{"detail":"Method Not Allowed"}')
+            return
+        fail = self.faults.fail_status
+        try:
+            body = await read_body(receive)
+            if fail is None:
+                inp = parse(body)
+        except InvalidRequest as exc:
+            await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
+            return
+        if fail is not None:
+            await _respond(send, fail, wire.error_body("simulated fault", "Error", fail))
+            return
+        req = SimRequest(
+            rid=inp.rid,
+            prompt_tokens=inp.prompt_tokens,
+            max_new_tokens=inp.max_new_tokens,
+            limit=self.config.profile.context_length - inp.prompt_tokens,
+            stream=inp.stream,
+            seed=self.seed,
+            prompt_key=inp.prompt_key,
+            ignore_eos=inp.ignore_eos,
+        )
+        engine = self._engine()
+        engine.submit(req)
+        watcher = asyncio.create_task(self._watch_disconnect(receive, engine, req))
+        try:
+            if scope["path"] == "/generate":
+                await self._native_answer(send, req)
+            else:
+                await self._responses_answer(send, req, inp.model)
+        finally:
+            watcher.cancel()
+            engine.abort(req)
+
+    async def _native_answer(self, send: Send, req: SimRequest) -> None:
+        started = time.monotonic()
+
+        def result(n: int) -> dict[str, Any]:
+            finish = (req.finish_reason, req.matched_stop) if req.done else None
+            return native.native_result(
+                req.rid,
+                req.text(0, n),
+                prompt_tokens=req.prompt_tokens,
+                completion_tokens=n,
+                finish=finish,
+                started=started,
+            )
+
+        if not req.stream:
+            while not req.done:
+                await req.wait(req.target)
+            await _respond(send, 200, orjson.dumps(result(req.generated)))
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        sent = 0
+        while True:
+            await req.wait(sent)
+            n = req.generated
+            events = [native.native_event(result(n))] if n > sent or req.done else []
+            sent = n
+            if req.done:
+                events.append(wire.SSE_DONE)
+            await self._emit(send, events, last=req.done)
+            if req.done:
+                return
+
+    async def _responses_answer(self, send: Send, req: SimRequest, model: str) -> None:
+        created = int(time.time())
+
+        def response(text: str | None) -> dict[str, Any]:
+            return native.response_object(
+                req.rid,
+                model,
+                created,
+                text=text,
+                prompt_tokens=req.prompt_tokens,
+                completion_tokens=req.generated,
+            )
+
+        if not req.stream:
+            while not req.done:
+                await req.wait(req.target)
+            await _respond(send, 200, orjson.dumps(response(req.text(0, req.generated))))
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        seq = 0
+        events = [native.response_event("response.created", seq, {"response": response(None)})]
+        item = {"item_id": "msg_" + req.rid[5:], "output_index": 0, "content_index": 0}
+        sent = 0
+        while True:
+            await req.wait(sent)
+            n = req.generated
+            if n > sent:
+                seq += 1
+                delta = {**item, "delta": req.text(sent, n)}
+                events.append(native.response_event("response.output_text.delta", seq, delta))
+            sent = n
+            if req.done:
+                seq += 1
+                final = {"response": response(req.text(0, n))}
+                events.append(native.response_event("response.completed", seq, final))
+            await self._emit(send, events, last=req.done)
+            events = []
+            if req.done:
+                return
+
+    async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        context = self.config.profile.context_length
+        await self._small_post(scope, receive, send, lambda b: native.tokenize(b, context))
+
+    async def _detokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._small_post(scope, receive, send, native.detokenize)
+
+    async def _small_post(
+        self, scope: Scope, receive: Receive, send: Send, answer: Callable[[bytes], bytes]
+    ) -> None:
+        if scope["method"] != "POST":
+            await _respond(send, 405, b'{"detail":"Method Not Allowed"}')
+            return
+        try:
+            body = answer(await read_body(receive))
+        except InvalidRequest as exc:
+            await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
+            return
+        await _respond(send, 200, body)
+
+    async def _flush_cache(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # SGLang flushes only when no request runs or waits, and answers 400 otherwise.
+        engine = self._engine()
+        text = (
+            b"Cache flushed.\nPlease check backend logs for more details. (When there are "
+            b"running or waiting requests, the operation will not be performed.)\n"
+        )
+        status = 200 if not engine.running and not engine.queued() else 400
+        await _respond(send, status, text, [(b"content-type", b"text/plain; charset=utf-8")])
 
 
 async def _respond(
