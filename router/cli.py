@@ -74,12 +74,20 @@ def _note_signal(signum: int, _frame: FrameType | None) -> None:
 
 def serve(config: RouterConfig) -> int:
     sock = bind_socket(config.host, config.port)
+    if config.open_to_others() and not config.api_key:
+        logger.warning(
+            "listening on %s:%d without --api-key: anyone who can reach this address can send "
+            "requests (use --host 127.0.0.1, or set --api-key)",
+            config.host,
+            config.port,
+        )
     app = create_app(config)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
-            # uvicorn's httptools protocol, plus the relay's shortcut for streamed chunks.
-            http=RelayProtocol,
+            # uvicorn's httptools protocol, plus (unless switched off) the relay's shortcut for
+            # streamed chunks.
+            http=RelayProtocol if config.direct_relay else "httptools",
             lifespan="on",
             access_log=False,
             log_config=None,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -16,6 +18,7 @@ from dynspec.common.cli import (
 )
 from dynspec.router.policy import POLICIES, PoolName
 from dynspec.router.pool import validate_settings
+from dynspec.router.upstream import tls_context
 
 PROG = "dynspec-router"
 MIB = 1024 * 1024
@@ -28,7 +31,7 @@ class RouterConfig:
     policy: str = "threshold"
     threshold: int = 8
     hysteresis: int = 2
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
     backend_api_key: str | None = None
@@ -39,6 +42,8 @@ class RouterConfig:
     health_interval: float = 2.0
     max_concurrency: int = 0
     drain_timeout: float = 30.0
+    upstream_ca: str | None = None
+    direct_relay: bool = True
     log_level: str = "info"
 
     def servers(self) -> list[tuple[str, PoolName]]:
@@ -59,8 +64,22 @@ class RouterConfig:
             f"admin_api_key={mask(self.admin_api_key)}, max_body_bytes={self.max_body_bytes}, "
             f"request_timeout={self.request_timeout}, connect_timeout={self.connect_timeout}, "
             f"health_interval={self.health_interval}, max_concurrency={self.max_concurrency}, "
-            f"drain_timeout={self.drain_timeout}, log_level={self.log_level!r})"
+            f"drain_timeout={self.drain_timeout}, upstream_ca={self.upstream_ca!r}, "
+            f"direct_relay={self.direct_relay}, log_level={self.log_level!r})"
         )
+
+    def tls(self) -> ssl.SSLContext | None:
+        """The TLS settings for https servers (None: the system's trust store)."""
+        return tls_context(self.upstream_ca) if self.upstream_ca else None
+
+    def open_to_others(self) -> bool:
+        """Whether ``host`` is reachable from other machines (not a loopback address)."""
+        if self.host == "localhost":
+            return False
+        try:
+            return not ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return True  # a host name that is not localhost: assume it is reachable
 
 
 def parse_urls(text: str) -> tuple[str, ...]:
@@ -114,7 +133,11 @@ def build_parser() -> FlagParser:
         help="in baseline mode, a request whose load is at or below threshold - hysteresis "
         "switches back to the eagle pool",
     )
-    p.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on; 0.0.0.0 serves other machines (then set --api-key)",
+    )
     p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument(
         "--api-key",
@@ -168,6 +191,20 @@ def build_parser() -> FlagParser:
         default=30.0,
         help="on SIGTERM/SIGINT, seconds to let in-flight requests finish before exiting",
     )
+    p.add_argument(
+        "--upstream-ca",
+        default=None,
+        metavar="FILE",
+        help="PEM file of the CA(s) that signed the https servers' certificates, in place of "
+        "the system's trust store (certificates are always verified)",
+    )
+    p.add_argument(
+        "--no-direct-relay",
+        action="store_true",
+        help="send every streamed chunk through uvicorn's ASGI send instead of writing it to "
+        "the client's socket from the upstream reader (slower; for a uvicorn the shortcut "
+        "has not been tested with)",
+    )
     add_log_level(p)
     return p
 
@@ -189,6 +226,13 @@ def config_from_args(ns: argparse.Namespace) -> RouterConfig:
         raise UsageError(reason)
     if not 0 <= ns.port <= 65535:
         raise UsageError(f"--port out of range: {ns.port}")
+    ca = ns.upstream_ca or None
+    if ca is not None:
+        try:
+            tls_context(ca)
+        except (OSError, ssl.SSLError) as exc:
+            reason = exc.strerror or str(exc)
+            raise UsageError(f"--upstream-ca {ca}: not a readable PEM CA file ({reason})") from None
     return RouterConfig(
         eagle_urls=eagle,
         baseline_urls=baseline,
@@ -206,6 +250,8 @@ def config_from_args(ns: argparse.Namespace) -> RouterConfig:
         health_interval=ns.health_interval,
         max_concurrency=ns.max_concurrency,
         drain_timeout=ns.drain_timeout,
+        upstream_ca=ca,
+        direct_relay=not ns.no_direct_relay,
         log_level=ns.log_level,
     )
 

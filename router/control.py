@@ -1,5 +1,5 @@
-"""The control routes, on FastAPI: ``/health``, ``/metrics``, ``/status``, ``/v1/models`` and
-``/admin/*``; errors in OpenAI's JSON shape.
+"""The control routes, on FastAPI: ``/health``, ``/metrics``, ``/status`` and ``/admin/*``, plus
+SGLang's other endpoints (``passthrough.py``); errors in OpenAI's JSON shape.
 
 None of them is on the hot path (the completions go to the bare ASGI relay before FastAPI), so
 they are written for clarity. Keys are compared in constant time.
@@ -7,7 +7,6 @@ they are written for clarity. Keys are compared in constant time.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hmac
 import logging
@@ -24,20 +23,18 @@ from dynspec.router.config import RouterConfig
 from dynspec.router.errors import (
     BadRequest,
     Forbidden,
-    NoServer,
+    MethodNotAllowed,
     NotFound,
     RouterError,
     Unauthorized,
 )
+from dynspec.router.passthrough import Passthrough, add_passthrough_routes
 from dynspec.router.policy import POOLS, PoolName
 from dynspec.router.pool import Pools, validate_settings
 from dynspec.router.runtime import Runtime
-from dynspec.router.upstream import UpstreamError
 
 logger = logging.getLogger(__name__)
 
-# How long /v1/models waits for one server before asking the next.
-MODELS_TIMEOUT = 10.0
 
 Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
 
@@ -90,21 +87,43 @@ def control_api(
                 return pool
         raise NotFound(f"unknown pool {name!r} (eagle or baseline)")
 
+    add_passthrough_routes(
+        api,
+        Passthrough(
+            pools,
+            runtime,
+            max_body_bytes=config.max_body_bytes,
+            timeout=config.request_timeout,
+        ),
+        require_api_key,
+    )
+
     @api.exception_handler(RouterError)
     async def on_router_error(_: Request, exc: RouterError) -> Response:
         return _error_response(exc)
 
     @api.exception_handler(StarletteHTTPException)
-    async def on_http_error(_: Request, exc: StarletteHTTPException) -> Response:
-        err = RouterError(str(exc.detail))
-        err.status = exc.status_code
-        return _error_response(err)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # Starlette's own answers: an unknown path or a method the path does not take.
+        err: RouterError
+        if exc.status_code == 404:
+            err = NotFound(f"no such endpoint: {request.method} {request.url.path}")
+        elif exc.status_code == 405:
+            err = MethodNotAllowed(f"method {request.method} not allowed on {request.url.path}")
+        else:
+            err = RouterError(str(exc.detail))
+            err.status = exc.status_code
+        response = _error_response(err)
+        if exc.headers:
+            response.headers.update(exc.headers)
+        return response
 
     @api.exception_handler(RequestValidationError)
     async def on_validation_error(_: Request, exc: RequestValidationError) -> Response:
         return _error_response(BadRequest(str(exc)))
 
-    @api.get("/health")
+    # HEAD too, as SGLang answers it: load balancers and uptime checks probe with HEAD.
+    @api.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         healthy = sum(1 for s in pools.servers if s.healthy)
         if healthy:
@@ -123,25 +142,6 @@ def control_api(
         else:
             require_api_key(request)
         return _json(status_of(pools))
-
-    @api.get("/v1/models")
-    async def models(request: Request) -> Response:
-        require_api_key(request)
-        run = runtime()
-        candidates = [s for s in pools.servers if s.healthy] or list(pools.servers)
-        for server in candidates:
-            try:
-                code, body = await asyncio.wait_for(
-                    run.client.get(server.url, "/v1/models", run.backend_headers),
-                    MODELS_TIMEOUT,
-                )
-            except (UpstreamError, asyncio.TimeoutError) as exc:
-                logger.warning("%s/v1/models failed: %r", server.url, exc)
-                continue
-            if code == 200:
-                return Response(body, 200, media_type="application/json")
-            logger.warning("%s/v1/models answered %d", server.url, code)
-        raise NoServer("no server answered /v1/models")
 
     @api.post("/admin/drain/{pool}")
     async def drain(pool: str, request: Request) -> Response:

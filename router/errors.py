@@ -58,8 +58,14 @@ class Forbidden(RouterError):
 
 class NotFound(RouterError):
     status = 404
-    type = "invalid_request_error"
+    type = "not_found_error"
     code = "not_found"
+
+
+class UnsupportedMediaType(RouterError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
 
 
 class PayloadTooLarge(RouterError):

@@ -60,6 +60,8 @@ class HealthChecker:
         self.timeout = min(max(interval, 1.0), 5.0)
         self.headers = headers
         self.tracker = HealthTracker()
+        # Why each server's last check failed, for the log line that marks it down.
+        self.reasons: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     async def probe(self, url: str) -> Probe:
@@ -68,10 +70,18 @@ class HealthChecker:
                 self.client.get(url, "/health", self.headers), self.timeout
             )
         except ConnectError as exc:
+            self.reasons[url] = str(exc)
             return Probe.REFUSED if exc.refused else Probe.FAILED
-        except (UpstreamError, asyncio.TimeoutError):
+        except UpstreamError as exc:
+            self.reasons[url] = str(exc)
             return Probe.FAILED
-        return Probe.OK if status == 200 else Probe.FAILED
+        except asyncio.TimeoutError:
+            self.reasons[url] = f"no answer within {self.timeout:g}s"
+            return Probe.FAILED
+        if status != 200:
+            self.reasons[url] = f"/health answered {status}"
+            return Probe.FAILED
+        return Probe.OK
 
     def apply(self, url: str, probe: Probe) -> None:
         verdict = self.tracker.verdict(url, probe)
@@ -82,7 +92,8 @@ class HealthChecker:
             if verdict:
                 logger.info("server %s (%s) is up", url, server.pool)
             else:
-                logger.warning("server %s (%s) is down: %s", url, server.pool, probe.value)
+                reason = self.reasons.get(url, probe.value)
+                logger.warning("server %s (%s) is down: %s", url, server.pool, reason)
 
     def refused(self, url: str) -> None:
         """A request found nothing listening at ``url``: down at once, no need to wait for a
@@ -94,6 +105,10 @@ class HealthChecker:
 
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check_once(s.url) for s in self.pools.servers))
+        for server in self.pools.servers:
+            if not server.healthy:
+                reason = self.reasons.get(server.url, "no answer yet")
+                logger.warning("server %s (%s) is not up: %s", server.url, server.pool, reason)
 
     async def _loop(self, url: str) -> None:
         while True:

@@ -43,7 +43,14 @@ from dynspec.router.errors import (
 from dynspec.router.metrics import CLIENT_CLOSED, RouterMetrics
 from dynspec.router.pool import Lease, Pools
 from dynspec.router.relayfilter import RelayFilter, relay_filter
-from dynspec.router.request import DROP_REQUEST, DROP_RESPONSE, PROXY_PATHS, prepare, read_body
+from dynspec.router.request import (
+    DROP_REQUEST,
+    DROP_RESPONSE,
+    PROXY_PATHS,
+    check_media_type,
+    prepare,
+    read_body,
+)
 from dynspec.router.upstream import Client, ConnectError, Response, UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -189,9 +196,10 @@ class Proxy:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
-        required = PROXY_PATHS[scope["path"]]
+        endpoint = PROXY_PATHS[scope["path"]]
         auth: bytes | None = None
         length: bytes | None = None
+        media: bytes | None = None
         rid: str | None = None
         lines: list[bytes] = []
         for name, value in scope["headers"]:
@@ -199,6 +207,8 @@ class Proxy:
                 auth = value
             elif name == b"content-length":
                 length = value
+            elif name == b"content-type":
+                media = value
             elif name == b"x-request-id":
                 rid = value.decode("latin-1")
             if name not in DROP_REQUEST:
@@ -213,11 +223,12 @@ class Proxy:
                 auth is None or not hmac.compare_digest(auth, self._api_auth)
             ):
                 raise Unauthorized("missing or wrong API key")
+            check_media_type(media)
             body = await read_body(receive, length, self.max_body_bytes)
             if body is None:
                 logger.debug("%s: client left while sending its body", rid)
                 return
-            body, stream, strip = prepare(body, required)
+            body, stream, strip = prepare(body, endpoint)
             lease = self.pools.acquire()
         except RouterError as exc:
             extra = [(b"connection", b"close")] if isinstance(exc, PayloadTooLarge) else None

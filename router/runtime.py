@@ -40,8 +40,9 @@ class Runtime:
             else b""
         )
         # No cap on connections: --max-concurrency is the limit, and it answers 503 rather
-        # than queue. Idle ones close after upstream.IDLE_TIMEOUT.
-        self.client = Client(connect_timeout=config.connect_timeout)
+        # than queue. Idle ones close after upstream.IDLE_TIMEOUT. Every request to a server
+        # (relay, health checks, the passthrough endpoints) goes through this client and its TLS.
+        self.client = Client(connect_timeout=config.connect_timeout, tls=config.tls())
         self.health = HealthChecker(
             pools, self.client, config.health_interval, self.backend_headers
         )

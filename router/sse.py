@@ -12,11 +12,14 @@ from typing import Any
 
 import orjson
 
-# A token reached the client: a non-empty content/text/reasoning string, or a tool call. SGLang's
-# first chat chunk carries only the role and ``"content":""``, which does not match.
-_TOKEN = re.compile(rb'"(?:content|text|reasoning_content)":\s*"[^"]|"tool_calls":\s*\[\s*\{')
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+# A token reached the client: a non-empty content/text/reasoning string, a tool call, or a
+# Responses API text delta (a chat delta is an object, never a string). SGLang's first chat chunk
+# carries only the role and ``"content":""``, which does not match.
+_TOKEN = re.compile(rb'"(?:content|text|reasoning_content|delta)":\s*"[^"]|"tool_calls":\s*\[\s*\{')
+# Chat, completions and the native /generate's ``meta_info`` say prompt/completion; the
+# Responses API says input/output.
+_PROMPT_TOKENS = re.compile(rb'"(?:prompt|input)_tokens":\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"(?:completion|output)_tokens":\s*(\d+)')
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
 
 Usage = tuple[int | None, int | None]  # (prompt tokens, completion tokens)

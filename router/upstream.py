@@ -27,6 +27,7 @@ import asyncio
 import collections
 import contextlib
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from typing import cast
@@ -67,19 +68,31 @@ class _Stale(Exception):
 Headers = list[tuple[bytes, bytes]]
 
 
+def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
+    """The TLS settings for https servers: the system's trust store, or ``ca_file`` (PEM) in its
+    place; certificates and host names are always verified. Raises ``OSError`` or
+    ``ssl.SSLError`` for a file that cannot be read or holds no certificate."""
+    return ssl.create_default_context(cafile=ca_file)
+
+
 class Origin:
-    """One server as the client sees it: its address, the Host header and its idle connections."""
+    """One server as the client sees it: its address, path prefix, Host header, TLS settings
+    and idle connections."""
 
-    __slots__ = ("host", "host_header", "idle", "port", "url")
+    __slots__ = ("host", "host_header", "idle", "port", "prefix", "tls", "url")
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, tls: ssl.SSLContext | None = None) -> None:
         parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"the router speaks plain http to servers, not {url!r}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) server URL: {url!r}")
+        https = parts.scheme == "https"
         self.url = url
         self.host = parts.hostname
-        self.port = parts.port or 80
-        self.host_header = parts.netloc.encode("latin-1")
+        self.port = parts.port or (443 if https else 80)
+        self.host_header = parts.netloc.rpartition("@")[2].encode("latin-1")
+        # A server behind a path (``http://host/sglang``) gets it before every request's path.
+        self.prefix = parts.path.rstrip("/").encode("latin-1")
+        self.tls = (tls or tls_context()) if https else None
         self.idle: collections.deque[Connection] = collections.deque()
 
 
@@ -380,9 +393,17 @@ class Response:
 class Client:
     """Requests to the servers over pooled keep-alive connections."""
 
-    def __init__(self, *, connect_timeout: float, idle_timeout: float = IDLE_TIMEOUT) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout: float,
+        idle_timeout: float = IDLE_TIMEOUT,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.connect_timeout = connect_timeout
         self.idle_timeout = idle_timeout
+        # For https servers; None: the system's trust store, made on the first https server.
+        self.tls = tls
         self._origins: dict[str, Origin] = {}
         self._sweep: asyncio.TimerHandle | None = None
         self._closed = False
@@ -390,7 +411,7 @@ class Client:
     def origin(self, url: str) -> Origin:
         origin = self._origins.get(url)
         if origin is None:
-            origin = self._origins[url] = Origin(url)
+            origin = self._origins[url] = Origin(url, self.tls)
         return origin
 
     def head(
@@ -399,8 +420,9 @@ class Client:
         """A request's head: ``headers`` are whole ``name: value\\r\\n`` lines."""
         origin = self.origin(url)
         size = b"" if length is None else b"content-length: %d\r\n" % length
-        return b"%s %s HTTP/1.1\r\nhost: %s\r\n%s%s\r\n" % (
+        return b"%s %s%s HTTP/1.1\r\nhost: %s\r\n%s%s\r\n" % (
             method,
+            origin.prefix,
             path,
             origin.host_header,
             headers,
@@ -426,15 +448,24 @@ class Client:
 
     async def get(self, url: str, path: str, headers: bytes = b"") -> tuple[int, bytes]:
         """A whole GET: (status, body). For health checks and the model list, not the relay."""
-        data = self.head(url, b"GET", path.encode("latin-1"), headers, None)
-        resp = await self.request(url, data)
+        resp, body = await self.fetch(url, b"GET", path, headers)
+        return resp.status, body
+
+    async def fetch(
+        self, url: str, method: bytes, path: str, headers: bytes = b"", body: bytes | None = None
+    ) -> tuple[Response, bytes]:
+        """A whole exchange, the response read to its end (and its connection released): for
+        small answers, not the relay. ``body`` None sends no content-length (a GET)."""
+        length = None if body is None else len(body)
+        data = self.head(url, method, path.encode("latin-1"), headers, length)
+        resp = await self.request(url, data + (body or b""))
         try:
-            body = await resp.body()
+            answer = await resp.body()
         except BaseException:
             resp.close()
             raise
         resp.release()
-        return resp.status, body
+        return resp, answer
 
     async def _send_on(self, origin: Origin, conn: Connection, data: bytes) -> Response:
         try:
@@ -460,9 +491,16 @@ class Client:
     async def _connect(self, origin: Origin) -> Connection:
         loop = asyncio.get_running_loop()
         where = f"{origin.host}:{origin.port}"
+        tls = origin.tls
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(Connection, origin.host, origin.port),
+                loop.create_connection(
+                    Connection,
+                    origin.host,
+                    origin.port,
+                    ssl=tls,
+                    server_hostname=origin.host if tls is not None else None,
+                ),
                 self.connect_timeout,
             )
         except asyncio.TimeoutError:

@@ -22,8 +22,8 @@ from typing import Any
 import orjson
 
 from dynspec.launcher.sim.inputs import (
-    InvalidRequest,
     GenerationInput,
+    InvalidRequest,
     parse_object,
     validation,
 )

@@ -13,7 +13,8 @@ from dynspec.router.config import parse_config
 FLAGS = (
     "--eagle-url", "--baseline-url", "--policy", "--threshold", "--hysteresis", "--api-key",
     "--backend-api-key", "--admin-api-key", "--max-body-bytes", "--request-timeout",
-    "--health-interval", "--max-concurrency", "--drain-timeout",
+    "--health-interval", "--max-concurrency", "--drain-timeout", "--upstream-ca",
+    "--no-direct-relay",
 )  # fmt: skip
 
 
@@ -91,3 +92,25 @@ def test_port_in_use_is_runtime_error_exit_1() -> None:
         )
     assert r.returncode == 1, r.stderr
     assert "cannot listen" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_defaults_listen_on_loopback_with_the_direct_relay() -> None:
+    cfg = parse_config(["--eagle-url", "http://e:1"], {})
+    assert cfg.host == "127.0.0.1" and not cfg.open_to_others()
+    assert cfg.direct_relay is True and cfg.upstream_ca is None
+    env = {"DYNSPEC_NO_DIRECT_RELAY": "1", "DYNSPEC_HOST": "0.0.0.0"}
+    cfg = parse_config(["--eagle-url", "http://e:1"], env)
+    assert cfg.direct_relay is False and cfg.open_to_others()
+    assert (
+        parse_config(["--eagle-url", "http://e:1", "--no-direct-relay"], {}).direct_relay is False
+    )
+
+
+@pytest.mark.parametrize(
+    ("host", "open_to_others"),
+    [("127.0.0.1", False), ("127.0.0.2", False), ("::1", False), ("localhost", False),
+     ("0.0.0.0", True), ("::", True), ("10.0.0.5", True), ("myhost.example", True)],
+)  # fmt: skip
+def test_open_to_others(host: str, open_to_others: bool) -> None:
+    cfg = parse_config(["--eagle-url", "http://e:1", "--host", host], {})
+    assert cfg.open_to_others() is open_to_others

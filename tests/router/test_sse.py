@@ -6,8 +6,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from dynspec.router.errors import BadRequest
-from dynspec.router.request import prepare
+from dynspec.router.errors import BadRequest, UnsupportedMediaType
+from dynspec.router.request import PROXY_PATHS, check_media_type, prepare
 from dynspec.router.sse import has_token, strip_usage_events, usage_in
 
 ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
@@ -26,6 +26,11 @@ DONE = b"data: [DONE]\n\n"
         (b'data: {"choices":[{"delta":{"reasoning_content":"hm"}}]}\n\n', True),
         (b'data: {"choices":[{"delta":{"content":null,"tool_calls":[{"id":"c"}]}}]}\n\n', True),
         (b'data: {"choices":[{"delta":{"content":"\\"q"}}]}\n\n', True),
+        # SGLang's native /generate, and a Responses API text delta.
+        (b'data: {"text":"Hel","meta_info":{"completion_tokens":1}}\n\n', True),
+        (b'data: {"text":"","meta_info":{"completion_tokens":0}}\n\n', False),
+        (b'event: response.output_text.delta\ndata: {"delta":"Hi"}\n\n', True),
+        (b'event: response.created\ndata: {"response":{"status":"in_progress"}}\n\n', False),
     ],
 )
 def test_has_token(data: bytes, token: bool) -> None:
@@ -52,25 +57,38 @@ def test_usage_in_ignores_generated_text() -> None:
     )
     assert usage_in(body) == (11, 5)
     assert usage_in(TOKEN) == (None, None)
+    native = b'data: {"text":"a b","meta_info":{"prompt_tokens":9,"completion_tokens":2}}\n\n'
+    assert usage_in(native + DONE) == (9, 2)
+    responses = b'data: {"response":{"usage":{"input_tokens":4,"output_tokens":6}}}\n\n'
+    assert usage_in(responses) == (4, 6)
+
+
+CHAT, COMPLETIONS, GENERATE, RESPONSES = (
+    "/v1/chat/completions", "/v1/completions", "/generate", "/v1/responses"
+)  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("body", "required", "stream", "strip", "options"),
+    ("body", "path", "stream", "strip", "options"),
     [
-        ({"messages": []}, "messages", False, False, None),
-        ({"messages": [], "stream": True}, "messages", True, True, {"include_usage": True}),
+        ({"messages": []}, CHAT, False, False, None),
+        ({"messages": [], "stream": True}, CHAT, True, True, {"include_usage": True}),
         ({"prompt": "x", "stream": True, "stream_options": {"continuous_usage_stats": False}},
-         "prompt", True, True, {"continuous_usage_stats": False, "include_usage": True}),
+         COMPLETIONS, True, True, {"continuous_usage_stats": False, "include_usage": True}),
         ({"prompt": "x", "stream": True, "stream_options": {"include_usage": True}},
-         "prompt", True, False, {"include_usage": True}),
-        ({"prompt": "x", "stream": False, "stream_options": None}, "prompt", False, False, None),
+         COMPLETIONS, True, False, {"include_usage": True}),
+        ({"prompt": "x", "stream": False, "stream_options": None}, COMPLETIONS, False, False, None),
+        # Native and Responses streams carry their counts unasked: forwarded untouched.
+        ({"text": "x", "stream": True}, GENERATE, True, False, None),
+        ({"input_ids": [1, 2], "sampling_params": {}}, GENERATE, False, False, None),
+        ({"input": "x", "stream": True}, RESPONSES, True, False, None),
     ],
 )  # fmt: skip
 def test_prepare(
-    body: dict[str, object], required: str, stream: bool, strip: bool, options: object
+    body: dict[str, object], path: str, stream: bool, strip: bool, options: object
 ) -> None:
     raw = orjson.dumps(body)
-    sent, got_stream, got_strip = prepare(raw, required)
+    sent, got_stream, got_strip = prepare(raw, PROXY_PATHS[path])
     assert (got_stream, got_strip) == (stream, strip)
     assert orjson.loads(sent).get("stream_options") == options
     if not strip:
@@ -78,10 +96,27 @@ def test_prepare(
 
 
 @pytest.mark.parametrize(
-    ("raw", "required"),
-    [(b"{", "messages"), (b"[]", "messages"), (b"{}", "prompt"),
-     (b'{"messages": [], "stream": true, "stream_options": []}', "messages")],
+    ("raw", "path"),
+    [(b"{", CHAT), (b"[]", CHAT), (b"{}", COMPLETIONS),
+     (b'{"messages": [], "stream": true, "stream_options": []}', CHAT),
+     (b'{"sampling_params": {}}', GENERATE), (b'"text"', GENERATE), (b'{"model": "m"}', RESPONSES)],
 )  # fmt: skip
-def test_prepare_rejects(raw: bytes, required: str) -> None:
+def test_prepare_rejects(raw: bytes, path: str) -> None:
     with pytest.raises(BadRequest):
-        prepare(raw, required)
+        prepare(raw, PROXY_PATHS[path])
+
+
+@pytest.mark.parametrize(
+    "value",
+    [None, b"application/json", b"Application/JSON; charset=utf-8", b"application/vnd.x+json"],
+)
+def test_json_media_types_accepted(value: bytes | None) -> None:
+    check_media_type(value)
+
+
+@pytest.mark.parametrize(
+    "value", [b"text/plain", b"application/x-www-form-urlencoded", b"multipart/form-data; b=x"]
+)
+def test_other_media_types_refused(value: bytes) -> None:
+    with pytest.raises(UnsupportedMediaType):
+        check_media_type(value)

@@ -493,3 +493,21 @@ async def test_connect_timeout() -> None:
         for s in fillers:
             s.close()
         listener.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "port", "prefix", "host", "tls"),
+    [
+        ("http://127.0.0.1:8000", 8000, b"", b"127.0.0.1:8000", False),
+        ("https://sglang.internal", 443, b"", b"sglang.internal", True),
+        ("http://h/gpu/3/", 80, b"/gpu/3", b"h", False),
+        ("https://u:p@h:9443/x", 9443, b"/x", b"h:9443", True),
+    ],
+)
+def test_server_url_parts(url: str, port: int, prefix: bytes, host: bytes, tls: bool) -> None:
+    client = Client(connect_timeout=1)
+    target = client.target(url)
+    assert (target.port, target.prefix, target.host_header) == (port, prefix, host)
+    assert (target.tls is not None) is tls
+    head = client.head(url, b"GET", b"/health", b"", None)
+    assert head.startswith(b"GET " + prefix + b"/health HTTP/1.1\r\nhost: " + host + b"\r\n")
