@@ -207,11 +207,15 @@ async def test_max_concurrency_503(sims: tuple[str, str], tmp_path: Path) -> Non
             assert reply.choices[0].message.content
 
 
-async def test_stalled_stream_times_out(sims: tuple[str, str], tmp_path: Path) -> None:
+@pytest.mark.parametrize("relay", [(), ("--no-direct-relay",)], ids=["direct", "no-direct-relay"])
+async def test_stalled_stream_times_out(
+    sims: tuple[str, str], tmp_path: Path, relay: tuple[str, ...]
+) -> None:
     eagle, baseline = sims
     with router(
-        tmp_path, "--eagle-url", eagle, "--baseline-url", baseline, "--request-timeout", "0.5"
-    ) as rp:
+        tmp_path, "--eagle-url", eagle, "--baseline-url", baseline, "--request-timeout", "0.5",
+        *relay,
+    ) as rp:  # fmt: skip
         set_faults(eagle, stall=True)
         try:
             async with openai.AsyncOpenAI(base_url=rp.url + "/v1", api_key="x", max_retries=0) as c:

@@ -40,6 +40,21 @@ def rp(upstream: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rout
         yield proc
 
 
+@pytest.fixture(scope="module")
+def rp_asgi(upstream: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProc]:
+    """The same router with --no-direct-relay: every streamed chunk through ASGI send."""
+    with router(
+        tmp_path_factory.mktemp("relay-asgi"), "--eagle-url", upstream,
+        "--backend-api-key", "backend-secret", "--request-timeout", "1", "--no-direct-relay",
+        api_key="client-secret",
+    ) as proc:  # fmt: skip
+        yield proc
+
+
+# The relay's two ways of writing a streamed body: straight to the socket, or through ASGI.
+RELAYS = pytest.mark.parametrize("relay", ["rp", "rp_asgi"], ids=["direct", "no-direct-relay"])
+
+
 def last(upstream: str) -> dict[str, Any]:
     return httpx.get(upstream + "/fake/last", timeout=5).json()  # type: ignore[no-any-return]
 
@@ -124,7 +139,9 @@ async def test_openai_stream_through_split_events(rp: RouterProc) -> None:
     assert rp.metric("dynspec_output_tokens_total", pool="eagle") >= 6
 
 
-def test_first_byte_timeout_is_504(rp: RouterProc) -> None:
+@RELAYS
+def test_first_byte_timeout_is_504(relay: str, request: pytest.FixtureRequest) -> None:
+    rp: RouterProc = request.getfixturevalue(relay)
     before = rp.metric("dynspec_upstream_errors_total", pool="eagle", kind="timeout")
     r = httpx.post(
         rp.url + CHAT,
@@ -214,9 +231,11 @@ def test_streamed_chunks_skip_asgi(rp: RouterProc, upstream: str, usage: bool) -
     assert wait_for(lambda: line in rp.log.read_text())  # logged just after the response
 
 
-async def test_slow_client_gets_every_chunk(rp: RouterProc) -> None:
+@RELAYS
+async def test_slow_client_gets_every_chunk(relay: str, request: pytest.FixtureRequest) -> None:
     """A client that stops reading holds the server back (the relay stops reading from it),
     then gets the whole stream, in order, once it reads again."""
+    rp: RouterProc = request.getfixturevalue(relay)
     n = 40000  # ~3 MB of events, more than the sockets between here and the client hold
     body = orjson.dumps({"messages": MESSAGES, "max_tokens": n, "stream": True,
                          "stream_options": {"include_usage": True}})  # fmt: skip
@@ -246,6 +265,20 @@ async def test_slow_client_gets_every_chunk(rp: RouterProc) -> None:
     texts = [e for e in got if b'"content":"t' in e]
     assert len(texts) == n
     assert all(b'"content":"t%d ' % i in e for i, e in enumerate(texts))
+
+
+@pytest.mark.parametrize("usage", [False, True])
+def test_no_direct_relay_sends_chunks_through_asgi(rp_asgi: RouterProc, usage: bool) -> None:
+    body: dict[str, Any] = {"messages": MESSAGES, "max_tokens": 5, "stream": True}
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    rid = f"asgi-{usage}"
+    headers = {"Authorization": "Bearer client-secret", "x-request-id": rid, "x-fake-split": "1"}
+    r = httpx.post(rp_asgi.url + CHAT, json=body, headers=headers, timeout=10)
+    got = events(r.content)
+    assert got[-1] == b"data: [DONE]" and len(got) == 1 + 5 + usage + 1
+    assert wait_for(lambda: f"{rid}: eagle 200 via " in rp_asgi.log.read_text())
+    assert "(direct)" not in rp_asgi.log.read_text()
 
 
 @pytest.fixture(scope="module")
