@@ -344,3 +344,17 @@ def test_raw_body_unusable_on_an_unknown_response_cycle() -> None:
         scope: ClassVar[dict[str, str]] = {"method": "POST"}
 
     assert RawBody(Cycle()).usable() is False  # type: ignore[arg-type]
+
+
+def test_uvicorn_bounded_to_the_tested_versions() -> None:
+    """downstream.RelayProtocol subclasses uvicorn internals: pyproject allows only a range that
+    CI tests at both ends (.ci/run), and the uvicorn installed here is inside it."""
+    from importlib.metadata import requires, version
+
+    from packaging.requirements import Requirement
+
+    (req,) = [Requirement(r) for r in requires("dynspec") or [] if r.startswith("uvicorn")]
+    assert any(s.operator in ("<", "<=", "==") for s in req.specifier), req
+    assert req.specifier.contains(version("uvicorn")), (req, version("uvicorn"))
+    ci = (Path(__file__).parents[2] / ".ci" / "run").read_text()
+    assert "pytest tests/router" in ci and "uvicorn==" in ci
