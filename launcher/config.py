@@ -196,7 +196,11 @@ def build_parser() -> FlagParser:
     s.add_argument("--baseline-args", default="", help="extra SGLang flags for the baseline server")
     s.add_argument("--sglang-args", default="", help="extra SGLang flags for both servers")
     n = p.add_argument_group("addresses")
-    n.add_argument("--host", default="0.0.0.0", help="router listen address")
+    n.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="router listen address; 0.0.0.0 serves other machines (then set --api-key)",
+    )
     n.add_argument("--port", type=port, default=8000, help="router port")
     n.add_argument("--eagle-port", type=port, default=30001, help="EAGLE server port")
     n.add_argument("--baseline-port", type=port, default=30002, help="baseline server port")

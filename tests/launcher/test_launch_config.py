@@ -305,3 +305,9 @@ def test_router_setting_checks_and_defaults_are_the_routers(setting: RouterSetti
 def test_drain_timeout_is_checked_as_the_router_checks_it() -> None:
     ours = next(a for a in build_parser()._actions if "--drain-timeout" in a.option_strings)
     assert ours.type is _router_actions()["--drain-timeout"].type
+
+
+def test_router_listens_on_loopback_by_default() -> None:
+    """As SGLang and its router do: other machines only when asked (--host 0.0.0.0)."""
+    assert load_config(SIM, environ={}).host == "127.0.0.1"
+    assert load_config([*SIM, "--host", "0.0.0.0"], environ={}).host == "0.0.0.0"
