@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request, Response
 
-from dynspec.router.errors import BadGateway, NoServer
+from dynspec.router.errors import BadGateway, BadRequest, NoServer
 from dynspec.router.pool import Pools, Server
 from dynspec.router.request import check_media_type, parse_object, read_body
 from dynspec.router.runtime import Runtime
@@ -154,8 +154,10 @@ class Passthrough:
         body = await read_body(
             request.receive, length.encode() if length else None, self.max_body_bytes
         )
-        if body is None:  # the client left
-            return b""
+        if body is None:
+            # The client left while sending: nothing goes to the servers (nobody will read the
+            # answer to this error either).
+            raise BadRequest("the client left before its body was complete")
         parse_object(body)
         return body
 
