@@ -92,14 +92,24 @@ class Passthrough:
         return resp.status, answer, resp.header(b"content-type")
 
     async def one(self, method: bytes, path: str, body: bytes | None = None) -> Response:
-        """The answer of the first server that gives one, in ``candidates`` order."""
+        """The answer of the first server that gives one, in ``candidates`` order; a 5xx
+        answer is passed on only when no other server does better (these requests change
+        nothing, so asking the next server is safe)."""
+        failed: Response | None = None
         for server in self.candidates():
             try:
                 status, answer, media = await self._fetch(server, method, path, body, self.timeout)
             except (UpstreamError, asyncio.TimeoutError) as exc:
                 logger.warning("%s%s failed: %r", server.url, path, exc)
                 continue
-            return _answer(status, answer, media, server.pool)
+            if status < 500:
+                return _answer(status, answer, media, server.pool)
+            logger.warning("%s%s answered %d", server.url, path, status)
+            failed = failed or _answer(status, answer, media, server.pool)
+        if failed is not None:
+            return failed
+        if not self.pools.any_healthy():
+            raise NoServer(f"no healthy server to answer {path}")
         raise BadGateway(f"no server answered {path}")
 
     async def every(self, method: bytes, path: str, body: bytes | None) -> Response:

@@ -748,6 +748,10 @@ class SimApp:
         if scope["method"] != "POST":
             await _respond(send, 405, b'{"detail":"Method Not Allowed"}')
             return
+        fail = self.faults.fail_status
+        if fail is not None:
+            await _respond(send, fail, wire.error_body("simulated fault", "Error", fail))
+            return
         try:
             body = answer(await read_body(receive))
         except InvalidRequest as exc:

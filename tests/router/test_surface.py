@@ -303,3 +303,23 @@ def test_open_listener_without_key_warns(
     with router(tmp_path, "--eagle-url", eagle, "--host", host, api_key=key) as proc:
         log = proc.log.read_text()
     assert ("without --api-key" in log) is warned
+
+
+def test_read_only_endpoint_skips_a_failing_server(sims: tuple[str, str], tmp_path: Path) -> None:
+    """A 5xx from the first server is not the answer while another server answers."""
+    eagle, baseline = sims
+    with router(tmp_path, "--eagle-url", eagle, "--baseline-url", baseline) as proc:
+        set_faults(eagle, fail_status=500)
+        try:
+            r = httpx.post(proc.url + "/tokenize", json={"prompt": "hi"}, timeout=10)
+        finally:
+            clear_faults(eagle)
+        assert r.status_code == 200 and r.headers["x-dynspec-backend"] == "baseline"
+
+
+def test_read_only_endpoint_without_any_server_is_503(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    with router(tmp_path, "--eagle-url", dead, ready="/metrics") as proc:
+        r = httpx.get(proc.url + "/get_server_info", timeout=10)
+        assert assert_openai_error(r, 503, "server_error")["code"] == "no_healthy_server"
+        assert int(r.headers["retry-after"]) >= 1
