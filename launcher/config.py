@@ -45,6 +45,8 @@ class RouterSetting:
     type: Callable[[str], object]
     default: object
     help: str
+    # An on/off flag (no value): passed to the router, bare, when on.
+    switch: bool = False
 
 
 # Router settings the launcher passes through as they are: each is a launcher flag and TOML key of
@@ -84,6 +86,19 @@ ROUTER_SETTINGS = (
     ),
     RouterSetting(
         "--health-interval", positive_float, 2.0, "seconds between two health checks of a server"
+    ),
+    RouterSetting(
+        "--upstream-ca",
+        str,
+        None,
+        "PEM file of the CA(s) for https server URLs, in place of the system's trust store",
+    ),
+    RouterSetting(
+        "--no-direct-relay",
+        str,
+        False,
+        "the router sends every streamed chunk through uvicorn's ASGI send (slower)",
+        switch=True,
     ),
 )
 
@@ -220,7 +235,12 @@ def build_parser() -> FlagParser:
         help="back to EAGLE when load <= threshold - hysteresis",
     )
     for setting in ROUTER_SETTINGS:
-        r.add_argument(setting.flag, type=setting.type, default=setting.default, help=setting.help)
+        if setting.switch:
+            r.add_argument(setting.flag, action="store_true", help=setting.help)
+        else:
+            r.add_argument(
+                setting.flag, type=setting.type, default=setting.default, help=setting.help
+            )
     m = p.add_argument_group("simulation")
     m.add_argument(
         "--simulate",

@@ -285,6 +285,8 @@ def build_router_spec(config: LaunchConfig) -> ProcessSpec:
         if env_name(flag) in SECRET_ENV:
             # Keys go through the environment: a command line is visible to every user in `ps`.
             env.append((env_name(flag), str(value)))
+        elif value is True:
+            argv.append(flag)  # a switch that is on
         else:
             argv += [flag, _flag_value(value)]
     return ProcessSpec(

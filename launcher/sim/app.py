@@ -647,13 +647,14 @@ class SimApp:
             max_new_tokens=inp.max_new_tokens,
             limit=self.config.profile.context_length - inp.prompt_tokens,
             stream=inp.stream,
-            seed=self.seed,
+            seed=self.seed if inp.seed is None else inp.seed,
             prompt_key=inp.prompt_key,
             ignore_eos=inp.ignore_eos,
+            stop=inp.stop,
         )
         engine = self._engine()
         engine.submit(req)
-        watcher = asyncio.create_task(self._watch_disconnect(receive, engine, req))
+        watcher = asyncio.create_task(self._watch_disconnect(receive, engine, [req]))
         try:
             if scope["path"] == "/generate":
                 await self._native_answer(send, req)

@@ -1,10 +1,10 @@
 """SGLang's native API and the Responses API, as the simulator answers them.
 
 - ``POST /generate``: ``text`` or ``input_ids`` (one prompt), ``sampling_params`` with
-  ``max_new_tokens`` (default 128) and ``ignore_eos``, ``stream``. The answer is ``{"text",
-  "meta_info"}``; a stream sends that object as ``data:`` events, the text so far in each, then
-  ``data: [DONE]``. ``meta_info`` holds ``id``, ``finish_reason`` (null until the end, then
-  ``{"type": "length", "length": N}`` or ``{"type": "stop", "matched": ID}``),
+  ``max_new_tokens`` (default 128), ``ignore_eos`` and ``stop``, ``stream``. The answer is
+  ``{"text", "meta_info"}``; a stream sends that object as ``data:`` events, the text so far in
+  each, then ``data: [DONE]``. ``meta_info`` holds ``id``, ``finish_reason`` (null until the
+  end, then ``{"type": "length", "length": N}`` or ``{"type": "stop", "matched": ID}``),
   ``prompt_tokens`` and ``completion_tokens``.
 - ``POST /v1/responses``: ``input`` (a string or messages), ``max_output_tokens``, ``stream``.
   A response object with one output message and ``usage`` (input/output tokens); a stream sends
@@ -74,8 +74,14 @@ def parse_native(body: bytes, context_length: int) -> GenerationInput:
     params = obj.get("sampling_params") or {}
     if not isinstance(params, dict):
         raise validation("sampling_params: Input should be a valid dictionary")
+    stop = params.get("stop") or ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise validation("sampling_params.stop: Input should be a string or a list of strings")
     rid = obj.get("rid")
     return GenerationInput(
+        stop=tuple(stop),
         rid=rid if isinstance(rid, str) and rid else os.urandom(16).hex(),
         model="",
         prompt_tokens=_checked(prompt_tokens, context_length),
@@ -124,7 +130,7 @@ def native_result(
     *,
     prompt_tokens: int,
     completion_tokens: int,
-    finish: tuple[str, int | None] | None,
+    finish: tuple[str, int | str | None] | None,
     started: float,
 ) -> dict[str, Any]:
     reason: dict[str, Any] | None = None

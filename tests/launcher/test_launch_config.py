@@ -299,7 +299,20 @@ def test_every_router_setting_is_a_launcher_flag() -> None:
 def test_router_setting_checks_and_defaults_are_the_routers(setting: RouterSetting) -> None:
     action = _router_actions()[setting.flag]
     assert action.default == setting.default
-    assert (action.type or str) is setting.type
+    if setting.switch:
+        assert isinstance(action, argparse._StoreTrueAction)
+    else:
+        assert (action.type or str) is setting.type
+
+
+def test_router_switch_and_file_reach_the_router_command() -> None:
+    from dynspec.launcher.spec import build_router_spec
+
+    argv = [*SIM, "--no-direct-relay", "--upstream-ca", "/etc/ca.pem"]
+    spec = build_router_spec(load_config(argv, environ={}))
+    assert "--no-direct-relay" in spec.argv
+    assert spec.argv[spec.argv.index("--upstream-ca") + 1] == "/etc/ca.pem"
+    assert "--no-direct-relay" not in build_router_spec(load_config(SIM, environ={})).argv
 
 
 def test_drain_timeout_is_checked_as_the_router_checks_it() -> None:

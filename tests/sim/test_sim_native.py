@@ -66,3 +66,12 @@ def test_tokenize_detokenize_and_flush_cache(eagle_sim: Sim) -> None:
     assert r.status_code == 400
     r = httpx.post(eagle_sim.url + "/flush_cache", timeout=10)
     assert r.status_code == 200 and r.text.startswith("Cache flushed")
+
+
+def test_generate_stops_at_a_stop_string(eagle_sim: Sim) -> None:
+    params = {"max_new_tokens": 200, "ignore_eos": True, "stop": ["e"]}
+    r = httpx.post(eagle_sim.url + "/generate", json={"text": "Hi", "sampling_params": params},
+                   timeout=10)  # fmt: skip
+    answer = r.json()
+    assert answer["meta_info"]["finish_reason"] == {"type": "stop", "matched": "e"}
+    assert "e" not in answer["text"]
