@@ -506,8 +506,8 @@ async def test_connect_timeout() -> None:
 )
 def test_server_url_parts(url: str, port: int, prefix: bytes, host: bytes, tls: bool) -> None:
     client = Client(connect_timeout=1)
-    target = client.target(url)
-    assert (target.port, target.prefix, target.host_header) == (port, prefix, host)
-    assert (target.tls is not None) is tls
+    origin = client.origin(url)
+    assert (origin.port, origin.prefix, origin.host_header) == (port, prefix, host)
+    assert (origin.tls is not None) is tls
     head = client.head(url, b"GET", b"/health", b"", None)
     assert head.startswith(b"GET " + prefix + b"/health HTTP/1.1\r\nhost: " + host + b"\r\n")
