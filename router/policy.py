@@ -1,9 +1,9 @@
 """Routing policies: pure functions of a frozen snapshot, so they are tested with plain tables.
 
 A policy sees the servers as immutable views plus the router's load and current mode, and returns
-which server takes the request and what the mode is afterwards. It holds no state, no clock and no
-I/O; ``pool.Pools`` owns the state and applies the choice. A second policy is a new subclass of
-``Policy`` registered in ``POLICIES``.
+which server takes the request, what the mode is afterwards and why (the ``reason`` label of
+``dynspec_route_decisions_total``). It holds no state, no clock and no I/O; ``pool.Pools`` owns the
+state and applies the choice. A policy is a subclass of ``Policy`` registered in ``POLICIES``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
+
+from dynspec.router.speed import NEUTRAL_CURVE, SpeedCurve
 
 PoolName = Literal["eagle", "baseline"]
 POOLS: tuple[PoolName, PoolName] = ("eagle", "baseline")
@@ -29,6 +31,8 @@ class ServerView:
     in_flight: int
     # False while an operator has drained the server's pool (POST /admin/drain/{pool}).
     accepting: bool = True
+    # The server's predicted speed by load (``balance``); None: no estimate (the neutral curve).
+    curve: SpeedCurve | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +43,8 @@ class Snapshot:
     mode: PoolName
     threshold: int
     hysteresis: int
+    # Requests routed so far, this one included: what deterministic exploration counts.
+    seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +52,16 @@ class Choice:
     # None when no server can take the request (every candidate unhealthy, drained or excluded).
     server: ServerView | None
     mode: PoolName
+    reason: str = ""
 
 
 class Policy(abc.ABC):
     name: ClassVar[str]
+    # Every reason ``choose`` may give (the route-decision counter starts each at 0).
+    reasons: ClassVar[tuple[str, ...]]
+    # True: the mode is a routing state whose changes are logged and counted as switches.
+    # False: the mode only records the pool the last request went to.
+    switches_modes: ClassVar[bool] = True
 
     @abc.abstractmethod
     def choose(self, snapshot: Snapshot, exclude: frozenset[str] = frozenset()) -> Choice:
@@ -79,6 +91,7 @@ class ThresholdPolicy(Policy):
     """
 
     name = "threshold"
+    reasons = ("mode", "fallback")
 
     def choose(self, snapshot: Snapshot, exclude: frozenset[str] = frozenset()) -> Choice:
         mode = snapshot.mode
@@ -87,9 +100,70 @@ class ThresholdPolicy(Policy):
         elif mode == "baseline" and snapshot.load <= snapshot.threshold - snapshot.hysteresis:
             mode = "eagle"
         server = least_in_flight(snapshot.servers, mode, exclude)
-        if server is None:
-            server = least_in_flight(snapshot.servers, other_pool(mode), exclude)
-        return Choice(server=server, mode=mode)
+        if server is not None:
+            return Choice(server=server, mode=mode, reason="mode")
+        server = least_in_flight(snapshot.servers, other_pool(mode), exclude)
+        return Choice(server=server, mode=mode, reason="fallback" if server else "")
 
 
-POLICIES: dict[str, type[Policy]] = {ThresholdPolicy.name: ThresholdPolicy}
+# Two predictions closer than this (relative) are equal: the tie-break decides.
+TIE_EPSILON = 1e-9
+# Every EXPLORE_EVERY-th request goes to the runner-up when its prediction is within
+# EXPLORE_WITHIN of the best, so the curve of a server that is rarely chosen keeps being measured.
+EXPLORE_EVERY = 50
+EXPLORE_WITHIN = 1.2
+
+
+def _preference(s: ServerView, index: int) -> tuple[int, int, int]:
+    # Ties go to the EAGLE pool (lower latency at equal speed), then least in flight, then the
+    # order the servers were listed in.
+    return (0 if s.pool == "eagle" else 1, s.in_flight, index)
+
+
+class BalancePolicy(Policy):
+    """Each request to the server with the lowest predicted time per output token if admitted.
+
+    A server that can take the request (healthy, not drained, not excluded, below its running
+    limit when the limit is known) is predicted at its speed curve's value for its in-flight
+    count plus one. Ties (within ``TIE_EPSILON``) go to EAGLE, then least in flight, then listing
+    order. When every such server is at its running limit, all of them compete on the same terms
+    (their curves grow with the queue), with the reason ``full``. Both pools serve at every load;
+    only operator drains stop a pool.
+
+    Reasons: ``only`` (one candidate), ``fastest``, ``tie``, ``explore``, ``full``.
+    """
+
+    name = "balance"
+    reasons = ("only", "fastest", "tie", "explore", "full")
+    switches_modes = False
+
+    def choose(self, snapshot: Snapshot, exclude: frozenset[str] = frozenset()) -> Choice:
+        open_: list[tuple[float, tuple[int, int, int], ServerView]] = []
+        full: list[tuple[float, tuple[int, int, int], ServerView]] = []
+        for i, s in enumerate(snapshot.servers):
+            if not s.healthy or not s.accepting or s.url in exclude:
+                continue
+            curve = s.curve if s.curve is not None else NEUTRAL_CURVE
+            entry = (curve.at(s.in_flight + 1), _preference(s, i), s)
+            limit = curve.limit
+            (full if limit is not None and s.in_flight >= limit else open_).append(entry)
+        candidates = open_ or full
+        if not candidates:
+            return Choice(server=None, mode=snapshot.mode)
+        if len(candidates) == 1:
+            server = candidates[0][2]
+            return Choice(server, server.pool, "full" if full and not open_ else "only")
+        best_tpot = min(c[0] for c in candidates)
+        bound = best_tpot * (1 + TIE_EPSILON)
+        tied = [c for c in candidates if c[0] <= bound]
+        winner = min(tied, key=lambda c: c[1])
+        reason = "full" if not open_ else ("tie" if len(tied) > 1 else "fastest")
+        if snapshot.seq % EXPLORE_EVERY == 0:
+            rest = [c for c in candidates if c[2] is not winner[2]]
+            second = min(rest, key=lambda c: (c[0], c[1]))
+            if second[0] <= best_tpot * EXPLORE_WITHIN:
+                return Choice(second[2], second[2].pool, "explore")
+        return Choice(winner[2], winner[2].pool, reason)
+
+
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (ThresholdPolicy, BalancePolicy)}
