@@ -114,10 +114,27 @@ EXPLORE_EVERY = 50
 EXPLORE_WITHIN = 1.2
 
 
-def _preference(s: ServerView, index: int) -> tuple[int, int, int]:
+_Entry = tuple[float, int, ServerView]
+
+
+def _preference(entry: _Entry) -> tuple[int, int, int]:
     # Ties go to the EAGLE pool (lower latency at equal speed), then least in flight, then the
     # order the servers were listed in.
-    return (0 if s.pool == "eagle" else 1, s.in_flight, index)
+    s = entry[2]
+    return (0 if s.pool == "eagle" else 1, s.in_flight, entry[1])
+
+
+def _best(entries: list[_Entry]) -> tuple[_Entry, bool]:
+    """The lowest prediction, ties broken by preference; and whether there was a tie."""
+    best = entries[0]
+    for e in entries:
+        if e[0] < best[0]:
+            best = e
+    bound = best[0] * (1 + TIE_EPSILON)
+    tied = [e for e in entries if e[0] <= bound]
+    if len(tied) == 1:
+        return best, False
+    return min(tied, key=_preference), True
 
 
 class BalancePolicy(Policy):
@@ -138,32 +155,32 @@ class BalancePolicy(Policy):
     switches_modes = False
 
     def choose(self, snapshot: Snapshot, exclude: frozenset[str] = frozenset()) -> Choice:
-        open_: list[tuple[float, tuple[int, int, int], ServerView]] = []
-        full: list[tuple[float, tuple[int, int, int], ServerView]] = []
+        open_: list[_Entry] = []
+        full: list[_Entry] = []
         for i, s in enumerate(snapshot.servers):
             if not s.healthy or not s.accepting or s.url in exclude:
                 continue
-            curve = s.curve if s.curve is not None else NEUTRAL_CURVE
-            entry = (curve.at(s.in_flight + 1), _preference(s, i), s)
+            curve = s.curve or NEUTRAL_CURVE
             limit = curve.limit
-            (full if limit is not None and s.in_flight >= limit else open_).append(entry)
+            entry = (curve.at(s.in_flight + 1), i, s)
+            if limit is not None and s.in_flight >= limit:
+                full.append(entry)
+            else:
+                open_.append(entry)
         candidates = open_ or full
         if not candidates:
             return Choice(server=None, mode=snapshot.mode)
         if len(candidates) == 1:
             server = candidates[0][2]
-            return Choice(server, server.pool, "full" if full and not open_ else "only")
-        best_tpot = min(c[0] for c in candidates)
-        bound = best_tpot * (1 + TIE_EPSILON)
-        tied = [c for c in candidates if c[0] <= bound]
-        winner = min(tied, key=lambda c: c[1])
-        reason = "full" if not open_ else ("tie" if len(tied) > 1 else "fastest")
+            return Choice(server, server.pool, "only" if open_ else "full")
+        winner, tie = _best(candidates)
         if snapshot.seq % EXPLORE_EVERY == 0:
-            rest = [c for c in candidates if c[2] is not winner[2]]
-            second = min(rest, key=lambda c: (c[0], c[1]))
-            if second[0] <= best_tpot * EXPLORE_WITHIN:
+            second, _ = _best([e for e in candidates if e is not winner])
+            if second[0] <= winner[0] * EXPLORE_WITHIN:
                 return Choice(second[2], second[2].pool, "explore")
-        return Choice(winner[2], winner[2].pool, reason)
+        server = winner[2]
+        reason = "full" if not open_ else ("tie" if tie else "fastest")
+        return Choice(server, server.pool, reason)
 
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (ThresholdPolicy, BalancePolicy)}
