@@ -232,6 +232,8 @@ def test_dry_run_of_the_issue_prints_three_pasteable_lines() -> None:
         (["--dry-run", "--gpus", "0-7", "--model-path", "M"], "--draft"),
         ([*SIM_DRY, "--gpus", "0-7", "--eagle-args", "--port 1"], "--eagle-port"),
         (["--no-such-flag"], "unrecognized"),
+        ([*SIM, "--dry-run", "--speed-profile", "/nonexistent/p.json"], "--speed-profile"),
+        ([*SIM, "--dry-run", "--metrics-interval", "-1"], "--metrics-interval"),
     ],
 )
 def test_cli_usage_errors_are_one_line_exit_2(argv: list[str], reason: str) -> None:
@@ -286,7 +288,7 @@ def _router_actions() -> dict[str, argparse.Action]:
 
 # Router flags that are launcher flags of their own (the launcher builds on them or sets them).
 LAUNCHER_OWN = {"--eagle-url", "--baseline-url", "--host", "--port", "--policy", "--threshold"}
-LAUNCHER_OWN |= {"--hysteresis", "--drain-timeout", "--log-level", "--help"}
+LAUNCHER_OWN |= {"--hysteresis", "--drain-timeout", "--log-level", "--help", "--speed-profile"}
 
 
 def test_every_router_setting_is_a_launcher_flag() -> None:
@@ -305,3 +307,17 @@ def test_router_setting_checks_and_defaults_are_the_routers(setting: RouterSetti
 def test_drain_timeout_is_checked_as_the_router_checks_it() -> None:
     ours = next(a for a in build_parser()._actions if "--drain-timeout" in a.option_strings)
     assert ours.type is _router_actions()["--drain-timeout"].type
+
+
+def test_balance_settings_from_the_file_and_the_dry_run(tmp_path: Path) -> None:
+    profile = Path(__file__).resolve().parents[2] / "launcher/sim/profiles/demo.json"
+    path = write(
+        tmp_path,
+        f'policy = "balance"\nspeed-profile = "{profile}"\nmetrics_interval = 0.5\n',
+    )
+    done = run_cli("--simulate", "--dry-run", "--config", str(path))
+    assert done.returncode == 0, done.stderr
+    eagle, _, router = done.stdout.splitlines()
+    assert " --max-running-requests 33 " in eagle
+    assert " --policy balance " in router
+    assert " --metrics-interval 0.5 " in router and f" --speed-profile {profile}" in router
