@@ -45,7 +45,10 @@ class _StateCollector(Collector):
             "dynspec_in_flight_requests", "Requests in flight", labels=["pool"]
         )
         active = GaugeMetricFamily(
-            "dynspec_active_pool", "1 for the pool new requests go to, else 0", labels=["pool"]
+            "dynspec_active_pool",
+            "1 for the pool new requests go to (balance: the pool the last request went to), "
+            "else 0",
+            labels=["pool"],
         )
         draining = GaugeMetricFamily(
             "dynspec_pool_draining",
