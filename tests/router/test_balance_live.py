@@ -84,7 +84,9 @@ def test_balance_light_load_to_eagle_heavy_load_to_both(tmp_path: Path, profile:
             args += ["--speed-profile", DEMO]
         with router(tmp_path, *args) as rp:
             # The poller asks each server for its running limit first.
-            assert wait_for(lambda: rp.status()["servers"][0]["running_limit"] == EAGLE_LIMIT)
+            assert wait_for(
+                lambda: rp.status()["servers"][0]["running_limit"] == EAGLE_LIMIT, timeout=30
+            )
 
             assert one_at_a_time(rp, 12) == {"eagle": 12}
 
