@@ -132,7 +132,8 @@ class SpeedLearner:
         if speed is None:
             return
         now = self.clock()
-        speed.direct.add(mean_in_flight, (duration - ttft) / (output_tokens - 1), now)
+        tpot = (duration - ttft) / (output_tokens - 1)
+        speed.direct.add(mean_in_flight, tpot, now, speed.prior)
         self._changed(now)
 
     def polled(
@@ -161,7 +162,7 @@ class SpeedLearner:
             return
         now = self.clock()
         load = running + (queued or 0.0)
-        speed.polled.add(load, running / gen_throughput, now)
+        speed.polled.add(load, running / gen_throughput, now, speed.prior)
         self._changed(now)
 
     def set_limit(self, url: str, limit: int | None) -> None:

@@ -115,12 +115,24 @@ class BucketSet:
         self.sums = [0.0] * n
         self.times = [0.0] * n
 
-    def add(self, load: float, tpot: float, now: float, weight: float = 1.0) -> None:
-        for i, share in _shares(load):
+    def add(
+        self,
+        load: float,
+        tpot: float,
+        now: float,
+        shape: Sequence[float] | None = None,
+        weight: float = 1.0,
+    ) -> None:
+        """One observation; between two buckets it counts for both, each share moved to its
+        bucket's load along ``shape`` (TPOT per bucket, the prior) when one is given."""
+        shares = _shares(load)
+        at_load = sum(share * shape[i] for i, share in shares) if shape is not None else 0.0
+        for i, share in shares:
             decay = 0.5 ** ((now - self.times[i]) / self.half_life) if self.weights[i] else 0.0
+            value = tpot * shape[i] / at_load if shape is not None and at_load > 0 else tpot
             w = share * weight
             self.weights[i] = self.weights[i] * decay + w
-            self.sums[i] = self.sums[i] * decay + w * tpot
+            self.sums[i] = self.sums[i] * decay + w * value
             self.times[i] = now
 
     def read(self, now: float) -> list[tuple[float, float]]:

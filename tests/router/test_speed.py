@@ -120,6 +120,16 @@ def test_observation_between_buckets_is_shared_by_both() -> None:
     assert curve.at(5) == pytest.approx(0.040, rel=0.1)
 
 
+def test_observation_between_buckets_follows_the_prior_shape() -> None:
+    lr, clock = learner(DEMO)
+    demo_eagle = lr.curve(E)
+    # At load 5 (between buckets 4 and 6), twice the profile: each bucket gets twice its own.
+    feed(lr, clock, E, 5, 2 * demo_eagle.at(5), n=200)
+    curve = lr.curve(E)
+    for load in (4, 5, 6):
+        assert curve.at(load) == pytest.approx(2 * demo_eagle.at(load), rel=0.01)
+
+
 def test_decay_follows_a_changed_workload_within_a_minute() -> None:
     lr, clock = learner()
     feed(lr, clock, E, 4, 0.010, n=300)  # 30 s at 10 ms
