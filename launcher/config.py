@@ -27,6 +27,7 @@ from dynspec.common.cli import (
     positive_int,
 )
 from dynspec.launcher.gpus import GpuSet, check_visible, parse_gpus, parse_visible, split_halves
+from dynspec.launcher.sim.profile import Profile, ProfileError, load_profile
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,7 +36,7 @@ else:  # pragma: no cover - Python 3.10
 
 PROG = "dynspec-launch"
 RESTART_POLICIES = ("on-failure", "never")
-POLICIES = ("threshold",)
+POLICIES = ("threshold", "balance")
 MIB = 1024 * 1024
 
 
@@ -100,6 +101,12 @@ ROUTER_SETTINGS = (
         "the router sends every streamed chunk through uvicorn's ASGI send (slower)",
         switch=True,
     ),
+    RouterSetting(
+        "--metrics-interval",
+        non_negative_float,
+        1.0,
+        "seconds between the router's polls of each server's /metrics for its speed (0: off)",
+    ),
 )
 
 
@@ -140,6 +147,9 @@ class LaunchConfig:
     progress_every: float = 10.0  # seconds between progress lines when stdout is no terminal
     # The launcher's own CUDA_VISIBLE_DEVICES, which GPU indices count within; None when unset.
     visible_gpus: tuple[str, ...] | None = None
+    # --speed-profile (an absolute path, for the router) and the profile read from it.
+    speed_profile: str | None = None
+    speed_profile_data: Profile | None = None
 
     def router_setting(self, flag: str) -> object | None:
         """A pass-through router setting's value, or None where the router's default holds."""
@@ -205,8 +215,11 @@ def build_parser() -> FlagParser:
         default="",
         help='extra SGLang flags for the EAGLE server, e.g. "--mem-fraction-static 0.8"; they '
         "replace the launcher's own choice of the same flag (the EAGLE server gets "
-        "--max-running-requests = threshold + max(4, threshold/2) and CUDA graphs up to that "
-        "batch; the baseline --cuda-graph-max-bs-decode 512; --dry-run shows them)",
+        "--max-running-requests = threshold + max(4, threshold/2), or with --policy balance and "
+        "--speed-profile the largest batch at which the profile's EAGLE time per token is "
+        "still no worse than the baseline's at its largest batch (at most 48), and CUDA graphs "
+        "up to that batch; without a profile, balance keeps the threshold sizing; the baseline "
+        "--cuda-graph-max-bs-decode 512; --dry-run shows them)",
     )
     s.add_argument("--baseline-args", default="", help="extra SGLang flags for the baseline server")
     s.add_argument("--sglang-args", default="", help="extra SGLang flags for both servers")
@@ -221,7 +234,13 @@ def build_parser() -> FlagParser:
     n.add_argument("--baseline-port", type=port, default=30002, help="baseline server port")
     n.add_argument("--backend-host", default="127.0.0.1", help="listen address of both servers")
     r = p.add_argument_group("router")
-    r.add_argument("--policy", default="threshold", choices=POLICIES, help="routing policy")
+    r.add_argument(
+        "--policy",
+        default="threshold",
+        choices=POLICIES,
+        help="routing policy: 'threshold' (EAGLE up to --threshold, then baseline) or 'balance' "
+        "(each request to the lowest predicted time per output token; both servers serve)",
+    )
     r.add_argument(
         "--threshold",
         type=positive_int,
@@ -241,6 +260,13 @@ def build_parser() -> FlagParser:
             r.add_argument(
                 setting.flag, type=setting.type, default=setting.default, help=setting.help
             )
+    r.add_argument(
+        "--speed-profile",
+        metavar="FILE.json",
+        help="speed curves per mode in dynspec-sim's profile format (dynspec-bench profile writes "
+        "one), passed to the router as the start of its learned curves; with --policy balance "
+        "it also sizes the EAGLE server (see --eagle-args)",
+    )
     m = p.add_argument_group("simulation")
     m.add_argument(
         "--simulate",
@@ -447,6 +473,17 @@ def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
         )
     if ns.sim_speed <= 0:
         raise UsageError("--sim-speed must be above 0")
+    speed_profile: str | None = None
+    speed_profile_data: Profile | None = None
+    if ns.speed_profile:
+        speed_profile = str(Path(ns.speed_profile).resolve())
+        try:
+            speed_profile_data = load_profile(speed_profile)
+        except ProfileError as exc:
+            raise UsageError(f"--speed-profile: {exc}") from None
+        for mode in ("eagle", "baseline"):
+            if mode not in speed_profile_data.modes:
+                raise UsageError(f"--speed-profile {ns.speed_profile}: no {mode!r} mode")
 
     served = ns.served_model_name
     if not served:
@@ -492,4 +529,6 @@ def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
         server_command=server_command,
         preflight=not ns.no_preflight,
         progress_every=max(0.1, float(ns.progress_every)),
+        speed_profile=speed_profile,
+        speed_profile_data=speed_profile_data,
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 from dynspec.common.cli import UsageError, env_name
 from dynspec.launcher.config import LaunchConfig
 from dynspec.launcher.gpus import format_gpus, visible_devices
+from dynspec.launcher.sim.profile import EAGLE_DEFAULT_MAX_RUNNING, Profile
 
 SGLANG_MODULE = "sglang.launch_server"
 SIM_MODULE = "dynspec.launcher.sim"
@@ -107,6 +108,34 @@ def eagle_max_running_requests(threshold: int) -> int:
     return threshold + max(4, threshold // 2)
 
 
+def balance_eagle_limit(profile: Profile) -> int:
+    """The EAGLE server's ``--max-running-requests`` under ``balance``, from a speed profile.
+
+    ``balance`` sends a request to EAGLE while EAGLE's predicted time per token is the lower one,
+    so the EAGLE batch grows until it is as slow as the baseline's. The slowest baseline the
+    profile knows is at its running limit (or, without one, its largest measured batch): the
+    EAGLE server is sized to the largest batch whose time per token is still no worse than that.
+    Capped at the profile's EAGLE running limit, else SGLang's own cap for EAGLE servers (48).
+    """
+    eagle, base = profile.mode("eagle"), profile.mode("baseline")
+    cap = eagle.max_running_requests or EAGLE_DEFAULT_MAX_RUNNING
+    base_batch = base.max_running_requests or base.throughput[-1][0]
+    base_tpot = base_batch / base.throughput_at(base_batch)
+    limit = 1
+    for batch in range(1, cap + 1):
+        if batch / eagle.throughput_at(batch) <= base_tpot:
+            limit = batch
+    return limit
+
+
+def eagle_running_limit(config: LaunchConfig) -> int:
+    """The EAGLE server's ``--max-running-requests``: from the profile under ``balance``, else
+    from the threshold (``balance`` without a profile keeps the threshold's sizing)."""
+    if config.policy == "balance" and config.speed_profile_data is not None:
+        return balance_eagle_limit(config.speed_profile_data)
+    return eagle_max_running_requests(config.threshold)
+
+
 def connect_host(listen_host: str) -> str:
     """Where to reach a server that listens on ``listen_host`` from this machine."""
     if listen_host in ("", "0.0.0.0"):
@@ -180,7 +209,7 @@ def build_server_spec(config: LaunchConfig, pool: str) -> ProcessSpec:
     prefix = f"[{pool} {server_label(config, pool)}]"
     base = server_url(config, pool)
     log_file = config.log_dir / f"{pool}.log"
-    max_running = eagle_max_running_requests(config.threshold)
+    max_running = eagle_running_limit(config)
     if config.simulate:
         argv = [
             sys.executable,
@@ -289,6 +318,8 @@ def build_router_spec(config: LaunchConfig) -> ProcessSpec:
             argv.append(flag)  # a switch that is on
         else:
             argv += [flag, _flag_value(value)]
+    if config.speed_profile:
+        argv += ["--speed-profile", config.speed_profile]
     return ProcessSpec(
         "router",
         "[router]",

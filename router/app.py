@@ -1,7 +1,8 @@
 """The router application: the bare ASGI relay in front of a FastAPI app for control routes.
 
 ``create_app`` builds what lasts as long as the app object: one ``Pools`` (the counts), one
-``RouterMetrics`` (on the given registry) and the control routes (``control.py``). What lives
+``SpeedLearner`` (each server's speed curve), one ``RouterMetrics`` (on the given registry) and
+the control routes (``control.py``). What lives
 as long as the server — the upstream client, the health checks, the proxy and its watchdog — is
 one ``Runtime``, built and started in the FastAPI lifespan and stopped at its end.
 """
@@ -18,12 +19,14 @@ from starlette.types import Receive, Scope, Send
 from dynspec.router.config import RouterConfig
 from dynspec.router.control import control_api
 from dynspec.router.errors import MethodNotAllowed, NoServer
+from dynspec.router.learning import SpeedLearner
 from dynspec.router.metrics import RouterMetrics
 from dynspec.router.policy import POLICIES, Policy
 from dynspec.router.pool import Pools
 from dynspec.router.proxy import send_error
 from dynspec.router.request import PROXY_PATHS
 from dynspec.router.runtime import Runtime
+from dynspec.router.speed import SpeedCurve
 
 
 class RouterApp:
@@ -33,15 +36,19 @@ class RouterApp:
         self,
         config: RouterConfig,
         pools: Pools,
+        learner: SpeedLearner,
         metrics: RouterMetrics,
         registry: CollectorRegistry,
     ) -> None:
         self.config = config
         self.pools = pools
+        self.learner = learner
         self.metrics = metrics
         # Set while the server runs (between the lifespan's start and its end).
         self.runtime: Runtime | None = None
-        self.api = control_api(config, pools, registry, self.running, self._lifespan)
+        self.api = control_api(
+            config, pools, learner, registry, runtime=self.running, lifespan=self._lifespan
+        )
 
     def running(self) -> Runtime:
         runtime = self.runtime
@@ -51,7 +58,7 @@ class RouterApp:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, _: FastAPI) -> AsyncIterator[None]:
-        runtime = Runtime(self.config, self.pools, self.metrics)
+        runtime = Runtime(self.config, self.pools, self.learner, self.metrics)
         await runtime.start()
         self.runtime = runtime
         try:
@@ -91,4 +98,12 @@ def create_app(
     )
     metrics = RouterMetrics(registry, pools)
     pools.on_switch = metrics.switched
-    return RouterApp(config, pools, metrics, registry)
+    pools.on_route = metrics.routed
+
+    def publish(url: str, curve: SpeedCurve) -> None:
+        pools.server(url).curve = curve
+
+    # Learned under every policy: ``balance`` routes by the curves; under ``threshold`` they are
+    # shown in /status and /metrics (what the speed of each server is at the loads it serves).
+    learner = SpeedLearner(config.servers(), config.speed_profile, publish=publish)
+    return RouterApp(config, pools, learner, metrics, registry)

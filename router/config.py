@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -13,11 +14,13 @@ from dynspec.common.cli import (
     FlagParser,
     UsageError,
     add_log_level,
+    non_negative_float,
     non_negative_int,
     positive_float,
 )
 from dynspec.router.policy import POLICIES, PoolName
 from dynspec.router.pool import validate_settings
+from dynspec.router.speed import ProfileError, SpeedProfile, profile_from_json
 from dynspec.router.upstream import tls_context
 
 PROG = "dynspec-router"
@@ -45,6 +48,10 @@ class RouterConfig:
     upstream_ca: str | None = None
     direct_relay: bool = True
     log_level: str = "info"
+    # The speed curves read from --speed-profile (a prior for the speed learner), and the file.
+    speed_profile: SpeedProfile | None = None
+    speed_profile_path: str | None = None
+    metrics_interval: float = 1.0
 
     def servers(self) -> list[tuple[str, PoolName]]:
         eagle: list[tuple[str, PoolName]] = [(u, "eagle") for u in self.eagle_urls]
@@ -65,7 +72,9 @@ class RouterConfig:
             f"request_timeout={self.request_timeout}, connect_timeout={self.connect_timeout}, "
             f"health_interval={self.health_interval}, max_concurrency={self.max_concurrency}, "
             f"drain_timeout={self.drain_timeout}, upstream_ca={self.upstream_ca!r}, "
-            f"direct_relay={self.direct_relay}, log_level={self.log_level!r})"
+            f"direct_relay={self.direct_relay}, log_level={self.log_level!r}, "
+            f"speed_profile_path={self.speed_profile_path!r}, "
+            f"metrics_interval={self.metrics_interval})"
         )
 
     def tls(self) -> ssl.SSLContext | None:
@@ -103,7 +112,10 @@ def build_parser() -> FlagParser:
         description=(
             "Load-aware router in front of an EAGLE-3 pool and a baseline pool of SGLang servers: "
             "light load goes to EAGLE-3 (lower latency), heavy load to the baseline (more "
-            "throughput). OpenAI-compatible: POST /v1/chat/completions and /v1/completions."
+            "throughput). OpenAI-compatible: POST /v1/chat/completions and /v1/completions. "
+            "Policies: 'threshold' switches pools at a load threshold; 'balance' sends each "
+            "request to the server with the lowest predicted time per output token, from speed "
+            "curves learned online (and seeded by --speed-profile)."
         ),
     )
     p.add_argument(
@@ -118,7 +130,13 @@ def build_parser() -> FlagParser:
         default=(),
         help="baseline server URL(s), comma-separated, e.g. http://127.0.0.1:30002",
     )
-    p.add_argument("--policy", default="threshold", choices=sorted(POLICIES), help="routing policy")
+    p.add_argument(
+        "--policy",
+        default="threshold",
+        choices=sorted(POLICIES),
+        help="routing policy: 'threshold' (EAGLE up to --threshold, then baseline) or 'balance' "
+        "(lowest predicted time per output token; both pools serve at every load)",
+    )
     p.add_argument(
         "--threshold",
         type=int,
@@ -205,6 +223,22 @@ def build_parser() -> FlagParser:
         "the client's socket from the upstream reader (slower; for a uvicorn the shortcut "
         "has not been tested with)",
     )
+    p.add_argument(
+        "--speed-profile",
+        default=None,
+        metavar="FILE.json",
+        help="per-mode speed curves in dynspec-sim's profile format (dynspec-bench profile "
+        "writes one): the starting point of each server's learned curve (its pool's mode); "
+        "without it both pools start from one neutral curve and are learned",
+    )
+    p.add_argument(
+        "--metrics-interval",
+        type=non_negative_float,
+        default=1.0,
+        metavar="S",
+        help="seconds between two polls of each server's /metrics for its speed (running, "
+        "queued, gen_throughput, accept length); 0 turns polling off",
+    )
     add_log_level(p)
     return p
 
@@ -233,6 +267,14 @@ def config_from_args(ns: argparse.Namespace) -> RouterConfig:
         except (OSError, ssl.SSLError) as exc:
             reason = exc.strerror or str(exc)
             raise UsageError(f"--upstream-ca {ca}: not a readable PEM CA file ({reason})") from None
+    profile = None
+    if ns.speed_profile:
+        profile = read_speed_profile(ns.speed_profile)
+        for pool, urls in (("eagle", eagle), ("baseline", baseline)):
+            if urls and pool not in profile.modes:
+                raise UsageError(
+                    f"--speed-profile {ns.speed_profile}: no {pool!r} mode for the {pool} servers"
+                )
     return RouterConfig(
         eagle_urls=eagle,
         baseline_urls=baseline,
@@ -253,7 +295,26 @@ def config_from_args(ns: argparse.Namespace) -> RouterConfig:
         upstream_ca=ca,
         direct_relay=not ns.no_direct_relay,
         log_level=ns.log_level,
+        speed_profile=profile,
+        speed_profile_path=ns.speed_profile or None,
+        metrics_interval=ns.metrics_interval,
     )
+
+
+def read_speed_profile(path: str) -> SpeedProfile:
+    """Read and check a --speed-profile file; any problem is a one-line ``UsageError``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except OSError as exc:
+        raise UsageError(f"--speed-profile: cannot read {path}: {exc.strerror}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(f"--speed-profile {path}: not valid JSON ({reason})") from None
+    try:
+        return profile_from_json(raw)
+    except ProfileError as exc:
+        raise UsageError(f"--speed-profile {path}: {exc}") from None
 
 
 def parse_config(

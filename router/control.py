@@ -28,6 +28,7 @@ from dynspec.router.errors import (
     RouterError,
     Unauthorized,
 )
+from dynspec.router.learning import SpeedLearner
 from dynspec.router.passthrough import Passthrough, add_passthrough_routes
 from dynspec.router.policy import POOLS, PoolName
 from dynspec.router.pool import Pools, validate_settings
@@ -56,7 +57,9 @@ def _has_key(request: Request, expected: bytes) -> bool:
 def control_api(
     config: RouterConfig,
     pools: Pools,
+    learner: SpeedLearner,
     registry: CollectorRegistry,
+    *,
     runtime: Callable[[], Runtime],
     lifespan: Lifespan,
 ) -> FastAPI:
@@ -141,7 +144,7 @@ def control_api(
                 raise Unauthorized("missing or wrong admin API key")
         else:
             require_api_key(request)
-        return _json(status_of(pools))
+        return _json(status_of(pools, learner))
 
     @api.post("/admin/drain/{pool}")
     async def drain(pool: str, request: Request) -> Response:
@@ -180,7 +183,9 @@ def control_api(
     return api
 
 
-def status_of(pools: Pools) -> dict[str, Any]:
+def status_of(pools: Pools, learner: SpeedLearner | None = None) -> dict[str, Any]:
+    """The router's state. Under ``balance`` (no modes) ``mode`` and ``active_pool`` name the pool
+    the last request went to, and a pool is ``draining`` only when an operator drained it."""
     active = pools.active_pool()
     return {
         "policy": pools.policy.name,
@@ -206,6 +211,7 @@ def status_of(pools: Pools) -> dict[str, Any]:
                 "in_flight": s.in_flight,
                 # A server drains while its pool does and it still holds requests.
                 "draining": s.in_flight > 0 and pools.draining(s.pool),
+                **(learner.status(s.url, s.in_flight) if learner is not None else {}),
             }
             for s in pools.servers
         ],

@@ -1,8 +1,8 @@
 """The router's Prometheus metrics, on a registry the caller owns.
 
 Counters and histograms are updated by the proxy once per request (never per chunk); the gauges
-(in flight, load, threshold, active pool, draining, server up) are read from ``Pools`` when
-``/metrics`` is scraped, so they can never disagree with the state.
+(in flight, load, threshold, active pool, draining, server up, predicted TPOT) are read from
+``Pools`` when ``/metrics`` is scraped, so they can never disagree with the state.
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ class _StateCollector(Collector):
             "dynspec_in_flight_requests", "Requests in flight", labels=["pool"]
         )
         active = GaugeMetricFamily(
-            "dynspec_active_pool", "1 for the pool new requests go to, else 0", labels=["pool"]
+            "dynspec_active_pool",
+            "1 for the pool new requests go to (balance: the pool the last request went to), "
+            "else 0",
+            labels=["pool"],
         )
         draining = GaugeMetricFamily(
             "dynspec_pool_draining",
@@ -60,8 +63,17 @@ class _StateCollector(Collector):
         up = GaugeMetricFamily(
             "dynspec_server_up", "1 when the server is healthy, else 0", labels=["pool", "server"]
         )
+        predicted = GaugeMetricFamily(
+            "dynspec_predicted_tpot_seconds",
+            "Predicted time per output token of one more request on the server (its speed curve "
+            "at in flight + 1)",
+            labels=["pool", "server"],
+        )
         for s in pools.servers:
             up.add_metric([s.pool, s.url], 1 if s.healthy else 0)
+            if s.curve is not None:
+                predicted.add_metric([s.pool, s.url], s.curve.at(s.in_flight + 1))
+        yield predicted
         yield in_flight
         yield GaugeMetricFamily(
             "dynspec_load", "Requests in flight over all servers", value=pools.load
@@ -122,6 +134,18 @@ class RouterMetrics:
             ["pool", "kind"],
             registry=registry,
         )
+        self.route_decisions = Counter(
+            "dynspec_route_decisions",
+            "Routing decisions by the pool chosen and the policy's reason",
+            ["pool", "reason"],
+            registry=registry,
+        )
+        self.poll_errors = Counter(
+            "dynspec_speed_poll_errors",
+            "Server /metrics bodies that did not parse (skipped)",
+            ["server"],
+            registry=registry,
+        )
         self.client_disconnects = Counter(
             "dynspec_client_disconnects",
             "Clients that left mid-request",
@@ -145,7 +169,21 @@ class RouterMetrics:
         self._requests: dict[tuple[str, int], Any] = {
             (p, code): self.requests.labels(p, str(code)) for p in POOLS for code in USUAL_CODES
         }
+        self._routes: dict[tuple[str, str], Any] = {
+            (p, r): self.route_decisions.labels(p, r) for p in POOLS for r in pools.policy.reasons
+        }
+        for s in pools.servers:
+            self.poll_errors.labels(s.url)
         registry.register(_StateCollector(pools))
+
+    def routed(self, pool: PoolName, reason: str) -> None:
+        child = self._routes.get((pool, reason))
+        if child is None:
+            child = self._routes[pool, reason] = self.route_decisions.labels(pool, reason)
+        child.inc()
+
+    def poll_error(self, server: str) -> None:
+        self.poll_errors.labels(server).inc()
 
     def switched(self, to: PoolName) -> None:
         self.mode_switches.labels(to).inc()

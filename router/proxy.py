@@ -55,6 +55,10 @@ from dynspec.router.upstream import Client, ConnectError, Response, UpstreamErro
 
 logger = logging.getLogger(__name__)
 
+# Called once per request that ended with 200: (server URL, the server's mean in-flight count over
+# the request's life, duration, TTFT or None, output tokens or None), all seconds.
+FinishHook = Callable[[str, float, float, "float | None", "int | None"], None]
+
 _BACKEND = {
     "eagle": (b"x-dynspec-backend", b"eagle"),
     "baseline": (b"x-dynspec-backend", b"baseline"),
@@ -147,12 +151,14 @@ class Proxy:
         max_body_bytes: int,
         request_timeout: float,
         on_refused: Callable[[str], None] | None = None,
+        on_finish: FinishHook | None = None,
     ) -> None:
         self.pools = pools
         self.metrics = metrics
         self.client = client
         self.max_body_bytes = max_body_bytes
         self.on_refused = on_refused
+        self.on_finish = on_finish
         self._api_auth = ("Bearer " + api_key).encode() if api_key else None
         # Every request's own header lines: the body is validated JSON whatever the client
         # labelled it, and SGLang (FastAPI) wants it labelled so; no compression, the relay
@@ -312,17 +318,23 @@ class Proxy:
             self._active.discard(req)
             if not watcher.done():
                 watcher.cancel()
-            req.lease.release()
+            lease = req.lease
+            lease.release()
+            duration = time.perf_counter() - req.start
             filt = req.filter
             prompt_tokens, output_tokens = filt.usage if filt is not None else (None, None)
+            ttft = filt.ttft if filt is not None else None
             self.metrics.finished(
-                req.lease.pool,
+                lease.pool,
                 req.code,
-                duration=time.perf_counter() - req.start,
-                ttft=filt.ttft if filt is not None else None,
+                duration=duration,
+                ttft=ttft,
                 prompt_tokens=prompt_tokens,
                 output_tokens=output_tokens,
             )
+            if req.code == 200 and self.on_finish is not None:
+                url = lease.server.url
+                self.on_finish(url, lease.mean_in_flight, duration, ttft, output_tokens)
             logger.debug(
                 "%s: %s %d via %s%s",
                 req.rid,

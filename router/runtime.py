@@ -4,7 +4,8 @@
 shared ``upstream.Client``, then each part that uses it, in the order they depend on each other:
 the health checker, the proxy (which tells the checker of a refused connection). Its background
 parts are ``services``: started in order once the first health round is in, so routing starts
-from the truth, and stopped in reverse before the client closes. A new poller is one more entry.
+from the truth, and stopped in reverse before the client closes. The metrics poller (speed
+learning) is one of them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Protocol
 
 from dynspec.router.config import RouterConfig
 from dynspec.router.health import HealthChecker
+from dynspec.router.learning import SpeedLearner
 from dynspec.router.metrics import RouterMetrics
+from dynspec.router.poller import MetricsPoller
 from dynspec.router.pool import Pools
 from dynspec.router.proxy import Proxy
 from dynspec.router.upstream import Client
@@ -31,7 +34,9 @@ class Service(Protocol):
 
 
 class Runtime:
-    def __init__(self, config: RouterConfig, pools: Pools, metrics: RouterMetrics) -> None:
+    def __init__(
+        self, config: RouterConfig, pools: Pools, learner: SpeedLearner, metrics: RouterMetrics
+    ) -> None:
         self.config = config
         # Header lines for the router's own requests to a server (health, model list).
         self.backend_headers = (
@@ -55,8 +60,18 @@ class Runtime:
             max_body_bytes=config.max_body_bytes,
             request_timeout=config.request_timeout,
             on_refused=self.health.refused,
+            on_finish=learner.finished,
         )
-        self.services: list[Service] = [self.health, self.proxy]
+        # Feeds the speed learner from each server's /metrics (off with --metrics-interval 0).
+        self.poller = MetricsPoller(
+            learner,
+            [s.url for s in pools.servers],
+            self.client,
+            interval=config.metrics_interval,
+            headers=self.backend_headers,
+            on_error=metrics.poll_error,
+        )
+        self.services: list[Service] = [self.health, self.proxy, self.poller]
 
     async def start(self) -> None:
         await self.health.check_all()
@@ -64,12 +79,15 @@ class Runtime:
             service.start()
         config = self.config
         logger.info(
-            "routing %s: eagle %s, baseline %s, threshold %d, hysteresis %d",
+            "routing %s: eagle %s, baseline %s, threshold %d, hysteresis %d, speed profile %s, "
+            "metrics poll %s",
             config.policy,
             ",".join(config.eagle_urls) or "-",
             ",".join(config.baseline_urls) or "-",
             config.threshold,
             config.hysteresis,
+            config.speed_profile_path or "none (neutral start)",
+            f"every {config.metrics_interval:g}s" if config.metrics_interval > 0 else "off",
         )
 
     async def stop(self) -> None:

@@ -8,7 +8,8 @@
   ``dynspec.router``: they start the router as a process by module name (``python -m
   dynspec.router``) and speak HTTP to it, so its internals stay free to change.
 - ``dynspec.router.policy`` imports nothing that can do I/O: only the modules allowed below, so
-  the choice stays a pure function of the snapshots it is given.
+  the choice stays a pure function of the snapshots it is given; the same holds for
+  ``dynspec.router.speed``, the speed curves that the snapshots carry.
 
 Every import counts, also one inside a function or under ``TYPE_CHECKING``.
 """
@@ -34,7 +35,7 @@ FORBIDDEN = {
 }
 # Modules whose imports are limited to an allow-list, and that list. A dynspec module may join
 # the list only if it is in PURE itself (and so checked by the same rule).
-PURE = ("dynspec.router.policy",)
+PURE = ("dynspec.router.policy", "dynspec.router.speed")
 PURE_ALLOWED = frozenset(
     {"__future__", "abc", "bisect", "collections.abc", "dataclasses", "math", "typing", *PURE}
 )

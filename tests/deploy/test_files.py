@@ -43,6 +43,8 @@ REQUIRED_PANELS = (
     "Queued requests per server",
     "Generation throughput per server",
     "Speculative accept length",
+    "Predicted time per output token per server",
+    "Route decisions/s by pool and reason",
 )
 REQUIRED_ALERTS = (
     "DynspecNoHealthyServer",

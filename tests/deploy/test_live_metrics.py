@@ -417,6 +417,18 @@ def test_panels_show_what_happened(stack: Stack) -> None:
     assert 0 < value < 1 and not math.isnan(value), value
     [disconnects] = _by_title("Client disconnects/s per pool")
     assert any(float(r["value"][1]) > 0 for r in _instant(stack, disconnects))
+    [predicted] = _by_title("Predicted time per output token per server")
+    tpots = {r["metric"]["pool"]: float(r["value"][1]) for r in _instant(stack, predicted)}
+    assert set(tpots) == set(POOLS) and all(0 < v < 60 for v in tpots.values()), tpots
+    [decisions] = _by_title("Route decisions/s by pool and reason")
+    decided = {
+        (r["metric"]["pool"], r["metric"]["reason"]): float(r["value"][1])
+        for r in _instant(stack, decisions)
+    }
+    # The threshold policy sent requests to each pool because the mode said so.
+    assert decided.get(("eagle", "mode"), 0) > 0 and decided.get(("baseline", "mode"), 0) > 0, (
+        decided
+    )
 
 
 def test_variable_queries_list_the_stack(stack: Stack) -> None:

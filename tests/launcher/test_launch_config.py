@@ -232,6 +232,8 @@ def test_dry_run_of_the_issue_prints_three_pasteable_lines() -> None:
         (["--dry-run", "--gpus", "0-7", "--model-path", "M"], "--draft"),
         ([*SIM_DRY, "--gpus", "0-7", "--eagle-args", "--port 1"], "--eagle-port"),
         (["--no-such-flag"], "unrecognized"),
+        ([*SIM, "--dry-run", "--speed-profile", "/nonexistent/p.json"], "--speed-profile"),
+        ([*SIM, "--dry-run", "--metrics-interval", "-1"], "--metrics-interval"),
     ],
 )
 def test_cli_usage_errors_are_one_line_exit_2(argv: list[str], reason: str) -> None:
@@ -286,7 +288,7 @@ def _router_actions() -> dict[str, argparse.Action]:
 
 # Router flags that are launcher flags of their own (the launcher builds on them or sets them).
 LAUNCHER_OWN = {"--eagle-url", "--baseline-url", "--host", "--port", "--policy", "--threshold"}
-LAUNCHER_OWN |= {"--hysteresis", "--drain-timeout", "--log-level", "--help"}
+LAUNCHER_OWN |= {"--hysteresis", "--drain-timeout", "--log-level", "--help", "--speed-profile"}
 
 
 def test_every_router_setting_is_a_launcher_flag() -> None:
@@ -324,3 +326,17 @@ def test_router_listens_on_loopback_by_default() -> None:
     """As SGLang and its router do: other machines only when asked (--host 0.0.0.0)."""
     assert load_config(SIM, environ={}).host == "127.0.0.1"
     assert load_config([*SIM, "--host", "0.0.0.0"], environ={}).host == "0.0.0.0"
+
+
+def test_balance_settings_from_the_file_and_the_dry_run(tmp_path: Path) -> None:
+    profile = Path(__file__).resolve().parents[2] / "launcher/sim/profiles/demo.json"
+    path = write(
+        tmp_path,
+        f'policy = "balance"\nspeed-profile = "{profile}"\nmetrics_interval = 0.5\n',
+    )
+    done = run_cli("--simulate", "--dry-run", "--config", str(path))
+    assert done.returncode == 0, done.stderr
+    eagle, _, router = done.stdout.splitlines()
+    assert " --max-running-requests 33 " in eagle
+    assert " --policy balance " in router
+    assert " --metrics-interval 0.5 " in router and f" --speed-profile {profile}" in router

@@ -4,19 +4,24 @@ import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from launch_cases import CASES, Case
+from launch_cases import CASES, DEMO_PROFILE, Case
 
 from dynspec.common.cli import UsageError
 from dynspec.launcher.cli import with_detected_gpus
 from dynspec.launcher.config import build_parser, load_config
+from dynspec.launcher.sim.profile import load_profile
 from dynspec.launcher.spec import (
     ProcessSpec,
+    balance_eagle_limit,
     build_specs,
     connect_host,
     eagle_max_running_requests,
 )
+
+BASE_ARGS = ("--gpus", "0-7", "--model-path", "org/model", "--draft-model-path", "org/draft")
 
 
 def specs(*argv: str) -> tuple[ProcessSpec, ProcessSpec, ProcessSpec]:
@@ -172,6 +177,7 @@ PASSED_THROUGH = [
     ("--connect-timeout", "2.5", "2.5"),
     ("--max-body-bytes", "1048576", "1048576"),
     ("--health-interval", "0.5", "0.5"),
+    ("--metrics-interval", "0.5", "0.5"),
 ]
 
 
@@ -276,3 +282,49 @@ def test_no_gpus_given_uses_every_visible_gpu() -> None:
         (("CUDA_VISIBLE_DEVICES", "3"),),
         (("CUDA_VISIBLE_DEVICES", "1"),),
     )
+
+
+def test_router_gets_the_speed_profile() -> None:
+    *_, rt = specs(*BASE_ARGS, "--policy", "balance", "--speed-profile", DEMO_PROFILE)
+    assert option(rt.argv, "--policy") == ["balance"]
+    assert option(rt.argv, "--speed-profile") == [DEMO_PROFILE]
+    *_, rt = specs(*BASE_ARGS)
+    assert option(rt.argv, "--speed-profile") == []
+
+
+def test_simulated_eagle_server_sized_from_the_profile() -> None:
+    eagle, baseline, _ = specs("--simulate", "--policy", "balance", "--speed-profile", DEMO_PROFILE)
+    assert option(eagle.argv, "--max-running-requests") == ["33"]
+    assert option(baseline.argv, "--max-running-requests") == []
+
+
+@pytest.mark.parametrize(
+    ("name", "limit"),
+    # eagle3-h100: EAGLE's time per token stays below the baseline's everywhere: SGLang's cap.
+    [("demo", 33), ("eagle3-h100", 48), ("seed", 20)],
+)
+def test_balance_eagle_limit_of_the_shipped_profiles(name: str, limit: int) -> None:
+    profile = load_profile(name)
+    got = balance_eagle_limit(profile)
+    assert got == limit
+    eagle, base = profile.mode("eagle"), profile.mode("baseline")
+    base_batch = base.throughput[-1][0]
+    worst_base = base_batch / base.throughput_at(base_batch)
+    assert got / eagle.throughput_at(got) <= worst_base
+    if got < 48:
+        assert (got + 1) / eagle.throughput_at(got + 1) > worst_base
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("{oops", "invalid JSON"),
+        ('{"schema": 1, "name": "x", "source": "y", "modes": {"eagle": '
+         '{"throughput": [[1, 10.0]]}}}', "no 'baseline' mode"),
+    ],
+)  # fmt: skip
+def test_bad_speed_profile_is_a_usage_error(tmp_path: Path, text: str, reason: str) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=reason):
+        specs(*BASE_ARGS, "--speed-profile", str(path))

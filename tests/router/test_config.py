@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,8 +16,10 @@ FLAGS = (
     "--eagle-url", "--baseline-url", "--policy", "--threshold", "--hysteresis", "--api-key",
     "--backend-api-key", "--admin-api-key", "--max-body-bytes", "--request-timeout",
     "--health-interval", "--max-concurrency", "--drain-timeout", "--upstream-ca",
-    "--no-direct-relay",
+    "--no-direct-relay", "--speed-profile", "--metrics-interval",
 )  # fmt: skip
+REPO = Path(__file__).resolve().parents[2]
+DEMO = str(REPO / "launcher/sim/profiles/demo.json")
 
 
 def run_router(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -114,3 +118,46 @@ def test_defaults_listen_on_loopback_with_the_direct_relay() -> None:
 def test_open_to_others(host: str, open_to_others: bool) -> None:
     cfg = parse_config(["--eagle-url", "http://e:1", "--host", host], {})
     assert cfg.open_to_others() is open_to_others
+
+
+def test_balance_settings_from_flags_and_environment() -> None:
+    env = {"DYNSPEC_SPEED_PROFILE": DEMO, "DYNSPEC_METRICS_INTERVAL": "0.5"}
+    cfg = parse_config(["--eagle-url", "http://e:1", "--policy", "balance"], env)
+    assert cfg.policy == "balance" and cfg.metrics_interval == 0.5
+    assert cfg.speed_profile is not None and set(cfg.speed_profile.modes) == {"eagle", "baseline"}
+    assert cfg.speed_profile_path == DEMO
+    cfg = parse_config(["--eagle-url", "http://e:1", "--metrics-interval", "0"], {})
+    assert cfg.metrics_interval == 0 and cfg.speed_profile is None
+
+
+def _write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_speed_profile_errors_are_one_line_exit_2(tmp_path: Path) -> None:
+    eagle_only = {"schema": 1, "modes": {"eagle": {"throughput": [[1, 90.0]]}}}
+    cases = [
+        (["--speed-profile", str(tmp_path / "missing.json")], "cannot read"),
+        (["--speed-profile", _write(tmp_path, "bad.json", "{not json")], "not valid JSON"),
+        (["--speed-profile", _write(tmp_path, "list.json", "[1, 2]")], "JSON object"),
+        (
+            ["--speed-profile", _write(tmp_path, "eagle.json", json.dumps(eagle_only))],
+            "no 'baseline' mode",
+        ),
+        (["--metrics-interval", "-1"], "--metrics-interval"),
+    ]
+    for extra, message in cases:
+        r = run_router(
+            "--eagle-url", "http://127.0.0.1:9", "--baseline-url", "http://127.0.0.1:10",
+            "--policy", "balance", *extra,
+        )  # fmt: skip
+        assert r.returncode == 2, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert r.stderr.startswith("dynspec-router: error:") and message in r.stderr, r.stderr
+    # A profile that lacks a mode no configured server needs is fine.
+    cfg = parse_config(
+        ["--eagle-url", "http://e:1", "--speed-profile", str(tmp_path / "eagle.json")], {}
+    )
+    assert cfg.speed_profile is not None and set(cfg.speed_profile.modes) == {"eagle"}

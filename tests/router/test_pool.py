@@ -6,7 +6,7 @@ import pytest
 
 from dynspec.router.errors import NoServer, Overloaded
 from dynspec.router.health import HealthTracker, Probe
-from dynspec.router.policy import ThresholdPolicy
+from dynspec.router.policy import BalancePolicy, ThresholdPolicy
 from dynspec.router.pool import Pools, validate_settings
 
 
@@ -110,3 +110,50 @@ HEALTH_CASES = [
 def test_health_tracker(probes: list[Probe], verdicts: list[bool | None]) -> None:
     tracker = HealthTracker(failures_to_down=3)
     assert [tracker.verdict("http://s", p) for p in probes] == verdicts
+
+
+def test_mean_in_flight_over_a_lease() -> None:
+    now = [0.0]
+    pools = Pools(
+        [("http://e1", "eagle")], BalancePolicy(), threshold=2, hysteresis=1, clock=lambda: now[0]
+    )
+    pools.set_healthy("http://e1", True)
+    a = pools.acquire()  # t=0: 1 in flight
+    now[0] = 1.0
+    b = pools.acquire()  # t=1: 2
+    now[0] = 3.0
+    b.release()  # b saw 2 for 2 s
+    now[0] = 4.0
+    a.release()  # a saw 1 for 1 s, 2 for 2 s, 1 for 1 s
+    assert b.mean_in_flight == pytest.approx(2.0)
+    assert a.mean_in_flight == pytest.approx(6.0 / 4.0)
+    c = pools.acquire()
+    c.release()  # no time passed: the count it saw
+    assert c.mean_in_flight == 1.0 and pools.load == 0
+
+
+def test_balance_records_the_last_pool_without_switches() -> None:
+    switched: list[str] = []
+    routed: list[tuple[str, str]] = []
+    pools = Pools(
+        [("http://e1", "eagle"), ("http://b1", "baseline")],
+        BalancePolicy(),
+        threshold=2,
+        hysteresis=1,
+        on_switch=switched.append,
+        on_route=lambda pool, reason: routed.append((pool, reason)),
+    )
+    for s in pools.servers:
+        pools.set_healthy(s.url, True)
+    leases = [pools.acquire() for _ in range(3)]
+    # No curves yet: the neutral one for both. Idle, a tie to eagle; then the idle baseline is
+    # faster than eagle with one; then a tie again.
+    assert [lease.pool for lease in leases] == ["eagle", "baseline", "eagle"]
+    assert routed == [("eagle", "tie"), ("baseline", "fastest"), ("eagle", "tie")]
+    # The mode is the pool of the last request; changing it is no switch.
+    assert switched == [] and pools.mode == "eagle" and pools.active_pool() == "eagle"
+    assert not pools.draining("baseline")  # no pool is inactive under balance
+    pools.drain("baseline")
+    assert pools.draining("baseline")
+    for lease in leases:
+        lease.release()

@@ -1,0 +1,227 @@
+"""Online speed learning: each server's TPOT-by-load curve, from what the router sees.
+
+Two sources feed it, both O(1) per observation:
+- each finished streamed request (the proxy's finish hook): its mean TPOT, (duration - TTFT) /
+  (output tokens - 1), against the server's mean in-flight count over the request's life;
+- each poll of a server's ``/metrics`` (``poller.py``): running / gen_throughput at the load
+  running + queued, the limit it runs at (queue > 0), and EAGLE's accept length.
+
+The curves are rebuilt from the buckets (``speed.build_curve``, O(buckets) per server) at most
+every ``REBUILD_S`` when observations arrive, never per routed request, and published through
+``publish`` (which puts them on the ``pool.Server`` objects the routing snapshot reads). The time
+comes from the clock passed in, so tests feed observations at chosen times and read the curves.
+
+The two sources run on different clocks when a server's time is not real time (a simulator at
+``--speed 2``): the server's figures are scaled by the ratio of the two where they overlap. A
+profile (or the neutral prior) gives the shape where nothing was seen, scaled to the server's
+measured level; a server with no data at all borrows the other servers' level, so that both pools
+are compared on the same clock from the first observation on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from dynspec.router.speed import (
+    HALF_LIFE_S,
+    NEUTRAL_CURVE,
+    BucketSet,
+    SpeedCurve,
+    SpeedProfile,
+    build_curve,
+    calibration,
+    combine,
+    neutral_prior,
+    prior_scale,
+)
+
+logger = logging.getLogger(__name__)
+
+REBUILD_S = 0.05
+# A poll whose server runs no request says nothing about its speed.
+_MIN_RUNNING = 1
+
+
+class ServerSpeed:
+    """What is known of one server's speed; mutable, owned by the learner."""
+
+    __slots__ = (
+        "accept_length",
+        "curve",
+        "direct",
+        "limit_profile",
+        "limit_reported",
+        "limit_seen",
+        "polled",
+        "pool",
+        "prior",
+        "ratio",
+        "scale",
+        "url",
+    )
+
+    def __init__(
+        self, url: str, pool: str, prior: tuple[float, ...], limit: int | None, half_life: float
+    ) -> None:
+        self.url = url
+        self.pool = pool
+        self.prior = prior
+        self.limit_profile = limit
+        # From the server itself (/get_server_info), and from polls that saw a queue.
+        self.limit_reported: int | None = None
+        self.limit_seen: int | None = None
+        self.direct = BucketSet(half_life)
+        self.polled = BucketSet(half_life)
+        self.ratio = 1.0  # router-clock TPOT / server-clock TPOT
+        self.scale: float | None = None  # measured level over the prior's
+        self.accept_length: float | None = None
+        self.curve: SpeedCurve = SpeedCurve(prior, limit)
+
+    @property
+    def limit(self) -> int | None:
+        if self.limit_reported is not None:
+            return self.limit_reported
+        if self.limit_seen is not None:
+            return self.limit_seen
+        return self.limit_profile
+
+
+class SpeedLearner:
+    def __init__(
+        self,
+        servers: Sequence[tuple[str, str]],
+        profile: SpeedProfile | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        publish: Callable[[str, SpeedCurve], None] | None = None,
+        half_life: float = HALF_LIFE_S,
+        rebuild_s: float = REBUILD_S,
+    ) -> None:
+        self.clock = clock
+        self.publish = publish
+        self.rebuild_s = rebuild_s
+        self.profile = profile
+        self.servers: dict[str, ServerSpeed] = {}
+        for url, pool in servers:
+            if profile is not None and pool in profile.modes:
+                mode = profile.modes[pool]
+                prior, limit = mode.prior, mode.limit
+            else:
+                prior, limit = neutral_prior(), None
+            self.servers[url] = ServerSpeed(url, pool, prior, limit, half_life)
+        self._built = float("-inf")
+        self._dirty = False
+        self.rebuild()
+
+    # -- observations ------------------------------------------------------------------------------
+
+    def finished(
+        self,
+        url: str,
+        mean_in_flight: float,
+        duration: float,
+        ttft: float | None,
+        output_tokens: int | None,
+    ) -> None:
+        """One finished request; only a streamed one with two tokens or more says something."""
+        if ttft is None or output_tokens is None or output_tokens < 2 or duration <= ttft:
+            return
+        speed = self.servers.get(url)
+        if speed is None:
+            return
+        now = self.clock()
+        tpot = (duration - ttft) / (output_tokens - 1)
+        speed.direct.add(mean_in_flight, tpot, now, speed.prior)
+        self._changed(now)
+
+    def polled(
+        self,
+        url: str,
+        *,
+        running: float | None,
+        queued: float | None,
+        gen_throughput: float | None,
+        accept_length: float | None = None,
+    ) -> None:
+        """One poll of a server's metrics (None: the server does not export that one)."""
+        speed = self.servers.get(url)
+        if speed is None:
+            return
+        if accept_length is not None and accept_length > 0:
+            speed.accept_length = accept_length
+        if running is None or running < _MIN_RUNNING:
+            return
+        if queued is not None and queued > 0:
+            # A queue while requests run: the server runs as many as it will.
+            n = int(running)
+            if speed.limit_seen is None or n > speed.limit_seen:
+                speed.limit_seen = n
+        if gen_throughput is None or gen_throughput <= 0:
+            return
+        now = self.clock()
+        load = running + (queued or 0.0)
+        speed.polled.add(load, running / gen_throughput, now, speed.prior)
+        self._changed(now)
+
+    def set_limit(self, url: str, limit: int | None) -> None:
+        """The running limit the server itself reports (its ``max_running_requests``)."""
+        speed = self.servers.get(url)
+        if speed is None or limit is None or limit < 1 or limit == speed.limit_reported:
+            return
+        speed.limit_reported = limit
+        self._dirty = True
+        self.rebuild()
+
+    def _changed(self, now: float) -> None:
+        self._dirty = True
+        if now - self._built >= self.rebuild_s:
+            self.rebuild(now)
+
+    # -- curves ------------------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Rebuild if observations arrived since the last rebuild (the poller calls this)."""
+        if self._dirty:
+            self.rebuild()
+
+    def rebuild(self, now: float | None = None) -> None:
+        now = self.clock() if now is None else now
+        self._built = now
+        self._dirty = False
+        data: dict[str, list[tuple[float, float]]] = {}
+        for speed in self.servers.values():
+            direct = speed.direct.read(now)
+            polled = speed.polled.read(now)
+            ratio = calibration(direct, polled)
+            if ratio is not None:
+                speed.ratio = ratio
+            merged = combine(direct, polled, speed.ratio)
+            data[speed.url] = merged
+            speed.scale = prior_scale(merged, speed.prior)
+        known = [s.scale for s in self.servers.values() if s.scale is not None]
+        borrowed = sum(known) / len(known) if known else None
+        for speed in self.servers.values():
+            scale = speed.scale
+            if scale is None:
+                # No data of its own: the others' level (same clock), else the server's clock
+                # ratio if one was measured, else the prior as it is.
+                scale = borrowed if borrowed is not None else speed.ratio
+            speed.curve = build_curve(data[speed.url], speed.prior, scale, speed.limit)
+            if self.publish is not None:
+                self.publish(speed.url, speed.curve)
+
+    def curve(self, url: str) -> SpeedCurve:
+        speed = self.servers.get(url)
+        return speed.curve if speed is not None else NEUTRAL_CURVE
+
+    def status(self, url: str, in_flight: int) -> dict[str, object]:
+        speed = self.servers[url]
+        curve = speed.curve
+        return {
+            "predicted_tpot_s": curve.at(in_flight + 1),
+            "curve": curve.points(),
+            "running_limit": curve.limit,
+            "spec_accept_length": speed.accept_length,
+        }

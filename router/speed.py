@@ -1,0 +1,316 @@
+"""Speed curves: a server's time per output token (TPOT) as a function of its requests in flight.
+
+A ``SpeedCurve`` is immutable: the ``balance`` policy reads it from the routing snapshot, and the
+learner (``learning.py``) replaces it with a new one when observations arrive. The load axis has
+fixed buckets (1, 2, 3, 4, 6, 8, ... 512 requests in flight, queued ones included); a prediction
+between two buckets is interpolated in log-load, beyond the last one it grows linearly with load,
+and past the server's running limit it grows at least linearly too (a queued request waits for a
+running one to end; the TPOT measured by the server does not show that wait).
+
+``BucketSet`` keeps one source of observations as exponentially time-decayed weighted means per
+bucket; ``build_curve`` combines the sources with a prior (a profile's curve, or a neutral one)
+and makes the result monotone. Nothing here does I/O or reads a clock: the time is an argument.
+
+The profile reader reads the simulator's profile format (``dynspec-sim --profile``, written by
+``dynspec-bench profile``) on its own, since the router imports nothing from the launcher: per
+mode, ``throughput`` is ``[batch, tok/s]`` points (linear between them, flat past the last one),
+so one request's TPOT at batch ``b`` is ``b / throughput(b)``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+BUCKETS: tuple[int, ...] = (
+    1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512,
+)  # fmt: skip
+_LOGS: tuple[float, ...] = tuple(math.log(b) for b in BUCKETS)
+_LAST = BUCKETS[-1]
+
+# An observation loses half its weight in this many seconds: a changed workload (longer prompts,
+# lower acceptance) takes over a bucket that keeps being visited within about a minute.
+HALF_LIFE_S = 15.0
+# The prior counts as this many observations: data wins as soon as there is a little of it.
+PRIOR_WEIGHT = 1.0
+# Without a profile both pools start from this one curve, so ties (and EAGLE) win until data
+# says otherwise: 20 ms per token alone, growing with load like a typical decode step.
+NEUTRAL_TPOT_S = 0.02
+NEUTRAL_KNEE = 16.0
+# What SGLang runs at once when --max-running-requests is not given (as the profile format says).
+DEFAULT_RUNNING_LIMIT = {"eagle": 48, "baseline": 1024}
+
+
+class ProfileError(ValueError):
+    """A speed profile that does not parse or does not follow the schema."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedCurve:
+    """Predicted TPOT (seconds) per bucket, monotone non-decreasing, plus the running limit."""
+
+    tpots: tuple[float, ...]
+    # Requests the server runs at once; beyond it requests queue. None: not known.
+    limit: int | None = None
+
+    def at(self, load: float) -> float:
+        """Predicted TPOT with ``load`` requests in flight (counting the one being routed)."""
+        limit = self.limit
+        if limit is not None and load > limit:
+            return self._base(limit) * load / limit
+        return self._base(load)
+
+    def _base(self, load: float) -> float:
+        tpots = self.tpots
+        if load <= 1:
+            return tpots[0]
+        if load >= _LAST:
+            return tpots[-1] * load / _LAST
+        i = bisect.bisect_right(BUCKETS, load)
+        lo = tpots[i - 1]
+        if load == BUCKETS[i - 1]:
+            return lo
+        f = (math.log(load) - _LOGS[i - 1]) / (_LOGS[i] - _LOGS[i - 1])
+        return lo + (tpots[i] - lo) * f
+
+    def points(self) -> list[list[float]]:
+        """``[load, tpot]`` at every bucket, as the policy sees them (queueing included)."""
+        return [[b, self.at(b)] for b in BUCKETS]
+
+
+def neutral_prior() -> tuple[float, ...]:
+    return tuple(NEUTRAL_TPOT_S * (1 + (b - 1) / NEUTRAL_KNEE) for b in BUCKETS)
+
+
+NEUTRAL_CURVE = SpeedCurve(neutral_prior())
+
+
+# -- one source of observations --------------------------------------------------------------------
+
+
+def _shares(load: float) -> tuple[tuple[int, float], ...]:
+    """The buckets an observation at ``load`` belongs to, and its share of each (log-load)."""
+    if load <= 1:
+        return ((0, 1.0),)
+    if load >= _LAST:
+        return ((len(BUCKETS) - 1, 1.0),)
+    i = bisect.bisect_right(BUCKETS, load)
+    if load == BUCKETS[i - 1]:
+        return ((i - 1, 1.0),)
+    f = (math.log(load) - _LOGS[i - 1]) / (_LOGS[i] - _LOGS[i - 1])
+    return ((i - 1, 1.0 - f), (i, f))
+
+
+class BucketSet:
+    """Time-decayed weighted means of TPOT per load bucket, for one server and one source."""
+
+    __slots__ = ("half_life", "sums", "times", "weights")
+
+    def __init__(self, half_life: float = HALF_LIFE_S) -> None:
+        n = len(BUCKETS)
+        self.half_life = half_life
+        self.weights = [0.0] * n
+        self.sums = [0.0] * n
+        self.times = [0.0] * n
+
+    def add(
+        self,
+        load: float,
+        tpot: float,
+        now: float,
+        shape: Sequence[float] | None = None,
+        weight: float = 1.0,
+    ) -> None:
+        """One observation; between two buckets it counts for both, each share moved to its
+        bucket's load along ``shape`` (TPOT per bucket, the prior) when one is given."""
+        shares = _shares(load)
+        at_load = sum(share * shape[i] for i, share in shares) if shape is not None else 0.0
+        for i, share in shares:
+            decay = 0.5 ** ((now - self.times[i]) / self.half_life) if self.weights[i] else 0.0
+            value = tpot * shape[i] / at_load if shape is not None and at_load > 0 else tpot
+            w = share * weight
+            self.weights[i] = self.weights[i] * decay + w
+            self.sums[i] = self.sums[i] * decay + w * value
+            self.times[i] = now
+
+    def read(self, now: float) -> list[tuple[float, float]]:
+        """``(weight, mean)`` per bucket at time ``now``; weight 0 where nothing was seen."""
+        out: list[tuple[float, float]] = []
+        for w, s, t in zip(self.weights, self.sums, self.times, strict=True):
+            if w <= 0:
+                out.append((0.0, 0.0))
+            else:
+                out.append((w * 0.5 ** ((now - t) / self.half_life), s / w))
+        return out
+
+
+# -- combining sources -----------------------------------------------------------------------------
+
+# A calibration or scale fitted from less data than this (in observations) is not trusted.
+MIN_FIT_WEIGHT = 0.5
+
+
+def calibration(
+    direct: Sequence[tuple[float, float]], server: Sequence[tuple[float, float]]
+) -> float | None:
+    """Router-time over server-time TPOT, where both sources saw the same loads; None if unknown.
+
+    The router measures TPOT on its own clock; a server's ``gen_throughput`` uses the server's
+    (a simulator may run faster than real time). The ratio puts the server's figures on the
+    router's clock.
+    """
+    num = den = total = 0.0
+    for (wd, md), (ws, ms) in zip(direct, server, strict=True):
+        w = min(wd, ws)
+        if w > 0 and ms > 0:
+            num += w * md
+            den += w * ms
+            total += w
+    if total < MIN_FIT_WEIGHT or den <= 0:
+        return None
+    return num / den
+
+
+def combine(
+    direct: Sequence[tuple[float, float]],
+    server: Sequence[tuple[float, float]],
+    ratio: float,
+) -> list[tuple[float, float]]:
+    """One ``(weight, mean)`` per bucket from both sources, the server's scaled by ``ratio``."""
+    out: list[tuple[float, float]] = []
+    for (wd, md), (ws, ms) in zip(direct, server, strict=True):
+        w = wd + ws
+        out.append((w, (wd * md + ws * ms * ratio) / w) if w > 0 else (0.0, 0.0))
+    return out
+
+
+def prior_scale(data: Sequence[tuple[float, float]], prior: Sequence[float]) -> float | None:
+    """How much slower (>1) or faster (<1) than its prior a server measures; None without data."""
+    num = den = total = 0.0
+    for (w, m), p in zip(data, prior, strict=True):
+        if w > 0:
+            num += w * m
+            den += w * p
+            total += w
+    if total < MIN_FIT_WEIGHT or den <= 0:
+        return None
+    return num / den
+
+
+def monotone(values: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """The weighted least-squares non-decreasing fit (pool adjacent violators), O(n)."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values, weights, strict=True):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, n2 = blocks.pop()
+            m1, w1, n1 = blocks[-1]
+            total = w1 + w2
+            blocks[-1] = [(m1 * w1 + m2 * w2) / total, total, n1 + n2]
+    out: list[float] = []
+    for m, _, n in blocks:
+        out.extend([m] * int(n))
+    return out
+
+
+def build_curve(
+    data: Sequence[tuple[float, float]],
+    prior: Sequence[float],
+    scale: float,
+    limit: int | None,
+    prior_weight: float = PRIOR_WEIGHT,
+) -> SpeedCurve:
+    """Data where there is some, the prior (times ``scale``) elsewhere, made monotone."""
+    values: list[float] = []
+    weights: list[float] = []
+    for (w, m), p in zip(data, prior, strict=True):
+        values.append((w * m + prior_weight * scale * p) / (w + prior_weight))
+        weights.append(w + prior_weight)
+    return SpeedCurve(tuple(monotone(values, weights)), limit)
+
+
+# -- profiles --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ModeSpeed:
+    """One mode of a profile: the prior curve (TPOT per bucket) and the running limit."""
+
+    prior: tuple[float, ...]
+    limit: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedProfile:
+    name: str
+    modes: Mapping[str, ModeSpeed]
+
+
+def _throughput_at(points: Sequence[tuple[float, float]], batch: float) -> float:
+    if batch <= points[0][0]:
+        return points[0][1]
+    if batch >= points[-1][0]:
+        return points[-1][1]
+    i = bisect.bisect_right([b for b, _ in points], batch)
+    (b0, t0), (b1, t1) = points[i - 1], points[i]
+    return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+
+
+def _number(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ProfileError(f"{what} must be a number")
+    return float(value)
+
+
+def mode_speed(mode: str, raw: object) -> ModeSpeed:
+    if not isinstance(raw, dict):
+        raise ProfileError(f"mode {mode!r} must be an object")
+    pts = raw.get("throughput")
+    if not isinstance(pts, list) or not pts:
+        raise ProfileError(f"mode {mode!r}: throughput must be a list of [batch, tok/s] pairs")
+    points: list[tuple[float, float]] = []
+    for p in pts:
+        if not isinstance(p, list) or len(p) != 2:
+            raise ProfileError(f"mode {mode!r}: throughput must be a list of [batch, tok/s] pairs")
+        b = _number(p[0], f"mode {mode!r}: a throughput batch")
+        t = _number(p[1], f"mode {mode!r}: a throughput value")
+        if t <= 0:
+            raise ProfileError(f"mode {mode!r}: throughput values must be positive")
+        if points and b <= points[-1][0]:
+            raise ProfileError(f"mode {mode!r}: throughput batches must be strictly ascending")
+        points.append((b, t))
+    if points[0][0] != 1:
+        raise ProfileError(f"mode {mode!r}: throughput must start at batch 1")
+    raw_limit = raw.get("max_running_requests")
+    if raw_limit is None:
+        limit = DEFAULT_RUNNING_LIMIT.get(mode)
+    else:
+        limit = int(_number(raw_limit, f"mode {mode!r}: max_running_requests"))
+        if limit < 1:
+            raise ProfileError(f"mode {mode!r}: max_running_requests must be >= 1 or null")
+    prior: list[float] = []
+    for b in BUCKETS:
+        # Past the running limit the batch stays at the limit (the rest wait in the queue).
+        batch = min(b, limit) if limit is not None else b
+        prior.append(batch / _throughput_at(points, batch))
+    return ModeSpeed(tuple(prior), limit)
+
+
+def profile_from_json(raw: object) -> SpeedProfile:
+    """The speed part of a simulator profile (schema 1); everything else in it is ignored."""
+    if not isinstance(raw, dict):
+        raise ProfileError("a profile must be a JSON object")
+    if raw.get("schema", 1) != 1:
+        raise ProfileError(f"unsupported profile schema {raw.get('schema')!r}")
+    modes = raw.get("modes")
+    if not isinstance(modes, dict) or not modes:
+        raise ProfileError("a profile needs a non-empty 'modes' object")
+    unknown = sorted(m for m in modes if m not in DEFAULT_RUNNING_LIMIT)
+    if unknown:
+        raise ProfileError(f"unknown mode {unknown[0]!r} (known: eagle, baseline)")
+    return SpeedProfile(
+        name=str(raw.get("name", "")),
+        modes={m: mode_speed(m, v) for m, v in modes.items()},
+    )

@@ -1,0 +1,278 @@
+"""Speed curves and their learning, deterministic: observations at chosen times in, curves out."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dynspec.router.learning import SpeedLearner
+from dynspec.router.speed import (
+    BUCKETS,
+    HALF_LIFE_S,
+    NEUTRAL_CURVE,
+    NEUTRAL_TPOT_S,
+    ProfileError,
+    SpeedCurve,
+    monotone,
+    profile_from_json,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = json.loads((REPO / "launcher/sim/profiles/demo.json").read_text())
+E, B = "http://e", "http://b"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def learner(profile: Any = None, **kwargs: Any) -> tuple[SpeedLearner, Clock]:
+    clock = Clock()
+    sp = profile_from_json(profile) if profile is not None else None
+    return SpeedLearner([(E, "eagle"), (B, "baseline")], sp, clock=clock, **kwargs), clock
+
+
+def feed(
+    lr: SpeedLearner,
+    clock: Clock,
+    url: str,
+    load: float,
+    tpot: float,
+    *,
+    n: int,
+    every: float = 0.1,
+) -> None:
+    """``n`` finished requests of 11 tokens at ``load``, ``every`` seconds apart."""
+    for _ in range(n):
+        clock.now += every
+        lr.finished(url, load, duration=0.05 + 10 * tpot, ttft=0.05, output_tokens=11)
+    lr.rebuild()
+
+
+def non_decreasing(curve: SpeedCurve) -> bool:
+    values = [curve.at(x) for x in range(1, 700)]
+    return all(b >= a for a, b in itertools.pairwise(values))
+
+
+# -- the curve -------------------------------------------------------------------------------------
+
+
+def test_neutral_prior_same_for_both_pools() -> None:
+    lr, _ = learner()
+    assert lr.curve(E) == lr.curve(B) == NEUTRAL_CURVE
+    assert lr.curve(E).at(1) == pytest.approx(NEUTRAL_TPOT_S)
+    assert non_decreasing(lr.curve(E))
+
+
+def test_interpolation_is_log_linear_between_buckets() -> None:
+    curve = SpeedCurve(tuple(float(i + 1) for i in range(len(BUCKETS))))
+    assert curve.at(4) == 4.0 and curve.at(6) == 5.0
+    # 4.9 lies at log(4.9/4)/log(6/4) of the way from bucket 4 to bucket 6.
+    assert curve.at(4.9) == pytest.approx(4 + math.log(4.9 / 4) / math.log(1.5))
+    assert curve.at(0) == curve.at(1) == 1.0
+
+
+def test_extrapolation_grows_linearly_past_the_last_bucket_and_the_limit() -> None:
+    flat = SpeedCurve((0.01,) * len(BUCKETS))
+    assert flat.at(1024) == pytest.approx(2 * flat.at(512))
+    capped = SpeedCurve((0.01,) * len(BUCKETS), limit=8)
+    # Past the running limit the extra requests queue: twice the load, twice the time per token.
+    assert capped.at(16) == pytest.approx(2 * capped.at(8))
+    assert capped.at(8) == flat.at(8)
+    assert non_decreasing(capped)
+
+
+def test_monotone_pools_adjacent_violators() -> None:
+    assert monotone([1, 3, 2, 4], [1, 1, 1, 1]) == [1, 2.5, 2.5, 4]
+    assert monotone([5, 1], [3, 1]) == [4, 4]
+    assert monotone([1, 2, 3], [1, 1, 1]) == [1, 2, 3]
+
+
+# -- learning --------------------------------------------------------------------------------------
+
+
+def test_observations_take_over_their_bucket_and_stay_monotone() -> None:
+    lr, clock = learner()
+    feed(lr, clock, E, 4, 0.030, n=40)
+    feed(lr, clock, E, 8, 0.025, n=40)  # noisy: faster at a higher load
+    feed(lr, clock, E, 1, 0.010, n=40)
+    curve = lr.curve(E)
+    assert curve.at(1) == pytest.approx(0.010, rel=0.05)
+    # The violating pair is pooled: both near their weighted mean, never decreasing.
+    assert curve.at(4) == pytest.approx(curve.at(8), rel=0.01)
+    assert 0.025 < curve.at(4) < 0.030
+    assert non_decreasing(curve)
+
+
+def test_observation_between_buckets_is_shared_by_both() -> None:
+    lr, clock = learner()
+    feed(lr, clock, E, 5, 0.040, n=60)
+    curve = lr.curve(E)
+    assert curve.at(5) == pytest.approx(0.040, rel=0.1)
+
+
+def test_observation_between_buckets_follows_the_prior_shape() -> None:
+    lr, clock = learner(DEMO)
+    demo_eagle = lr.curve(E)
+    # At load 5 (between buckets 4 and 6), twice the profile: each bucket gets twice its own.
+    feed(lr, clock, E, 5, 2 * demo_eagle.at(5), n=200)
+    curve = lr.curve(E)
+    for load in (4, 5, 6):
+        assert curve.at(load) == pytest.approx(2 * demo_eagle.at(load), rel=0.01)
+
+
+def test_decay_follows_a_changed_workload_within_a_minute() -> None:
+    lr, clock = learner()
+    feed(lr, clock, E, 4, 0.010, n=300)  # 30 s at 10 ms
+    assert lr.curve(E).at(4) == pytest.approx(0.010, rel=0.02)
+    feed(lr, clock, E, 4, 0.030, n=50)  # 5 s at 30 ms: moving, not there
+    mid = lr.curve(E).at(4)
+    assert 0.012 < mid < 0.027
+    feed(lr, clock, E, 4, 0.030, n=550)  # one minute since the change
+    assert lr.curve(E).at(4) == pytest.approx(0.030, rel=0.05)
+
+
+def test_unvisited_loads_follow_the_prior_at_the_measured_level() -> None:
+    lr, clock = learner(DEMO)
+    demo_eagle = lr.curve(E)
+    assert demo_eagle.at(1) == pytest.approx(1 / 93.8)
+    assert demo_eagle.at(8) == pytest.approx(8 / 266.7)
+    # The server measures at half the profile's time per token (a simulator at --speed 2).
+    for load in (1, 2, 4):
+        feed(lr, clock, E, load, demo_eagle.at(load) / 2, n=30)
+    learned = lr.curve(E)
+    assert learned.at(32) == pytest.approx(demo_eagle.at(32) / 2, rel=0.02)
+    # The baseline has no data: it borrows the eagle server's level (the same clock).
+    assert lr.curve(B).at(8) == pytest.approx(8 / 266.7 / 2, rel=0.02)
+    assert non_decreasing(learned) and non_decreasing(lr.curve(B))
+
+
+def test_only_finished_streams_with_two_tokens_count() -> None:
+    lr, clock = learner()
+    before = lr.curve(E)
+    clock.now += 1
+    lr.finished(E, 3, duration=1.0, ttft=None, output_tokens=50)
+    lr.finished(E, 3, duration=1.0, ttft=0.1, output_tokens=1)
+    lr.finished(E, 3, duration=1.0, ttft=0.1, output_tokens=None)
+    lr.finished("http://unknown", 3, duration=1.0, ttft=0.1, output_tokens=50)
+    lr.rebuild()
+    assert lr.curve(E) == before
+
+
+def test_rebuilt_at_most_every_interval_and_published() -> None:
+    published: list[tuple[str, SpeedCurve]] = []
+    clock = Clock()
+    lr = SpeedLearner(
+        [(E, "eagle")], clock=clock, publish=lambda u, c: published.append((u, c)), rebuild_s=1.0
+    )
+    published.clear()
+    clock.now += 2
+    lr.finished(E, 1, duration=1.0, ttft=0.0, output_tokens=101)  # rebuilt: the first in 1 s
+    assert len(published) == 1 and published[-1][1].at(1) < NEUTRAL_TPOT_S
+    clock.now += 0.1
+    lr.finished(E, 1, duration=3.0, ttft=0.0, output_tokens=101)  # within 1 s: waits
+    assert len(published) == 1
+    lr.refresh()  # what the poller does after each round
+    assert len(published) == 2 and published[-1][1] == lr.curve(E)
+    lr.refresh()  # nothing new: no rebuild
+    assert len(published) == 2
+
+
+def test_polls_feed_the_curve_on_the_router_clock() -> None:
+    lr, clock = learner()
+    # The server's own clock runs twice as fast: its figures are twice the router's.
+    for _ in range(40):
+        clock.now += 0.25
+        lr.polled(E, running=4, queued=0, gen_throughput=4 / 0.040)
+        lr.finished(E, 4, duration=0.2, ttft=0.0, output_tokens=11)  # 20 ms, router clock
+    lr.rebuild()
+    assert lr.curve(E).at(4) == pytest.approx(0.020, rel=0.02)
+    # Then only polls, at a higher load: put on the router's clock too.
+    for _ in range(40):
+        clock.now += 0.25
+        lr.polled(E, running=16, queued=0, gen_throughput=16 / 0.100)
+    lr.rebuild()
+    assert lr.curve(E).at(16) == pytest.approx(0.050, rel=0.05)
+
+
+def test_polls_learn_the_running_limit_and_accept_length() -> None:
+    lr, clock = learner()
+    clock.now += 1
+    lr.polled(E, running=0, queued=0, gen_throughput=0.0, accept_length=2.7)
+    assert lr.servers[E].accept_length == 2.7
+    assert lr.curve(E).limit is None
+    lr.polled(E, running=12, queued=3, gen_throughput=300.0)
+    lr.rebuild()
+    assert lr.curve(E).limit == 12
+    lr.set_limit(E, 24)  # what the server reports wins over what a queue suggested
+    assert lr.curve(E).limit == 24
+    # A server that exports nothing changes nothing.
+    before = lr.curve(B)
+    lr.polled(B, running=None, queued=None, gen_throughput=None)
+    lr.rebuild()
+    assert lr.curve(B) == before
+
+
+def test_old_data_fades_back_to_the_prior_shape() -> None:
+    lr, clock = learner()
+    feed(lr, clock, E, 1, 0.010, n=20)
+    feed(lr, clock, E, 64, 0.500, n=20)
+    clock.now += 20 * HALF_LIFE_S
+    feed(lr, clock, E, 1, 0.010, n=20)
+    # Load 64's old data has all but gone: the neutral shape at the level measured at load 1.
+    assert lr.curve(E).at(64) == pytest.approx(
+        0.010 * NEUTRAL_CURVE.at(64) / NEUTRAL_TPOT_S, rel=0.1
+    )
+
+
+# -- the profile reader ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ([], "a profile must be a JSON object"),
+        ({"modes": {}}, "non-empty 'modes'"),
+        ({"modes": {"medusa": {"throughput": [[1, 1.0]]}}}, "unknown mode 'medusa'"),
+        ({"modes": {"eagle": {"throughput": [[2, 1.0]]}}}, "must start at batch 1"),
+        ({"modes": {"eagle": {"throughput": [[1, 1.0], [1, 2.0]]}}}, "strictly ascending"),
+        ({"modes": {"eagle": {"throughput": [[1, -1.0]]}}}, "positive"),
+        ({"modes": {"eagle": {"throughput": [[1, "fast"]]}}}, "must be a number"),
+        ({"modes": {"eagle": {"throughput": "fast"}}}, "list of [batch, tok/s]"),
+        ({"schema": 2, "modes": {"eagle": {"throughput": [[1, 1.0]]}}}, "schema 2"),
+        (
+            {"modes": {"eagle": {"throughput": [[1, 1.0]], "max_running_requests": 0}}},
+            "max_running_requests",
+        ),
+    ],
+)
+def test_profile_errors(raw: Any, message: str) -> None:
+    with pytest.raises(ProfileError, match=message.replace("[", r"\[")):
+        profile_from_json(raw)
+
+
+def test_profile_curves_and_limits() -> None:
+    sp = profile_from_json(DEMO)
+    assert set(sp.modes) == {"eagle", "baseline"}
+    # null max_running_requests: SGLang's own defaults.
+    assert sp.modes["eagle"].limit == 48 and sp.modes["baseline"].limit == 1024
+    eagle = SpeedCurve(sp.modes["eagle"].prior, sp.modes["eagle"].limit)
+    # Past the last throughput point the throughput stays flat: TPOT grows with the batch.
+    assert eagle.at(48) == pytest.approx(48 / 341.7)
+    assert eagle.at(96) == pytest.approx(2 * eagle.at(48))
+    one = {
+        "modes": {"baseline": {"throughput": [[1, 50.0], [3, 100.0]], "max_running_requests": 2}}
+    }
+    base = profile_from_json(one).modes["baseline"]
+    assert base.limit == 2 and base.prior[0] == pytest.approx(1 / 50)
+    assert base.prior[1] == pytest.approx(2 / 75)  # interpolated throughput at batch 2
+    assert base.prior[2] == base.prior[1]  # past the limit the running batch stays at 2
