@@ -178,7 +178,7 @@ def build_bundle(out: Path, python: str, wheels: Path) -> Path:
          "-d", str(wheels), *PINS],
         "pip download",
     )  # fmt: skip
-    site = out / SITE
+    site = out / "build" / SITE  # installed here, packed, then left for a look inside
     shutil.rmtree(site, ignore_errors=True)
     _run(
         [python, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels),
