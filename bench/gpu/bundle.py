@@ -17,7 +17,7 @@ import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from dynspec.router.entry import UsageError
+from dynspec.common.cli import UsageError
 
 SGLANG_VERSION = "0.5.17"
 PYTHON_VERSION = "3.12"

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from dynspec.router.entry import FlagParser, UsageError, add_log_level, configure_logging, run_main
+from dynspec.common.cli import FlagParser, UsageError, add_log_level, configure_logging, run_main
 
 PROG = "dynspec-bench gpu"
 COMMANDS = {

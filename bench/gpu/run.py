@@ -15,7 +15,6 @@ process of the run is left behind: every child runs in its own process group, st
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.util
 import json
@@ -34,6 +33,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
+
+from dynspec.common.cli import (
+    FlagParser,
+    non_negative_int,
+    port,
+    positive_float,
+    positive_int,
+)
 
 PROG = "dynspec-bench gpu run"
 TAG_VAR = "GPU_RUN_TAG"
@@ -522,23 +529,41 @@ def plan_levels(
 # -- entry ---------------------------------------------------------------------------------------
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None
-    )
-    p.add_argument("--plan", choices=("main", "levels"), default="main")
+def _ports(text: str) -> tuple[int, int, int]:
+    values = tuple(port(x) for x in text.split(","))
+    if len(values) != 3 or len(set(values)) != 3:
+        raise ValueError("want three different ports: router,EAGLE,baseline")
+    return values
+
+
+def parser() -> FlagParser:
+    p = FlagParser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--plan", choices=("main", "levels"), default="main", help="what to run")
     p.add_argument("--bundle", type=Path, help="sgl-site.tar.xz (default: the installed SGLang)")
     p.add_argument("--out", type=Path, required=True, help="results folder")
     p.add_argument("--work", type=Path, default=Path("/tmp/dynspec-gpu"), help="models, site")
-    p.add_argument("--budget", type=float, default=540.0, help="seconds for the whole attempt")
+    p.add_argument(
+        "--budget", type=positive_float, default=540.0, help="seconds for the whole attempt"
+    )
     p.add_argument("--levels", default=LEVELS, help="sweep concurrency levels")
-    p.add_argument("--threshold", type=int, default=32, help="router threshold (main plan)")
-    p.add_argument("--hysteresis", type=int, default=8, help="router hysteresis (main plan)")
-    p.add_argument("--start-timeout", type=float, default=240.0, help="seconds per server start")
-    p.add_argument("--deploy", type=Path, default=Path(__file__).resolve().parents[2] / "deploy")
+    p.add_argument("--threshold", type=positive_int, default=32, help="router threshold (main)")
+    p.add_argument(
+        "--hysteresis", type=non_negative_int, default=8, help="router hysteresis (main)"
+    )
+    p.add_argument(
+        "--start-timeout", type=positive_float, default=240.0, help="seconds per server start"
+    )
+    p.add_argument(
+        "--deploy",
+        type=Path,
+        default=Path(__file__).resolve().parents[2] / "deploy",
+        help="the dashboard and alerts whose sglang:* metric names are checked",
+    )
     p.add_argument("--models", type=Path, help="prebuilt models (default: build into --work)")
     p.add_argument("--servers", help="levels plan: which EAGLE servers (default: all, in order)")
-    p.add_argument("--ports", default="8000,30001,30002", help="router, EAGLE and baseline ports")
+    p.add_argument(
+        "--ports", type=_ports, default="8000,30001,30002", help="router, EAGLE, baseline ports"
+    )
     return p
 
 
@@ -557,7 +582,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     env.update(FIXED_ENV)
     run = Run(out=out, work=args.work, deadline=time.monotonic() + args.budget, env=env)
     run.tag = f"{os.getpid()}-{time.time_ns()}"
-    run.ports = tuple(int(x) for x in args.ports.split(","))  # type: ignore[assignment]
+    run.ports = args.ports
     env[TAG_VAR] = run.tag
     shutil.rmtree(run.logs, ignore_errors=True)
     run.meta.update(

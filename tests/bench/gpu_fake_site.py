@@ -41,7 +41,7 @@ FILES = {
 }
 NVIDIA_SMI = """#!/bin/sh
 case "$*" in
-  *memory.total*) echo "0, 143771" ;;
+  *memory.total*) echo "0, GPU-00000000-fake, 143771" ;;
   *) echo "0" ;;
 esac
 """

@@ -164,3 +164,15 @@ def test_the_same_single_gpu_may_be_named_for_both_servers_but_no_other_overlap(
 
     with pytest.raises(UsageError, match="GPU 1 is given to both"):
         load_config([*GPU, "--eagle-gpus", "0,1", "--baseline-gpus", "1"], environ={})
+
+
+def test_gpu_memory_is_found_by_index_or_uuid_and_none_otherwise() -> None:
+    from dynspec.launcher.preflight import gpu_memory_gib
+
+    def smi(argv: object) -> str:
+        return "0, GPU-aaaa, 143771\n1, GPU-bbbb, 81559\n"
+
+    assert gpu_memory_gib("0", smi) == pytest.approx(143771 / 1024)
+    assert gpu_memory_gib("GPU-bbbb", smi) == pytest.approx(81559 / 1024)
+    assert gpu_memory_gib("MIG-cccc", smi) is None
+    assert gpu_memory_gib("0", lambda argv: "0, GPU-aaaa, [N/A]\n") is None
