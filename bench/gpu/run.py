@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from dynspec.bench.procs import Children, http_status, stop_group
 from dynspec.common.cli import (
     FlagParser,
     non_negative_int,
@@ -99,7 +100,7 @@ class Run:
     deadline: float
     env: dict[str, str]
     python: str = sys.executable
-    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    children: Children = field(default_factory=Children)
     meta: dict[str, Any] = field(default_factory=dict)
     t0: float = field(default_factory=time.monotonic)
 
@@ -121,36 +122,20 @@ class Run:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as f:
             f.write(f"==> {shlex.join(argv)}\n".encode())
-            f.flush()
-            proc = subprocess.Popen(
-                list(argv),
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.env,
-                start_new_session=True,
-            )
-        self.procs.append((name, proc))
-        return proc
+        return self.children.start(name, argv, env=self.env, log=log, append=True)
 
-    def stop(
-        self, proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, grace: float = 30.0
-    ) -> None:
-        """Signal the process group, wait, then SIGKILL the group (SGLang's workers are in it)."""
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(grace)
+    def stop(self, proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
+        """Stop the child's process group, and SIGKILL the group even when its leader is gone
+        (an SGLang server's scheduler and detokenizer can outlive it)."""
+        stop_group(proc, grace)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
+        if proc in self.children.procs:
+            self.children.procs.remove(proc)
 
     def stop_all(self) -> None:
-        for _, proc in reversed(self.procs):
+        for proc in reversed(list(self.children.procs)):
             self.stop(proc, grace=20.0)
-        self.procs.clear()
 
 
 def tagged_pids(tag: str, proc: Path = Path("/proc")) -> list[int]:
@@ -179,18 +164,12 @@ def kill_tagged(tag: str) -> list[int]:
     return pids
 
 
-def http_status(url: str, timeout: float = 5.0) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except (OSError, ValueError):
-        return None
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def fetch(url: str, timeout: float = 10.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+    """A loopback page's text (never through a proxy from the environment)."""
+    with _NO_PROXY.open(url, timeout=timeout) as r:
         return str(r.read().decode("utf-8", "replace"))
 
 
@@ -263,7 +242,6 @@ def build_models(run: Run, models: Path, drafts: Sequence[str]) -> None:
         raise RunFailed(f"building the test models ran out of time; see {log}") from None
     finally:
         run.stop(proc)
-        run.procs = [(n, p) for n, p in run.procs if p is not proc]
     if code_ != 0:
         raise RunFailed(f"building the test models failed ({last_line(log)}); see {log}")
 
@@ -287,23 +265,23 @@ def wait_healthy(
     while time.monotonic() < limit:
         if proc.poll() is not None:
             raise RunFailed(f"{what} exited with code {proc.returncode} during start-up; see {log}")
-        if http_status(url) == 200:
+        if http_status(url, timeout=5.0) == 200:
             return time.monotonic() - began
         time.sleep(1.0)
     raise RunFailed(f"{what} did not answer {url} within {limit - began:.0f}s; see {log}")
 
 
-def wait_launcher(run: Run, proc: subprocess.Popen[bytes], out: Path, err: Path) -> float:
+def wait_launcher(run: Run, proc: subprocess.Popen[bytes], log: Path) -> float:
     """Until the launcher prints its ready banner; its own one-line error if it exits first."""
     began = time.monotonic()
     while time.monotonic() < run.deadline:
         if proc.poll() is not None:
-            line = last_line(err) or f"exited with code {proc.returncode}"
+            line = last_line(log) or f"exited with code {proc.returncode}"
             raise RunFailed(f"dynspec-launch: {line.removeprefix('dynspec-launch: ')}")
-        if "[dynspec] ready:" in out.read_text(errors="replace"):
+        if "[dynspec] ready:" in log.read_text(errors="replace"):
             return time.monotonic() - began
         time.sleep(1.0)
-    raise RunFailed(f"dynspec-launch was not ready in time; see {out} and {run.logs}")
+    raise RunFailed(f"dynspec-launch was not ready in time; see {log} and the logs beside it")
 
 
 # -- sweeps --------------------------------------------------------------------------------------
@@ -331,7 +309,6 @@ def sweep(
             proc.wait(30)
         finished = False
     run.stop(proc)
-    run.procs = [(n, p) for n, p in run.procs if p is not proc]
     return finished
 
 
@@ -344,7 +321,6 @@ def accept_probe(run: Run, server: str) -> dict[str, float | None]:
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(max(1.0, min(90.0, run.left())))
     run.stop(proc)
-    run.procs = [(n, p) for n, p in run.procs if p is not proc]
     text = fetch(f"{server}/metrics")
     return {
         "spec_accept_length": gauge(text, "sglang:spec_accept_length"),
@@ -391,15 +367,9 @@ def plan_main(
     run.meta["launch_argv"] = launch[1:]
     run.meta["commands"] = dry.stdout.strip().splitlines()
     run.say("launch: " + shlex.join(launch[3:]))
-    out, err = run.logs / "launcher.out", run.logs / "launcher.err"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "wb") as fo, open(err, "wb") as fe:
-        proc = subprocess.Popen(
-            launch, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, env=run.env,
-            start_new_session=True,
-        )  # fmt: skip
-    run.procs.append(("launcher", proc))
-    took = wait_launcher(run, proc, out, err)
+    log = run.logs / "launcher.log"
+    proc = run.spawn("launcher", launch, log)
+    took = wait_launcher(run, proc, log)
     run.meta["launch_ready_s"] = round(took, 1)
     run.say(f"launcher ready after {took:.0f}s")
     router, eagle, baseline = (f"http://127.0.0.1:{port}" for port in run.ports)
@@ -509,7 +479,6 @@ def plan_levels(
             run.say(str(exc))
             failed.append(str(exc))
             run.stop(proc)
-            run.procs = [(n, p) for n, p in run.procs if p is not proc]
             continue
         run.say(f"{name} healthy after {took:.0f}s")
         info: dict[str, Any] = {"draft": draft, "argv": argv[1:], "start_s": round(took, 1)}

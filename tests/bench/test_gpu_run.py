@@ -47,7 +47,7 @@ def test_main_plan_launches_checks_sweeps_and_leaves_nothing_running(tmp_path: P
         assert cmd.startswith("CUDA_VISIBLE_DEVICES=0 ")
         assert "--tp-size 1" in cmd and "--mem-fraction-static" in cmd
         assert "--max-total-tokens" in cmd  # sized from the fake 143771 MiB and config.json
-    launcher_out = (tmp_path / "work" / "logs" / "launcher.out").read_text()
+    launcher_out = (tmp_path / "work" / "logs" / "launcher.log").read_text()
     assert launcher_out.index("[eagle gpu0] healthy") < launcher_out.index(
         "[baseline gpu0] starting now"
     )
@@ -108,3 +108,29 @@ def test_server_that_dies_at_start_is_one_line_naming_its_log(tmp_path: Path, pl
     one_line_failure(done, "exited with code", str(tmp_path / "work" / "logs" / log))
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert meta["leftovers_killed"] == []
+
+
+def test_levels_plan_starts_each_eagle_server_in_turn_and_sweeps_it(tmp_path: Path) -> None:
+    bundle, models = make_bundle(tmp_path), make_models(tmp_path)
+    done = gpu_run(
+        tmp_path, "--plan", "levels", "--servers", "eagle_adaptive,eagle_p81",
+        "--bundle", str(bundle), "--models", str(models), "--levels", "1", "--budget", "900",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert list(meta["level_servers"]) == ["eagle_adaptive", "eagle_p81"]
+    adaptive = meta["level_servers"]["eagle_adaptive"]["argv"]
+    config = adaptive[adaptive.index("--speculative-adaptive-config") + 1]
+    assert "--speculative-adaptive" in adaptive
+    assert json.loads(Path(config).read_text())["64"]["candidate_steps"] == [0]
+    rows = (tmp_path / "out" / "sweep-levels.jsonl").read_text().splitlines()
+    assert [json.loads(r)["target"] for r in rows] == ["eagle_adaptive", "eagle_p81"]
+    assert meta["leftovers_killed"] == []
+
+
+def test_unknown_level_server_is_one_line(tmp_path: Path) -> None:
+    done = gpu_run(
+        tmp_path, "--plan", "levels", "--servers", "eagle_nope",
+        "--bundle", str(make_bundle(tmp_path)), "--budget", "60",
+    )  # fmt: skip
+    one_line_failure(done, "--servers: unknown server 'eagle_nope'")
