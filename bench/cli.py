@@ -41,6 +41,7 @@ COMMANDS = {
     "profile": "turn a measured sweep into a dynspec-sim profile",
     "envelope": "simulated servers + router: does routing follow the better server?",
     "overhead": "router hot-path cost: direct vs dynspec-router vs SGLang's router",
+    "gpu": "real SGLang on one GPU: bundle, test models, launcher + router checks + sweeps",
 }
 # Commands that load servers or draw plots need the bench extra (aiohttp, matplotlib); the others
 # read files and run on the base install. Their modules are imported only once this is checked.
@@ -470,7 +471,14 @@ def cmd_overhead(argv: Sequence[str]) -> None:
     overhead_main(argv, prog=f"{PROG} overhead")
 
 
+def cmd_gpu(argv: Sequence[str]) -> None:
+    from dynspec.bench.gpu.cli import main as gpu_main
+
+    gpu_main(argv)
+
+
 HANDLERS = {
+    "gpu": cmd_gpu,
     "sweep": cmd_sweep,
     "suggest-threshold": cmd_threshold,
     "profile": cmd_profile,

@@ -11,10 +11,11 @@ from typing import NoReturn
 
 from dynspec.common.cli import UsageError, configure_logging, env_name, run_main
 from dynspec.launcher.config import PROG, LaunchConfig, build_parser, load_config
-from dynspec.launcher.gpus import split_halves
-from dynspec.launcher.preflight import list_gpus, run_preflight, tp_warnings
+from dynspec.launcher.gpus import split_halves, visible_devices
+from dynspec.launcher.preflight import gpu_memory_gib, list_gpus, run_preflight, tp_warnings
 from dynspec.launcher.printer import Printer
-from dynspec.launcher.spec import build_specs
+from dynspec.launcher.sharing import read_model_shape
+from dynspec.launcher.spec import build_specs, shares_gpu
 from dynspec.launcher.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,20 @@ def with_detected_gpus(config: LaunchConfig) -> LaunchConfig:
     return dataclasses.replace(config, eagle_gpus=eagle, baseline_gpus=baseline)
 
 
+def with_shared_gpu_sizes(config: LaunchConfig) -> LaunchConfig:
+    """Both servers on one GPU: read its memory and the local models' shapes to size each share."""
+    if not shares_gpu(config):
+        return config
+    return dataclasses.replace(
+        config,
+        gpu_memory_gib=gpu_memory_gib(visible_devices(config.eagle_gpus, config.visible_gpus)),
+        target_shape=read_model_shape(config.model_path),
+        draft_shape=read_model_shape(config.draft_model_path, draft=True),
+    )
+
+
 def launch(config: LaunchConfig) -> int:
-    config = with_detected_gpus(config)
+    config = with_shared_gpu_sizes(with_detected_gpus(config))
     specs = build_specs(config)
     for warning in tp_warnings(config):
         print(f"{PROG}: warning: {warning}", file=sys.stderr)

@@ -27,6 +27,7 @@ from dynspec.common.cli import (
     positive_int,
 )
 from dynspec.launcher.gpus import GpuSet, check_visible, parse_gpus, parse_visible, split_halves
+from dynspec.launcher.sharing import ModelShape
 from dynspec.launcher.sim.profile import Profile, ProfileError, load_profile
 
 if sys.version_info >= (3, 11):
@@ -150,6 +151,11 @@ class LaunchConfig:
     # --speed-profile (an absolute path, for the router) and the profile read from it.
     speed_profile: str | None = None
     speed_profile_data: Profile | None = None
+    # Read at launch, not flags: for a GPU both servers share, its memory and the models' shapes
+    # (to size each server's share).
+    gpu_memory_gib: float | None = None
+    target_shape: ModelShape | None = None
+    draft_shape: ModelShape | None = None
 
     def router_setting(self, flag: str) -> object | None:
         """A pass-through router setting's value, or None where the router's default holds."""
@@ -442,7 +448,8 @@ def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
                 "(give both, or a --gpus set that holds both)"
             )
     overlap = sorted(set(eagle_gpus) & set(baseline_gpus))
-    if overlap:
+    # One GPU may hold both servers (they start one after the other); nothing else may overlap.
+    if overlap and not (len(eagle_gpus) == 1 and eagle_gpus == baseline_gpus):
         raise UsageError(f"GPU {overlap[0]} is given to both the EAGLE and the baseline server")
 
     if not simulate:

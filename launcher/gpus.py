@@ -36,13 +36,16 @@ def parse_gpus(text: str, flag: str = "--gpus") -> GpuSet:
 
 
 def split_halves(gpus: Sequence[int]) -> tuple[GpuSet, GpuSet]:
-    """First half for the EAGLE server, second half for the baseline server."""
+    """First half for the EAGLE server, second half for the baseline server; one GPU: both."""
     if not gpus:
         raise UsageError("--gpus: no GPUs given")
+    if len(gpus) == 1:
+        # Both servers on the one GPU, each with its share of its memory (see sharing.py).
+        return tuple(gpus), tuple(gpus)
     if len(gpus) % 2:
         raise UsageError(
             f"--gpus: {len(gpus)} GPUs cannot be split into two equal halves "
-            "(give an even count, or --eagle-gpus and --baseline-gpus)"
+            "(give an even count, one GPU for both, or --eagle-gpus and --baseline-gpus)"
         )
     half = len(gpus) // 2
     return tuple(gpus[:half]), tuple(gpus[half:])

@@ -63,6 +63,28 @@ def list_gpus(run: Callable[[Sequence[str]], str] | None = None) -> tuple[int, .
     return gpus
 
 
+def gpu_memory_gib(device: str, run: Callable[[Sequence[str]], str] | None = None) -> float | None:
+    """Total memory of a GPU (its nvidia-smi index or UUID, as CUDA_VISIBLE_DEVICES names it);
+    None where nvidia-smi cannot tell (none installed, a MIG slice, an unknown name)."""
+    if run is None:
+        if shutil.which("nvidia-smi") is None:
+            return None
+        run = _run_nvidia_smi
+    query = ["--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"]
+    try:
+        out = run(["nvidia-smi", *query])
+    except UsageError:
+        return None
+    for line in out.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 3 and device in fields[:2]:
+            try:
+                return float(fields[2]) / 1024.0
+            except ValueError:
+                return None
+    return None
+
+
 def _run_nvidia_smi(argv: Sequence[str]) -> str:
     try:
         done = subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)

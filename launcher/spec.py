@@ -15,6 +15,7 @@ from pathlib import Path
 from dynspec.common.cli import UsageError, env_name
 from dynspec.launcher.config import LaunchConfig
 from dynspec.launcher.gpus import format_gpus, visible_devices
+from dynspec.launcher.sharing import plan_shared_gpu
 from dynspec.launcher.sim.profile import EAGLE_DEFAULT_MAX_RUNNING, Profile
 
 SGLANG_MODULE = "sglang.launch_server"
@@ -62,6 +63,8 @@ _REPLACED_BY = {
     "--speculative-num-steps": {"--speculative-num-steps"},
     "--speculative-eagle-topk": {"--speculative-eagle-topk"},
     "--speculative-num-draft-tokens": {"--speculative-num-draft-tokens"},
+    "--mem-fraction-static": {"--mem-fraction-static"},
+    "--max-total-tokens": {"--max-total-tokens"},
 }
 
 
@@ -194,6 +197,27 @@ def _merge(own: Sequence[Sequence[str]], extra: Sequence[str]) -> list[str]:
     return argv
 
 
+def shares_gpu(config: LaunchConfig) -> bool:
+    """Both servers on one GPU: they start one after the other, each with half its memory."""
+    return (
+        not config.simulate
+        and len(config.eagle_gpus) == 1
+        and config.eagle_gpus == config.baseline_gpus
+    )
+
+
+def memory_options(config: LaunchConfig, pool: str) -> list[list[str]]:
+    """``--mem-fraction-static`` (and ``--max-total-tokens`` when sizable) on a shared GPU."""
+    if not shares_gpu(config):
+        return []
+    plan = plan_shared_gpu(config.gpu_memory_gib, config.target_shape, config.draft_shape)
+    fraction = plan.eagle_fraction if pool == "eagle" else plan.baseline_fraction
+    own = [["--mem-fraction-static", f"{fraction:g}"]]
+    if plan.max_total_tokens is not None:
+        own.append(["--max-total-tokens", str(plan.max_total_tokens)])
+    return own
+
+
 def server_label(config: LaunchConfig, pool: str) -> str:
     if config.simulate:
         return "sim"
@@ -264,6 +288,7 @@ def build_server_spec(config: LaunchConfig, pool: str) -> ProcessSpec:
         ]
     else:
         own.append(["--cuda-graph-max-bs-decode", str(BASELINE_CUDA_GRAPH_MAX_BS)])
+    own += memory_options(config, pool)
     secret_args: tuple[tuple[str, str], ...] = ()
     if config.backend_api_key:
         # The router sends this key; SGLang then refuses requests without it.

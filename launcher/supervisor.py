@@ -21,7 +21,7 @@ import httpx
 from dynspec.launcher.config import LaunchConfig
 from dynspec.launcher.printer import Printer
 from dynspec.launcher.process import Child, describe_exit, tail
-from dynspec.launcher.spec import ProcessSpec, connect_host
+from dynspec.launcher.spec import ProcessSpec, connect_host, shares_gpu
 
 TICK = 0.25
 STATUS_POLL = 0.25  # how often the router's /status is read to report pool switches
@@ -42,6 +42,7 @@ class ServerState:
     healthy: bool = False
     healthy_at: float = 0.0
     probe_note: str = "starting"
+    announced: bool = False  # its "healthy after" line is printed
     failures: int = 0
     restart_at: float | None = None
     probe: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -73,6 +74,7 @@ class Supervisor:
         self._force = asyncio.Event()
         self._http: httpx.AsyncClient | None = None
         self._active_pool: str | None = None
+        self.sequential = shares_gpu(config)
 
     # -- signals -------------------------------------------------------------------------------
 
@@ -119,9 +121,10 @@ class Supervisor:
                     loop.remove_signal_handler(sig)
 
     async def _run(self) -> int:
-        for st in self.servers:
-            await st.child.start()
-            st.probe = asyncio.create_task(self._probe(st))
+        # Servers that share a GPU start one after the other: two SGLang servers profiling the
+        # same GPU's free memory at once each count the other's allocation and one fails.
+        for st in self.servers if not self.sequential else self.servers[:1]:
+            await self._start_server(st)
         code = await self._startup()
         if code is not None:
             return code
@@ -134,6 +137,10 @@ class Supervisor:
         return await self._serve()
 
     # -- start-up ------------------------------------------------------------------------------
+
+    async def _start_server(self, st: ServerState) -> None:
+        await st.child.start()
+        st.probe = asyncio.create_task(self._probe(st))
 
     async def _probe(self, st: ServerState) -> None:
         """Poll the server's /health_generate until it answers 200."""
@@ -162,9 +169,7 @@ class Supervisor:
         return LaunchError(f"{_describe(spec)} {what}; see its log: {spec.log_file}")
 
     async def _startup(self) -> int | None:
-        began = time.monotonic()
-        deadline = began + self.config.startup_timeout
-        next_plain = began + self.config.progress_every
+        next_plain = time.monotonic() + self.config.progress_every
         while True:
             if self.signals:
                 return self._signal_code()
@@ -172,17 +177,30 @@ class Supervisor:
                 code = st.child.returncode
                 if code is not None:
                     raise self._fail(st.child.spec, f"{describe_exit(code)} during start-up")
+            waiting = [st for st in self.servers if st.child.starts == 0]
+            if waiting and all(st.healthy for st in self.servers if st.child.starts):
+                first = waiting[0]
+                self.printer.clear_status()
+                self._announce_healthy()
+                self.printer.line(
+                    first.child.spec.prefix,
+                    "starting now (shares its GPU: waited for the server before it)",
+                    first.child.spec.name,
+                )
+                await self._start_server(first)
             now = time.monotonic()
             if all(st.healthy for st in self.servers):
                 self.printer.clear_status()
-                for st in self.servers:
-                    spent = st.healthy_at - st.child.started_at
-                    self.printer.line(
-                        st.child.spec.prefix, f"healthy after {spent:.0f}s", st.child.spec.name
-                    )
+                self._announce_healthy()
                 return None
-            if now > deadline:
-                late = [st.child.spec for st in self.servers if not st.healthy]
+            late = [
+                st.child.spec
+                for st in self.servers
+                if st.child.starts
+                and not st.healthy
+                and now - st.child.started_at > self.config.startup_timeout
+            ]
+            if late:
                 raise self._fail(
                     late[0],
                     f"did not answer /health_generate within {self.config.startup_timeout:g}s "
@@ -193,7 +211,7 @@ class Supervisor:
             elif now >= next_plain:
                 next_plain = now + self.config.progress_every
                 for st in self.servers:
-                    if not st.healthy:
+                    if st.child.starts and not st.healthy:
                         self.printer.line(
                             st.child.spec.prefix,
                             f"waiting {now - st.child.started_at:.0f}s: {st.probe_note}",
@@ -201,10 +219,21 @@ class Supervisor:
                         )
             await self._sleep(TICK)
 
+    def _announce_healthy(self) -> None:
+        for st in self.servers:
+            if st.healthy and not st.announced:
+                st.announced = True
+                spent = st.healthy_at - st.child.started_at
+                self.printer.line(
+                    st.child.spec.prefix, f"healthy after {spent:.0f}s", st.child.spec.name
+                )
+
     def _progress(self, st: ServerState, now: float) -> str:
         spec = st.child.spec
         if st.healthy:
             return f"{spec.prefix} healthy after {st.healthy_at - st.child.started_at:.0f}s"
+        if not st.child.starts:
+            return f"{spec.prefix} waits for the server before it (shared GPU)"
         elapsed = now - st.child.started_at
         return f"{spec.prefix} {elapsed:4.0f}s {st.probe_note} | {st.child.latest_line}"
 

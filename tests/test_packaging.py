@@ -62,7 +62,10 @@ def test_base_install_pulls_no_bench_extra() -> None:
     base = _base()
     assert not base & set(BENCH_ONLY)
     assert "starlette" in base  # the router imports it directly, not only through FastAPI
-    assert _third_party_imports("bench") <= base | _extra("bench/requirements.txt")
+    # Building the GPU test models needs torch and the tokenizer libraries: they are where that
+    # runs (a GPU machine), never installed by an extra.
+    gpu_models = {"torch", "safetensors", "tokenizers", "transformers"}
+    assert _third_party_imports("bench") <= base | _extra("bench/requirements.txt") | gpu_models
     # The tests need the benches' extra too: tests/requirements.txt pulls it in.
     assert "dynspec[bench]" in (ROOT / "tests" / "requirements.txt").read_text().split()
 

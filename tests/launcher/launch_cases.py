@@ -140,6 +140,14 @@ CASES = [
         },
     ),
     Case(
+        "both servers on one GPU",
+        ["--gpus", "0", "--model-path", "org/model", "--draft-model-path", "org/draft"],
+        {
+            "eagle": {"tp_size": 1, "mem_fraction_static": 0.44, "max_total_tokens": None},
+            "baseline": {"tp_size": 1, "mem_fraction_static": 0.804},
+        },
+    ),
+    Case(
         "CUDA graphs switched off by the user",
         [*BASE, "--eagle-args", "--disable-cuda-graph"],
         {"eagle": {"cuda_graph_max_bs_decode": None, "disable_cuda_graph": True}},

@@ -49,13 +49,14 @@ def test_parse_errors(text: str, reason: str) -> None:
         ((0, 1, 2, 3, 4, 5, 6, 7), ((0, 1, 2, 3), (4, 5, 6, 7))),
         ((0, 1), ((0,), (1,))),
         ((0, 1, 2, 3, 6, 7), ((0, 1, 2), (3, 6, 7))),
+        ((3,), ((3,), (3,))),  # one GPU holds both servers
     ],
 )
 def test_split(gpus: tuple[int, ...], halves: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
     assert split_halves(gpus) == halves
 
 
-@pytest.mark.parametrize("gpus", [(), (0,), (0, 1, 2)])
+@pytest.mark.parametrize("gpus", [(), (0, 1, 2)])
 def test_split_odd_or_empty(gpus: tuple[int, ...]) -> None:
     with pytest.raises(UsageError):
         split_halves(gpus)

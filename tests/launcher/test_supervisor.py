@@ -151,3 +151,30 @@ def test_hangup_stops_everything_too(tmp_path: Path) -> None:
         run.send(signal.SIGHUP)
         assert run.wait(30) == 129
         assert run.leftovers() == []
+
+
+def test_one_gpu_starts_the_baseline_only_after_the_eagle_server_is_healthy(
+    tmp_path: Path,
+) -> None:
+    env = {"FAKE_SGLANG_EAGLE": "slow", "FAKE_SGLANG_REFUSE": "1.5", "FAKE_SGLANG_WARM": "1"}
+    with launched(tmp_path, *SHORT, "--gpus", "0", env=env) as (run, ports):
+        run.wait_for(r"\[dynspec\] ready: .*\n")
+        out = run.out
+        healthy = out.index("[eagle gpu0] healthy after")
+        assert healthy < out.index("[baseline gpu0] starting now (shares its GPU")
+        assert out.index("[baseline gpu0] healthy after") > healthy
+        starts = (tmp_path / "starts.log").read_text().split()
+        assert starts[0] == "eagle" and "baseline" in starts
+        assert chat(ports["router"]).status_code == 200
+        run.send(signal.SIGINT)
+        assert run.wait(30) == 130
+        assert run.leftovers() == []
+
+
+def test_one_gpu_first_server_crash_stops_before_the_second_starts(tmp_path: Path) -> None:
+    env = {"FAKE_SGLANG_EAGLE": "crash-start"}
+    with launched(tmp_path, *SHORT, "--gpus", "0", env=env) as (run, _):
+        assert run.wait(60) == 1
+        assert "eagle server [eagle gpu0] exited with code 1 during start-up" in run.err
+        assert "baseline" not in (tmp_path / "starts.log").read_text()
+        assert run.leftovers() == []

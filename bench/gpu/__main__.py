@@ -1,0 +1,5 @@
+from __future__ import annotations
+
+from dynspec.bench.gpu.cli import main
+
+main()

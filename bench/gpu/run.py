@@ -1,0 +1,608 @@
+"""One bounded GPU attempt: servers through ``dynspec-launch``, router checks, sweeps, results.
+
+Two plans, each one command on the GPU machine (about 9 minutes, checked against ``--budget``):
+
+- ``main``: ``dynspec-launch --gpus 0`` starts the EAGLE-3 server (draft ``hi``: every draft
+  accepted) and the baseline on the one GPU, one after the other, and the router in front; the
+  router checks run; then ``dynspec-bench sweep`` of each server alone and of the routed system.
+- ``levels``: EAGLE-3 servers alone, one after the other (each started, swept, and left idle
+  while the next starts): SGLang's ``--speculative-adaptive`` with every draft accepted, then the
+  drafts built for accept length about 3 and 2, then none accepted, as long as the budget lasts.
+
+Bad input stops the run with one line naming what failed and the log to read (exit 1), and no
+process of the run is left behind: every child runs in its own process group, stopped at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from dynspec.bench.procs import Children, http_status, stop_group
+from dynspec.common.cli import (
+    FlagParser,
+    non_negative_int,
+    port,
+    positive_float,
+    positive_int,
+)
+
+PROG = "dynspec-bench gpu run"
+TAG_VAR = "GPU_RUN_TAG"
+# Never NVLink multicast (it can take a shared host's GPUs down); no hub; no DeepGEMM JIT.
+FIXED_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
+    "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+# For both servers: the bundle has no FA3 and no grammar backend; piecewise prefill graphs cost
+# about a minute of capture per server and the sweep's prefill is small.
+SGLANG_ARGS = (
+    "--dtype bfloat16 --attention-backend triton --sampling-backend pytorch --grammar-backend none "
+    "--cuda-graph-backend-prefill disabled --context-length 4096"
+)
+EAGLE_STEPS = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1")
+EAGLE_STEPS_ALL = (*EAGLE_STEPS, "--speculative-num-draft-tokens", "4")
+LEVELS = "1,2,4,8,16,32,64,128"
+SERVED = "llama8b-random"
+# SGLang 0.5.17's default adaptive tiers (by running batch size: candidate draft steps; no drafting
+# from 64 up), with the steps capped at the 3 the other EAGLE servers run: with the default's 7
+# and 4 draft tokens, 0.5.17 hit an illegal memory access capturing the 7-step draft graphs.
+ADAPTIVE_CONFIG = {
+    "1": {"candidate_steps": [1, 3], "up_hysteresis": 0.0, "down_hysteresis": -0.25},
+    "8": {"candidate_steps": [0, 1, 3], "up_hysteresis": 0.0, "down_hysteresis": 0.0},
+    "32": {"candidate_steps": [0, 1], "up_hysteresis": 0.0, "down_hysteresis": 0.0},
+    "64": {"candidate_steps": [0], "up_hysteresis": 0.0, "down_hysteresis": 0.0},
+}
+ADAPTIVE_FILE = "{work}/adaptive.json"
+# (name, draft, extra flags): the EAGLE servers of the levels plan, most wanted first.
+LEVEL_SERVERS = (
+    (
+        "eagle_adaptive",
+        "hi",
+        ("--speculative-adaptive", "--speculative-adaptive-config", ADAPTIVE_FILE),
+    ),
+    ("eagle_p81", "p81", ()),
+    ("eagle_p54", "p54", ()),
+    ("eagle_lo", "lo", ()),
+)
+
+
+class RunFailed(Exception):
+    """Stops the run: one line, exit 1."""
+
+
+@dataclass
+class Run:
+    out: Path
+    work: Path
+    deadline: float
+    env: dict[str, str]
+    python: str = sys.executable
+    children: Children = field(default_factory=Children)
+    meta: dict[str, Any] = field(default_factory=dict)
+    t0: float = field(default_factory=time.monotonic)
+
+    tag: str = ""  # in every child's environment: how leftovers are found at the end
+    ports: tuple[int, int, int] = (8000, 30001, 30002)  # router, EAGLE, baseline
+
+    @property
+    def logs(self) -> Path:
+        # Not under --out: only a few files come back from the GPU machine (logs.tar.gz does).
+        return self.work / "logs"
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def say(self, text: str) -> None:
+        print(f"[gpu-run {time.monotonic() - self.t0:5.0f}s] {text}", flush=True)
+
+    def spawn(self, name: str, argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as f:
+            f.write(f"==> {shlex.join(argv)}\n".encode())
+        return self.children.start(name, argv, env=self.env, log=log, append=True)
+
+    def stop(self, proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
+        """Stop the child's process group, and SIGKILL the group even when its leader is gone
+        (an SGLang server's scheduler and detokenizer can outlive it)."""
+        stop_group(proc, grace)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc in self.children.procs:
+            self.children.procs.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in reversed(list(self.children.procs)):
+            self.stop(proc, grace=20.0)
+
+
+def tagged_pids(tag: str, proc: Path = Path("/proc")) -> list[int]:
+    """Processes whose environment carries this run's tag (SGLang servers that the launcher
+    started in sessions of their own, and their workers, included)."""
+    needle = f"{TAG_VAR}={tag}".encode()
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def kill_tagged(tag: str) -> list[int]:
+    """SIGKILL what is left of this run (nothing, when every stop worked); returns those pids."""
+    pids = tagged_pids(tag) if tag and Path("/proc").is_dir() else []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def fetch(url: str, timeout: float = 10.0) -> str:
+    """A loopback page's text (never through a proxy from the environment)."""
+    with _NO_PROXY.open(url, timeout=timeout) as r:
+        return str(r.read().decode("utf-8", "replace"))
+
+
+def gauge(text: str, name: str) -> float | None:
+    found = re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.eE+-]+)$", text, re.M)
+    return sum(float(x) for x in found) / len(found) if found else None
+
+
+def last_line(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+# -- set-up --------------------------------------------------------------------------------------
+
+
+def site_paths(run: Run, bundle: Path | None) -> list[str]:
+    """PYTHONPATH entries for SGLang: the bundle's site (+ stubs last), or none if installed."""
+    from dynspec.bench.gpu.bundle import STUBS, unpack_bundle
+
+    if bundle is None:
+        if importlib.util.find_spec("sglang") is None:
+            raise RunFailed("no SGLang installed and no --bundle given (dynspec-bench gpu bundle)")
+        return []
+    try:
+        site = unpack_bundle(bundle, run.work)
+    except RuntimeError as exc:
+        raise RunFailed(str(exc)) from None
+    return [str(site), str(site / STUBS)]
+
+
+def probe_python(run: Run) -> dict[str, str]:
+    """Versions as the servers will see them; a broken bundle fails here, with its message."""
+    code = (
+        "import json, torch, sglang, transformers; "
+        "print(json.dumps({'sglang': sglang.__version__, 'torch': torch.__version__, "
+        "'transformers': transformers.__version__, "
+        "'gpu': torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}))"
+    )
+    done = subprocess.run(
+        [run.python, "-c", code],
+        env=run.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        tail = [ln for ln in done.stderr.splitlines() if ln.strip()]
+        raise RunFailed(
+            f"SGLang does not import: {tail[-1] if tail else 'exit ' + str(done.returncode)}"
+        )
+    versions: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return versions
+
+
+def build_models(run: Run, models: Path, drafts: Sequence[str]) -> None:
+    log = run.logs / "models.log"
+    code = (
+        "import sys; from pathlib import Path; from dynspec.bench.gpu.models import build_models; "
+        "build_models(Path(sys.argv[1]), sys.argv[2:])"
+    )
+    proc = run.spawn("models", [run.python, "-c", code, str(models), *drafts], log)
+    try:
+        code_ = proc.wait(max(1.0, run.left()))
+    except subprocess.TimeoutExpired:
+        raise RunFailed(f"building the test models ran out of time; see {log}") from None
+    finally:
+        run.stop(proc)
+    if code_ != 0:
+        raise RunFailed(f"building the test models failed ({last_line(log)}); see {log}")
+
+
+def check_model_loads(path: Path) -> None:
+    cfg = path / "config.json"
+    try:
+        json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        raise RunFailed(f"model {path}: no readable config.json") from None
+
+
+# -- waiting -------------------------------------------------------------------------------------
+
+
+def wait_healthy(
+    run: Run, url: str, proc: subprocess.Popen[bytes], what: str, *, log: Path, timeout: float
+) -> float:
+    began = time.monotonic()
+    limit = min(run.deadline, began + timeout)
+    while time.monotonic() < limit:
+        if proc.poll() is not None:
+            raise RunFailed(f"{what} exited with code {proc.returncode} during start-up; see {log}")
+        if http_status(url, timeout=5.0) == 200:
+            return time.monotonic() - began
+        time.sleep(1.0)
+    raise RunFailed(f"{what} did not answer {url} within {limit - began:.0f}s; see {log}")
+
+
+def wait_launcher(run: Run, proc: subprocess.Popen[bytes], log: Path) -> float:
+    """Until the launcher prints its ready banner; its own one-line error if it exits first."""
+    began = time.monotonic()
+    while time.monotonic() < run.deadline:
+        if proc.poll() is not None:
+            line = last_line(log) or f"exited with code {proc.returncode}"
+            raise RunFailed(f"dynspec-launch: {line.removeprefix('dynspec-launch: ')}")
+        if "[dynspec] ready:" in log.read_text(errors="replace"):
+            return time.monotonic() - began
+        time.sleep(1.0)
+    raise RunFailed(f"dynspec-launch was not ready in time; see {log} and the logs beside it")
+
+
+# -- sweeps --------------------------------------------------------------------------------------
+
+
+def sweep(
+    run: Run, targets: Sequence[str], out: Path, *, title: str, levels: str, limit: float
+) -> bool:
+    """``dynspec-bench sweep``; stopped (finished levels kept) when ``limit`` seconds pass."""
+    argv = [run.python, "-m", "dynspec.bench", "sweep"]
+    for t in targets:
+        argv += ["--url", t]
+    argv += ["--concurrency", levels, "--input-len", "256", "--output-len", "128"]
+    argv += ["--requests-per-c", "2", "--min-requests", "8", "--request-timeout", "120"]
+    argv += ["--pause", "0.5", "--no-progress", "--append", "--out", str(out), "--title", title]
+    log = run.logs / "sweep.log"
+    proc = run.spawn("sweep", argv, log)
+    try:
+        proc.wait(max(1.0, limit))
+        finished = proc.returncode == 0
+    except subprocess.TimeoutExpired:
+        run.say(f"sweep of {', '.join(targets)} stopped at its time limit (finished levels kept)")
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(30)
+        finished = False
+    run.stop(proc)
+    return finished
+
+
+def accept_probe(run: Run, server: str) -> dict[str, float | None]:
+    """Short load at C=4, then SGLang's own ``sglang:spec_accept_length`` gauge."""
+    argv = [run.python, "-m", "dynspec.bench", "sweep", "--url", server, "--concurrency", "4"]
+    argv += ["--requests", "16", "--warmup", "4", "--output-len", "128", "--no-progress"]
+    argv += ["--out", str(run.work / f"probe-{time.monotonic_ns()}.jsonl")]
+    proc = run.spawn("probe", argv, run.logs / "sweep.log")
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(max(1.0, min(90.0, run.left())))
+    run.stop(proc)
+    text = fetch(f"{server}/metrics")
+    return {
+        "spec_accept_length": gauge(text, "sglang:spec_accept_length"),
+        "spec_accept_rate": gauge(text, "sglang:spec_accept_rate"),
+    }
+
+
+# -- plans ---------------------------------------------------------------------------------------
+
+
+def plan_main(
+    run: Run, models: Path, deploy: Path, *, levels: str, threshold: int, hysteresis: int
+) -> int:
+    from dynspec.bench.gpu.checks import RouterChecks
+
+    check_model_loads(models / "llama8b")
+    check_model_loads(models / "eagle3-hi")
+    launch = [
+        run.python, "-m", "dynspec.launcher", "--gpus", "0",
+        "--model-path", str(models / "llama8b"), "--draft-model-path", str(models / "eagle3-hi"),
+        "--served-model-name", SERVED, *EAGLE_STEPS_ALL,
+        "--threshold", str(threshold), "--hysteresis", str(hysteresis),
+        "--host", "127.0.0.1", "--port", str(run.ports[0]),
+        "--eagle-port", str(run.ports[1]), "--baseline-port", str(run.ports[2]),
+        "--sglang-args", SGLANG_ARGS,
+        # Swept alone up to C=128 too: the EAGLE server must run that many (the launcher's own
+        # cap, threshold + margin, is for serving behind the router).
+        "--eagle-args", "--max-running-requests 128",
+        # The sweep stops at C=128: larger decode graphs would only lengthen the start.
+        "--baseline-args", "--cuda-graph-max-bs-decode 128",
+        "--log-dir", str(run.logs), "--restart", "never", "--kill-grace", "15",
+        "--startup-timeout", f"{max(60.0, run.left() - 240):.0f}", "--progress-every", "15",
+    ]  # fmt: skip
+    dry = subprocess.run(
+        [*launch, "--dry-run"],
+        env=run.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if dry.returncode != 0:
+        raise RunFailed(f"dynspec-launch --dry-run: {last_line_of(dry.stderr)}")
+    run.meta["launch_argv"] = launch[1:]
+    run.meta["commands"] = dry.stdout.strip().splitlines()
+    run.say("launch: " + shlex.join(launch[3:]))
+    log = run.logs / "launcher.log"
+    proc = run.spawn("launcher", launch, log)
+    took = wait_launcher(run, proc, log)
+    run.meta["launch_ready_s"] = round(took, 1)
+    run.say(f"launcher ready after {took:.0f}s")
+    router, eagle, baseline = (f"http://127.0.0.1:{port}" for port in run.ports)
+    files = [deploy / "grafana" / "dynspec.json", deploy / "prometheus" / "alerts.yml"]
+    checks = RouterChecks(
+        router, eagle=eagle, baseline=baseline, threshold=threshold, deploy_files=files
+    )
+    try:
+        results = checks.run()
+    finally:
+        checks.close()
+    for r in results:
+        run.say(r.line())
+    run.meta["checks"] = [{"name": r.name, "ok": r.ok, "detail": r.detail} for r in results]
+    run.meta["check_facts"] = checks.facts
+    run.meta["accept_main"] = accept_probe(run, eagle)
+    run.say(f"EAGLE server accept length: {run.meta['accept_main']}")
+    jsonl = run.out / "sweep-main.jsonl"
+    targets = (("eagle", eagle), ("baseline", baseline), ("routed", router))
+    for i, (label, url) in enumerate(targets):
+        remaining = run.left() - 60  # keep a minute for the shutdown and the results
+        if remaining < 30:
+            run.say(f"no time left to sweep {label}")
+            run.meta.setdefault("not_swept", []).append(label)
+            continue
+        title = "One H200, SGLang 0.5.17, random 8B (tp 1)"
+        limit = remaining / (len(targets) - i)
+        sweep(run, [f"{label}={url}"], jsonl, title=title, levels=levels, limit=limit)
+    run.meta["accept_after_sweep"] = gauge(fetch(f"{eagle}/metrics"), "sglang:spec_accept_length")
+    with contextlib.suppress(OSError, ValueError):
+        run.meta["router_status"] = json.loads(fetch(f"{router}/status"))
+    run.say("stopping the launcher (SIGINT: router drains, servers stop)")
+    proc.send_signal(signal.SIGINT)
+    try:
+        run.meta["launcher_exit"] = proc.wait(90)
+    except subprocess.TimeoutExpired:
+        run.meta["launcher_exit"] = "timeout"
+    return 0 if all(r.ok for r in results) else 1
+
+
+def last_line_of(text: str) -> str:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def level_server_argv(
+    run: Run, models: Path, draft: str, extra: Sequence[str], port: int
+) -> list[str]:
+    # About 30 GB each (weights, a 64k-token KV cache, graphs): four fit one after the other.
+    argv = [
+        run.python, "-m", "sglang.launch_server", "--model-path", str(models / "llama8b"),
+        "--served-model-name", SERVED, "--tp-size", "1", "--host", "127.0.0.1",
+        "--port", str(port), "--enable-metrics", "--speculative-algorithm", "EAGLE3",
+        "--speculative-draft-model-path", str(models / f"eagle3-{draft}"), *EAGLE_STEPS_ALL,
+        "--max-running-requests", "128", "--cuda-graph-max-bs-decode", "128",
+        "--mem-fraction-static", "0.6", "--max-total-tokens", "64000",
+        *shlex.split(SGLANG_ARGS), *(x.format(work=run.work) for x in extra),
+    ]  # fmt: skip
+    return argv
+
+
+def level_servers(names: str | None) -> list[tuple[str, str, tuple[str, ...]]]:
+    if not names:
+        return list(LEVEL_SERVERS)
+    wanted = names.split(",")
+    known = {name for name, _, _ in LEVEL_SERVERS}
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise RunFailed(
+            f"--servers: unknown server {unknown[0]!r} (known: {', '.join(sorted(known))})"
+        )
+    return [s for s in LEVEL_SERVERS if s[0] in wanted]
+
+
+def plan_levels(
+    run: Run, models: Path, levels: str, start_timeout: float, servers: str | None = None
+) -> int:
+    jsonl = run.out / "sweep-levels.jsonl"
+    run.meta["level_servers"] = {}
+    run.work.mkdir(parents=True, exist_ok=True)
+    Path(ADAPTIVE_FILE.format(work=run.work)).write_text(json.dumps(ADAPTIVE_CONFIG))
+    run.meta["adaptive_config"] = ADAPTIVE_CONFIG
+    failed: list[str] = []
+    for i, (name, draft, extra) in enumerate(level_servers(servers)):
+        # A start (about 2 minutes) and a sweep (about 1) must fit, with a minute to stop.
+        if run.left() < 200:
+            run.say(f"no time left for {name}")
+            run.meta.setdefault("not_run", []).append(name)
+            continue
+        check_model_loads(models / f"eagle3-{draft}")
+        port = run.ports[1] + 10 + i
+        argv = level_server_argv(run, models, draft, extra, port)
+        log = run.logs / f"{name}.log"
+        proc = run.spawn(name, argv, log)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            took = wait_healthy(
+                run,
+                f"{url}/health_generate",
+                proc,
+                f"{name} server",
+                log=log,
+                timeout=start_timeout,
+            )
+        except RunFailed as exc:
+            # The other levels still run; the run ends with this line (exit 1).
+            run.say(str(exc))
+            failed.append(str(exc))
+            run.stop(proc)
+            continue
+        run.say(f"{name} healthy after {took:.0f}s")
+        info: dict[str, Any] = {"draft": draft, "argv": argv[1:], "start_s": round(took, 1)}
+        info["probe"] = accept_probe(run, url)
+        run.say(f"{name} accept: {info['probe']}")
+        title = "One H200, SGLang 0.5.17, EAGLE-3 variants"
+        limit = min(150.0, run.left() - 60)
+        sweep(run, [f"{name}={url}"], jsonl, title=title, levels=levels, limit=limit)
+        info["accept_after_sweep"] = gauge(fetch(f"{url}/metrics"), "sglang:spec_accept_length")
+        run.meta["level_servers"][name] = info
+    if failed:
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise RunFailed(failed[0] + more)
+    return 0
+
+
+# -- entry ---------------------------------------------------------------------------------------
+
+
+def _ports(text: str) -> tuple[int, int, int]:
+    values = tuple(port(x) for x in text.split(","))
+    if len(values) != 3 or len(set(values)) != 3:
+        raise ValueError("want three different ports: router,EAGLE,baseline")
+    return values
+
+
+def parser() -> FlagParser:
+    p = FlagParser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--plan", choices=("main", "levels"), default="main", help="what to run")
+    p.add_argument("--bundle", type=Path, help="sgl-site.tar.xz (default: the installed SGLang)")
+    p.add_argument("--out", type=Path, required=True, help="results folder")
+    p.add_argument("--work", type=Path, default=Path("/tmp/dynspec-gpu"), help="models, site")
+    p.add_argument(
+        "--budget", type=positive_float, default=540.0, help="seconds for the whole attempt"
+    )
+    p.add_argument("--levels", default=LEVELS, help="sweep concurrency levels")
+    p.add_argument("--threshold", type=positive_int, default=32, help="router threshold (main)")
+    p.add_argument(
+        "--hysteresis", type=non_negative_int, default=8, help="router hysteresis (main)"
+    )
+    p.add_argument(
+        "--start-timeout", type=positive_float, default=240.0, help="seconds per server start"
+    )
+    p.add_argument(
+        "--deploy",
+        type=Path,
+        default=Path(__file__).resolve().parents[2] / "deploy",
+        help="the dashboard and alerts whose sglang:* metric names are checked",
+    )
+    p.add_argument("--models", type=Path, help="prebuilt models (default: build into --work)")
+    p.add_argument("--servers", help="levels plan: which EAGLE servers (default: all, in order)")
+    p.add_argument(
+        "--ports", type=_ports, default="8000,30001,30002", help="router, EAGLE, baseline ports"
+    )
+    return p
+
+
+def pack_logs(run: Run) -> None:
+    if not run.logs.is_dir():
+        return
+    with tarfile.open(run.out / "logs.tar.gz", "w:gz") as t:
+        t.add(run.logs, arcname="logs")
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    args = parser().parse_args(argv)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update(FIXED_ENV)
+    run = Run(out=out, work=args.work, deadline=time.monotonic() + args.budget, env=env)
+    run.tag = f"{os.getpid()}-{time.time_ns()}"
+    run.ports = args.ports
+    env[TAG_VAR] = run.tag
+    shutil.rmtree(run.logs, ignore_errors=True)
+    run.meta.update(
+        tag=run.tag, plan=args.plan, started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    )
+    code = 1
+    failure: str | None = None
+    try:
+        extra = site_paths(run, args.bundle)
+        here = env.get("PYTHONPATH", "")
+        run.env["PYTHONPATH"] = os.pathsep.join([*([here] if here else []), *extra])
+        run.meta["versions"] = probe_python(run)
+        run.meta["sglang_args"] = SGLANG_ARGS
+        run.say(f"versions: {run.meta['versions']}")
+        if args.models is not None:
+            models = args.models
+        else:
+            models = args.work / "models"
+            chosen = level_servers(args.servers)
+            drafts = ["hi"] if args.plan == "main" else [d for _, d, _ in chosen]
+            build_models(run, models, drafts)
+            run.say("models built")
+        if args.plan == "main":
+            code = plan_main(
+                run,
+                models,
+                args.deploy,
+                levels=args.levels,
+                threshold=args.threshold,
+                hysteresis=args.hysteresis,
+            )
+        else:
+            code = plan_levels(run, models, args.levels, args.start_timeout, args.servers)
+    except RunFailed as exc:
+        failure = str(exc)
+    except KeyboardInterrupt:
+        failure = "interrupted"
+    finally:
+        run.stop_all()
+        run.meta["leftovers_killed"] = kill_tagged(run.tag)
+        run.meta["elapsed_s"] = round(time.monotonic() - run.t0, 1)
+        if failure:
+            run.meta["failure"] = failure
+        (out / "meta.json").write_text(json.dumps(run.meta, indent=1, default=str))
+        with contextlib.suppress(OSError, tarfile.TarError):
+            pack_logs(run)
+    if failure:
+        print(f"{PROG}: error: {failure}", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
