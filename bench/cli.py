@@ -326,9 +326,35 @@ def profile_parser() -> FlagParser:
     p.add_argument("--eagle-target", default=None, help="the EAGLE target's label")
     p.add_argument("--baseline-target", default=None, help="the baseline target's label")
     p.add_argument("--model", default=None, help="model name for the profile")
+    p.add_argument(
+        "--interpolate",
+        action="store_true",
+        help="add points at the powers of two between measured levels, with TPOT (C / tok/s) "
+        "linear in C between the measured neighbours (the simulator would otherwise "
+        "interpolate tok/s linearly); the profile's source lists which points are estimated",
+    )
+    p.add_argument(
+        "--max-running",
+        action="append",
+        type=_mode_limit,
+        default=None,
+        help="MODE=N: the mode's max_running_requests, as the measured server ran "
+        "(e.g. eagle=64 for an EAGLE server started with --max-running-requests 64); repeat "
+        "for both modes",
+    )
+    p.add_argument(
+        "--note", default="", help="text added to the profile's source (what was measured)"
+    )
     p.add_argument("--out", "-o", type=Path, default=None, help="profile file (default: stdout)")
     add_log_level(p)
     return p
+
+
+def _mode_limit(text: str) -> tuple[str, int]:
+    mode, sep, value = text.partition("=")
+    if not sep or mode not in ("eagle", "baseline"):
+        raise argparse.ArgumentTypeError(f"expected eagle=N or baseline=N, got {text!r}")
+    return mode, positive_int(value)
 
 
 def cmd_profile(argv: Sequence[str]) -> NoReturn:
@@ -345,6 +371,9 @@ def cmd_profile(argv: Sequence[str]) -> NoReturn:
                 eagle_target=args.eagle_target,
                 baseline_target=args.baseline_target,
                 model=args.model,
+                interpolate=args.interpolate,
+                max_running=dict(args.max_running or []),
+                note=args.note,
             )
         except ValueError as exc:
             raise UsageError(str(exc)) from None
