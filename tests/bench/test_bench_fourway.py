@@ -328,10 +328,10 @@ def test_four_way_runs_every_way(tmp_path: Path) -> None:
     assert by[("2x-eagle", 16)]["backend_share"] == {"eagle": 1.0}
     assert by[("2x-baseline", 16)]["backend_share"] == {"baseline": 1.0}
     assert by[("routed-threshold", 1)]["backend_share"] == {"eagle": 1.0}
-    # balance serves from both pools: a lone request goes to EAGLE (demo: about 2x faster at
-    # C=1), and at C=16 the baseline takes some of the load.
+    # A lone request goes to EAGLE (demo: about 2x faster at C=1); where balance sends the rest
+    # is its own tests' business (it learns, and explores now and then).
     assert by[("routed-balance", 1)]["backend_share"].get("eagle", 0.0) >= 0.75
-    assert by[("routed-balance", 16)]["backend_share"].get("baseline", 0.0) > 0.0
+    assert set(by[("routed-balance", 16)]["backend_share"]) <= {"eagle", "baseline"}
     md = stem.with_suffix(".md").read_text()
     assert md.startswith("# SIMULATED") and "the goals for `balance`" in md
     assert stem.with_suffix(".png").read_bytes().startswith(PNG_MAGIC)
