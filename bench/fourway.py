@@ -659,10 +659,13 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
         "## SIMULATED: did the simulators keep their schedule?",
         "",
         "Measured p50 TPOT and tok/s of the single servers and of the homogeneous pairs (each "
-        "server holding about C/2) against the profile's decode-only prediction; prefill steps "
-        "that pause decoding make the measured TPOT somewhat higher and tok/s somewhat lower, a "
-        "CPU that cannot keep up with the chunk rate much more so. Where a pair's tok/s is well "
-        "below the profile's, the 'better pair' comparison above flatters balance.",
+        "server holding about C/2) against the profile's decode-only prediction. The baseline's "
+        "TPOT is the check on the machine: its requests finish and restart together, so its "
+        "prefills land in TTFT, and a TPOT near 1.00x of the profile means the simulator kept "
+        "its schedule and the client kept up. tok/s falls short of the profile by the time "
+        "spent in prefill steps (decoding pauses meanwhile), more so at high C; EAGLE's TPOT "
+        "rises with C because its requests drift apart and the prefill pauses land inside it. "
+        "A CPU that cannot keep up would show as the baseline's TPOT well above 1.00x.",
         "",
         schedule_table(model, profile),
         report.markdown_table(model, "SIMULATED: all levels (model time)"),
