@@ -188,6 +188,32 @@ def machine() -> dict[str, Any]:
     }
 
 
+def code_commit() -> str:
+    """The git commit of the router code that the children run (``+dirty`` with local edits),
+    or "unknown" outside a git checkout."""
+    import dynspec.router as router_pkg
+
+    folder = Path(router_pkg.__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def load_average() -> float | None:
     try:
         return round(os.getloadavg()[0], 2)
@@ -265,6 +291,7 @@ def run(cfg: FourWayConfig, progress: ProgressLine | None = None) -> FourWayResu
         "min_requests": cfg.sweep.min_requests,
         "command": cfg.command,
         "machine": machine(),
+        "code_commit": code_commit(),
         "run_started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     scfg = dataclasses.replace(cfg.sweep, extra={**cfg.sweep.extra, **extra})
@@ -530,6 +557,11 @@ def _machine_line(records: Sequence[Record]) -> str:
     )
 
 
+def _code_line(records: Sequence[Record]) -> str:
+    commits = sorted({str(r["code_commit"]) for r in records if r.get("code_commit")})
+    return f"- Code: commit {', '.join(commits)}." if commits else ""
+
+
 def _runs_line(records: Sequence[Record]) -> str:
     runs: dict[str, tuple[set[str], str]] = {}
     for r in records:
@@ -604,6 +636,7 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
         f"Command: `{meta.get('command') or 'dynspec-bench envelope --four-way --simulate'}`",
         "",
         _machine_line(records),
+        *([_code_line(records)] if _code_line(records) else []),
         f"- Simulated time ran {speed:g}x wall-clock (`--speed {speed:g}`); every figure is in "
         "model time (wall-clock durations x speed, rates / speed). The router's own cost is "
         "wall-clock, so it counts that many times over in model time.",

@@ -31,6 +31,7 @@ import aiohttp
 from dynspec.bench import load, metrics
 from dynspec.bench.envelope import processes
 from dynspec.bench.fourway import (
+    code_commit,
     load_average,
     machine,
     router_profile,
@@ -243,6 +244,7 @@ def run(cfg: RampConfig) -> list[Record]:
         "random_range_ratio": cfg.range_ratio,
         "command": cfg.command,
         "machine": machine(),
+        "code_commit": code_commit(),
         "run_started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     cfg.out.write_text("", encoding="utf-8")
@@ -464,6 +466,7 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
             if loads
             else "."
         ),
+        f"- Code: commit {meta.get('code_commit', 'unknown')}.",
         f"- Closed-loop clients, random prompts, {meta.get('random_input_len')} input / "
         f"{meta.get('random_output_len')} output tokens; concurrency stepped every "
         f"{step_s:g} s wall-clock ({step_s * speed:g} s model time) through 1, 2, 4 ... "
