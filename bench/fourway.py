@@ -617,7 +617,7 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
         thr_line = f"- routed-threshold: `--threshold {thr} --hysteresis {hyst}`, {how}."
     stamps = [str(r["timestamp"]) for r in records if r.get("timestamp")]
     run_time = ""
-    if meta.get("run_started") and stamps:
+    if meta.get("run_started") and stamps and not _runs_line(records):
         secs = (
             dt.datetime.fromisoformat(max(stamps))
             - dt.datetime.fromisoformat(str(meta["run_started"]))
