@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import importlib.util
 import logging
 import math
 import os
@@ -191,9 +192,11 @@ def machine() -> dict[str, Any]:
 def code_commit() -> str:
     """The git commit of the router code that the children run (``+dirty`` with local edits),
     or "unknown" outside a git checkout."""
-    import dynspec.router as router_pkg
-
-    folder = Path(router_pkg.__file__).resolve().parent
+    # Where the router's code lies (the children run it), found without importing it.
+    spec = importlib.util.find_spec("dynspec.router")
+    if spec is None or spec.origin is None:
+        return "unknown"
+    folder = Path(spec.origin).resolve().parent
     try:
         head = subprocess.run(
             ["git", "-C", str(folder), "rev-parse", "--short", "HEAD"],
