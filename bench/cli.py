@@ -40,12 +40,13 @@ COMMANDS = {
     "suggest-threshold": "the router threshold/hysteresis where EAGLE stops paying, from 2 sweeps",
     "profile": "turn a measured sweep into a dynspec-sim profile",
     "envelope": "simulated servers + router: does routing follow the better server?",
+    "ramp": "simulated load ramp: balance learning from nothing vs seeded with the profile",
     "overhead": "router hot-path cost: direct vs dynspec-router vs SGLang's router",
     "gpu": "real SGLang on one GPU: bundle, test models, launcher + router checks + sweeps",
 }
 # Commands that load servers or draw plots need the bench extra (aiohttp, matplotlib); the others
 # read files and run on the base install. Their modules are imported only once this is checked.
-NEEDS_EXTRA = {"sweep", "envelope", "overhead"}
+NEEDS_EXTRA = {"sweep", "envelope", "ramp", "overhead"}
 EXTRA_MODULES = ("aiohttp", "matplotlib")
 DEFAULT_LEVELS = "1,2,4,8,16,32,64,128,256"
 logger = logging.getLogger(__name__)
@@ -327,9 +328,35 @@ def profile_parser() -> FlagParser:
     p.add_argument("--eagle-target", default=None, help="the EAGLE target's label")
     p.add_argument("--baseline-target", default=None, help="the baseline target's label")
     p.add_argument("--model", default=None, help="model name for the profile")
+    p.add_argument(
+        "--interpolate",
+        action="store_true",
+        help="add points at the powers of two between measured levels, with TPOT (C / tok/s) "
+        "linear in C between the measured neighbours (the simulator would otherwise "
+        "interpolate tok/s linearly); the profile's source lists which points are estimated",
+    )
+    p.add_argument(
+        "--max-running",
+        action="append",
+        type=_mode_limit,
+        default=None,
+        help="MODE=N: the mode's max_running_requests, as the measured server ran "
+        "(e.g. eagle=64 for an EAGLE server started with --max-running-requests 64); repeat "
+        "for both modes",
+    )
+    p.add_argument(
+        "--note", default="", help="text added to the profile's source (what was measured)"
+    )
     p.add_argument("--out", "-o", type=Path, default=None, help="profile file (default: stdout)")
     add_log_level(p)
     return p
+
+
+def _mode_limit(text: str) -> tuple[str, int]:
+    mode, sep, value = text.partition("=")
+    if not sep or mode not in ("eagle", "baseline"):
+        raise argparse.ArgumentTypeError(f"expected eagle=N or baseline=N, got {text!r}")
+    return mode, positive_int(value)
 
 
 def cmd_profile(argv: Sequence[str]) -> NoReturn:
@@ -346,6 +373,9 @@ def cmd_profile(argv: Sequence[str]) -> NoReturn:
                 eagle_target=args.eagle_target,
                 baseline_target=args.baseline_target,
                 model=args.model,
+                interpolate=args.interpolate,
+                max_running=dict(args.max_running or []),
+                note=args.note,
             )
         except ValueError as exc:
             raise UsageError(str(exc)) from None
@@ -405,12 +435,51 @@ def envelope_parser() -> FlagParser:
         default=None,
         help="run nothing: rewrite the report and plot of an earlier envelope JSONL",
     )
+    p.add_argument(
+        "--four-way",
+        action="store_true",
+        help="eight GPUs four ways: two EAGLE and two baseline sims, and a router for each of "
+        "routed-threshold (one EAGLE + one baseline, the suggested threshold), routed-balance "
+        "(the same two, --policy balance --speed-profile PROFILE), 2x-eagle and 2x-baseline "
+        "(one pool of two servers, least in flight); reports balance against its goals "
+        "(default --out: envelope8-PROFILE). With --threshold and --hysteresis both given, the "
+        "single-server sweeps that suggest them are skipped",
+    )
+    p.add_argument(
+        "--ways",
+        type=_ways,
+        default=list(FOUR_WAYS),
+        help="--four-way: which ways to run, comma-separated",
+    )
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="--four-way: add to an existing --out JSONL instead of replacing it (the report "
+        "then says which ways came from which run)",
+    )
+    p.add_argument(
+        "--metrics-interval",
+        type=positive_float,
+        default=None,
+        help="--four-way: the balance router's --metrics-interval (default: the router's)",
+    )
     add_log_level(p)
     return p
 
 
+# dynspec.bench.fourway.WAYS, without importing the load modules to parse flags.
+FOUR_WAYS = ("routed-threshold", "routed-balance", "2x-eagle", "2x-baseline")
+
+
+def _ways(text: str) -> list[str]:
+    ways = [w for w in text.replace(" ", "").split(",") if w]
+    if not ways or any(w not in FOUR_WAYS for w in ways):
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(FOUR_WAYS)}, got {text!r}")
+    return [w for w in FOUR_WAYS if w in ways]
+
+
 def cmd_envelope(argv: Sequence[str]) -> NoReturn:
-    from dynspec.bench import envelope
+    from dynspec.bench import envelope, fourway
     from dynspec.bench.sweep import ProgressLine
 
     args = envelope_parser().parse_layered(argv)
@@ -419,8 +488,12 @@ def cmd_envelope(argv: Sequence[str]) -> NoReturn:
     def body() -> int:
         if args.from_jsonl is not None:
             records = _read(args.from_jsonl)
-            md, png = envelope.write_report(args.from_jsonl, records)
-            print(envelope.summary(records), end="")
+            if fourway.is_four_way(records):
+                md, png = fourway.write_report(args.from_jsonl, records)
+                print(fourway.summary(records), end="")
+            else:
+                md, png = envelope.write_report(args.from_jsonl, records)
+                print(envelope.summary(records), end="")
             print(f"results: {md}, {png}", file=sys.stderr)
             return 0
         if not args.simulate:
@@ -436,9 +509,12 @@ def cmd_envelope(argv: Sequence[str]) -> NoReturn:
             raise UsageError(f"--profile: {exc}") from None
         if not {"eagle", "baseline"} <= set(prof.modes):
             raise UsageError(f"--profile {args.profile}: needs both an eagle and a baseline mode")
-        stem = args.out if args.out is not None else Path(f"envelope-{prof.name}")
+        default = f"envelope8-{prof.name}" if args.four_way else f"envelope-{prof.name}"
+        stem = args.out if args.out is not None else Path(default)
         out = stem.with_name(stem.name + ".jsonl") if stem.suffix != ".jsonl" else stem
         out.parent.mkdir(parents=True, exist_ok=True)
+        if args.four_way:
+            return _four_way(args, argv, out)
         cfg = envelope.EnvelopeConfig(
             profile=args.profile,
             speed=args.speed,
@@ -465,6 +541,184 @@ def cmd_envelope(argv: Sequence[str]) -> NoReturn:
     run_main(PROG, body, args.log_level)
 
 
+def _four_way(args: argparse.Namespace, argv: Sequence[str], out: Path) -> int:
+    from dynspec.bench import fourway
+    from dynspec.bench.sweep import ProgressLine
+
+    if args.append and not (out.exists() and out.stat().st_size > 0):
+        raise UsageError(f"--append: {out} does not exist or is empty")
+    cfg = fourway.FourWayConfig(
+        profile=args.profile,
+        speed=args.speed,
+        sweep=_sweep_config(args),
+        out=out,
+        ways=args.ways,
+        threshold=args.threshold,
+        hysteresis=args.hysteresis,
+        metrics_interval=args.metrics_interval,
+        seed=args.seed,
+        startup_timeout=args.startup_timeout,
+        append=args.append,
+        command="dynspec-bench envelope " + shlex.join(argv),
+    )
+    progress = ProgressLine(enabled=not args.no_progress)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        fourway.run(cfg, progress)
+    except KeyboardInterrupt as exc:
+        print(f"\n{PROG}: interrupted; the finished levels are in {out}", file=sys.stderr)
+        return _stopped_code(exc)
+    records = _read(out)
+    md, png = fourway.write_report(out, records)
+    print(fourway.summary(records), end="")
+    print(f"results: {out}, {md}, {png}", file=sys.stderr)
+    return 0
+
+
+def ramp_parser() -> FlagParser:
+    p = FlagParser(
+        prog=f"{PROG} ramp",
+        description=(
+            "Start an EAGLE and a baseline dynspec-sim; on those two servers, one after the "
+            "other, run dynspec-router --policy balance without a profile (balance-learning) and "
+            "with --speed-profile (balance-profile) under a closed-loop load whose concurrency "
+            "steps 1, 2, 4 ... --peak ... 2, 1, --cycles times, --step-seconds each. Reports "
+            "tok/s and p50 TPOT per step and whether learning alone is within 10%% of the seeded "
+            "router after the first cycle. Takes about 2 x steps x --step-seconds "
+            "(steps: 2 x log2(peak) + 1 per cycle). Writes OUT.jsonl, OUT.md, OUT.png."
+        ),
+    )
+    p.add_argument(
+        "--simulate",
+        action="store_true",
+        help="run against simulated servers (required: the only mode so far)",
+    )
+    p.add_argument("--profile", default="demo", help="dynspec-sim profile: NAME or FILE.json")
+    p.add_argument(
+        "--speed",
+        type=positive_float,
+        default=1.0,
+        help="simulated time runs this many times faster than real time (figures are reported "
+        "in model time)",
+    )
+    p.add_argument("--peak", type=positive_int, default=128, help="highest concurrency")
+    p.add_argument("--cycles", type=positive_int, default=2, help="ramps up and down")
+    p.add_argument(
+        "--step-seconds",
+        type=positive_float,
+        default=10.0,
+        help="wall-clock seconds per concurrency step",
+    )
+    p.add_argument(
+        "--variants",
+        type=_variants,
+        default=list(RAMP_VARIANTS),
+        help="which routers to run, comma-separated, in this order",
+    )
+    p.add_argument("--input-len", type=positive_int, default=256, help="random prompt tokens")
+    p.add_argument("--output-len", type=positive_int, default=128, help="output tokens")
+    p.add_argument(
+        "--range-ratio",
+        type=_ratio,
+        default=1.0,
+        help="random lengths uniform in [ratio x len, len]; 1 = fixed lengths",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed for prompts and simulators")
+    p.add_argument(
+        "--metrics-interval",
+        type=positive_float,
+        default=None,
+        help="the balance routers' --metrics-interval (default: the router's)",
+    )
+    p.add_argument(
+        "--startup-timeout", type=positive_float, default=60.0, help="seconds to wait per process"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results path without suffix (default: ramp-PROFILE in the current directory)",
+    )
+    p.add_argument(
+        "--from-jsonl",
+        type=Path,
+        default=None,
+        help="run nothing: rewrite the report and plot of an earlier ramp JSONL",
+    )
+    add_log_level(p)
+    return p
+
+
+# dynspec.bench.ramp.VARIANTS, without importing the load modules to parse flags.
+RAMP_VARIANTS = ("balance-learning", "balance-profile")
+
+
+def _variants(text: str) -> list[str]:
+    names = [v for v in text.replace(" ", "").split(",") if v]
+    if not names or any(v not in RAMP_VARIANTS for v in names) or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f"expected some of {','.join(RAMP_VARIANTS)}, each once, got {text!r}"
+        )
+    return names
+
+
+def cmd_ramp(argv: Sequence[str]) -> NoReturn:
+    from dynspec.bench import ramp
+
+    args = ramp_parser().parse_layered(argv)
+    configure_logging(args.log_level)
+
+    def body() -> int:
+        if args.from_jsonl is not None:
+            records = _read(args.from_jsonl)
+            md, png = ramp.write_report(args.from_jsonl, records)
+            print(ramp.summary(records), end="")
+            print(f"results: {md}, {png}", file=sys.stderr)
+            return 0
+        if not args.simulate:
+            raise UsageError("only --simulate is supported")
+        from dynspec.launcher.sim.profile import ProfileError, load_profile
+
+        try:
+            prof = load_profile(args.profile)
+        except ProfileError as exc:
+            raise UsageError(f"--profile: {exc}") from None
+        if not {"eagle", "baseline"} <= set(prof.modes):
+            raise UsageError(f"--profile {args.profile}: needs both an eagle and a baseline mode")
+        stem = args.out if args.out is not None else Path(f"ramp-{prof.name}")
+        out = stem.with_name(stem.name + ".jsonl") if stem.suffix != ".jsonl" else stem
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cfg = ramp.RampConfig(
+            profile=args.profile,
+            speed=args.speed,
+            out=out,
+            peak=args.peak,
+            cycles=args.cycles,
+            step_seconds=args.step_seconds,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            range_ratio=args.range_ratio,
+            seed=args.seed,
+            variants=args.variants,
+            metrics_interval=args.metrics_interval,
+            startup_timeout=args.startup_timeout,
+            command="dynspec-bench ramp " + shlex.join(argv),
+        )
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            ramp.run(cfg)
+        except KeyboardInterrupt as exc:
+            print(f"\n{PROG}: interrupted; the finished variants are in {out}", file=sys.stderr)
+            return _stopped_code(exc)
+        records = _read(out)
+        md, png = ramp.write_report(out, records)
+        print(ramp.summary(records), end="")
+        print(f"results: {out}, {md}, {png}", file=sys.stderr)
+        return 0
+
+    run_main(PROG, body, args.log_level)
+
+
 def cmd_overhead(argv: Sequence[str]) -> None:
     from dynspec.bench.overhead import main as overhead_main
 
@@ -483,6 +737,7 @@ HANDLERS = {
     "suggest-threshold": cmd_threshold,
     "profile": cmd_profile,
     "envelope": cmd_envelope,
+    "ramp": cmd_ramp,
     "overhead": cmd_overhead,
 }
 

@@ -15,6 +15,7 @@ The profile's ``source`` names the sweep file(s), the targets, and these assumpt
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,7 +31,35 @@ def _guess(names: Sequence[str], word: str) -> str | None:
     return hits[0] if len(hits) == 1 else None
 
 
-def mode_profile(records: Sequence[Record], mode: str) -> ModeProfile:
+def fill_levels(points: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """``points`` plus the powers of two between measured levels, estimated (pure).
+
+    The simulator interpolates tok/s linearly between points, which bends the wrong way for a
+    decode step whose time grows about linearly with the batch (memory-bound weights plus each
+    request's KV cache): between C=16 and C=64, tok/s = C / TPOT is concave in C. So each added
+    point takes TPOT (C / tok/s) linearly interpolated in C between its two measured neighbours.
+    Nothing is added below the first or above the last measured level.
+    """
+    pts = sorted(points)
+    out = dict(pts)
+    for (c0, t0), (c1, t1) in itertools.pairwise(pts):
+        tpot0, tpot1 = c0 / t0, c1 / t1
+        c = 1
+        while c < c1:
+            if c > c0:
+                tpot = tpot0 + (tpot1 - tpot0) * (c - c0) / (c1 - c0)
+                out[c] = round(c / tpot, 1)
+            c *= 2
+    return tuple(sorted(out.items()))
+
+
+def mode_profile(
+    records: Sequence[Record],
+    mode: str,
+    *,
+    interpolate: bool = False,
+    max_running: int | None = None,
+) -> ModeProfile:
     by_c: dict[int, Record] = {}
     for r in records:
         if r.get("completed") and float(r.get("output_throughput") or 0) > 0:
@@ -53,14 +82,26 @@ def mode_profile(records: Sequence[Record], mode: str) -> ModeProfile:
     prompt = float(first.get("total_input_tokens") or 0) / max(1, int(first["completed"]))
     left = ttft - DEFAULT_PREFILL_OVERHEAD_S - tpot
     prefill_rate = 20000.0 if left <= 0 or prompt <= 0 else min(1e6, max(100.0, prompt / left))
+    measured = tuple((c, round(float(by_c[c]["output_throughput"]), 1)) for c in levels)
+    points = fill_levels(measured) if interpolate else measured
+    added = [c for c, _ in points if c not in by_c]
+    source = f"target {records[0].get('target')!r}, measured C={','.join(map(str, levels))}"
+    if added:
+        source += (
+            f"; estimated C={','.join(map(str, added))} (TPOT = C / tok/s linear in C between "
+            "the measured neighbours)"
+        )
+    source += f"; flat beyond C={levels[-1]} (no data)"
+    if max_running is not None:
+        source += f"; max_running_requests {max_running} (as the measured server ran)"
     return ModeProfile(
-        throughput=tuple((c, round(float(by_c[c]["output_throughput"]), 1)) for c in levels),
+        throughput=points,
         accept_length=round(accept, 3),
         max_accept_length=max_accept,
-        max_running_requests=None,
+        max_running_requests=max_running,
         prefill_tokens_per_s=round(prefill_rate, 1),
         prefill_overhead_s=DEFAULT_PREFILL_OVERHEAD_S,
-        source=f"target {records[0].get('target')!r}, levels C={','.join(map(str, levels))}",
+        source=source,
     )
 
 
@@ -72,6 +113,9 @@ def build_profile(
     eagle_target: str | None = None,
     baseline_target: str | None = None,
     model: str | None = None,
+    interpolate: bool = False,
+    max_running: dict[str, int] | None = None,
+    note: str = "",
 ) -> Profile:
     # A simulated sweep ran at --speed: back to the simulator's model time.
     records = [model_time(r) for r in records]
@@ -86,7 +130,12 @@ def build_profile(
             continue
         if target not in names:
             raise ValueError(f"no target {target!r} in the sweep (found: {', '.join(names)})")
-        modes[mode] = mode_profile([r for r in records if r.get("target") == target], mode)
+        modes[mode] = mode_profile(
+            [r for r in records if r.get("target") == target],
+            mode,
+            interpolate=interpolate,
+            max_running=(max_running or {}).get(mode),
+        )
     if not modes:
         raise ValueError(
             f"cannot tell which target is which (found: {', '.join(names) or 'none'}); "
@@ -103,7 +152,20 @@ def build_profile(
         "ceil(accept_length) + 1 when the server sent no per-chunk usage; "
         "prefill_tokens_per_s = C=1 p50 TTFT less "
         f"{DEFAULT_PREFILL_OVERHEAD_S}s overhead and one p50 TPOT (an estimate); "
-        "max_running_requests left to SGLang's default."
+        + (
+            "max_running_requests as given per mode (see each mode's source), else SGLang's "
+            "default; "
+            if max_running
+            else "max_running_requests left to SGLang's default; "
+        )
+        + (
+            "throughput at powers of two between measured levels estimated with TPOT linear in "
+            "C (see each mode's source); "
+            if interpolate
+            else ""
+        )
+        + "beyond the last measured level the simulator holds its tok/s flat."
+        + (f" {note}" if note else "")
     )
     models = {str(r["model"]) for r in records if r.get("model")}
     return Profile(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dynspec.bench.profile_export import build_profile
+from dynspec.bench.profile_export import build_profile, fill_levels
 from dynspec.launcher.sim.profile import load_profile
 
 
@@ -101,3 +101,81 @@ def test_a_simulated_sweep_at_speed_is_converted_to_model_time() -> None:
     # Time ran 4x faster: 4x the tok/s on the wall clock is the profile's own tok/s.
     assert prof.mode("eagle").throughput == ((1, 30.0), (4, 75.0), (16, 125.0))
     assert "SIMULATED" in prof.source
+
+
+@pytest.mark.parametrize(
+    ("points", "filled"),
+    [
+        # Nothing between neighbours that are already powers of two apart by one step.
+        (((1, 100.0), (2, 180.0)), ((1, 100.0), (2, 180.0))),
+        # TPOT 10 ms at C=4 and 40 ms at C=64: linear in C gives 12 ms at 8 (667 tok/s),
+        # 16 ms at 16 (1000 tok/s), 24 ms at 32 (1333.3 tok/s).
+        (
+            ((1, 100.0), (4, 400.0), (64, 1600.0)),
+            (
+                (1, 100.0),
+                (2, 200.0),
+                (4, 400.0),
+                (8, 666.7),
+                (16, 1000.0),
+                (32, 1333.3),
+                (64, 1600.0),
+            ),
+        ),
+        # A measured level that is not a power of two stays; nothing is added past the last one.
+        (((1, 50.0), (6, 240.0)), ((1, 50.0), (2, 95.2), (4, 173.9), (6, 240.0))),
+    ],
+)
+def test_fill_levels_interpolates_tpot_linearly(
+    points: tuple[tuple[int, float], ...], filled: tuple[tuple[int, float], ...]
+) -> None:
+    assert fill_levels(points) == filled
+
+
+def test_interpolated_points_and_limits_are_labelled() -> None:
+    prof = build_profile(
+        RECORDS,
+        [Path("s.jsonl")],
+        name="x",
+        interpolate=True,
+        max_running={"eagle": 64},
+        note="Measured on a test bench.",
+    )
+    e, b = prof.mode("eagle"), prof.mode("baseline")
+    assert [c for c, _ in e.throughput] == [1, 2, 4, 8, 16]
+    assert dict(e.throughput)[4] == 300.0  # measured points are kept as measured
+    assert e.max_running_requests == 64 and b.max_running_requests is None
+    assert "measured C=1,4,16; estimated C=2,8" in e.source
+    assert "max_running_requests 64" in e.source
+    assert prof.source.endswith("Measured on a test bench.")
+
+
+H200 = Path(__file__).parents[2] / "bench/results/h200/sweep8b-2026-12-01.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("name", "eagle"), [("h200-8b-accept4", "eagle_hi"), ("h200-8b-accept1", "eagle_lo")]
+)
+def test_shipped_h200_profiles_come_from_the_copied_sweep(name: str, eagle: str) -> None:
+    """The shipped profiles are what `dynspec-bench profile` makes of the sweep in the repo."""
+    shipped = load_profile(name)
+    records = [json.loads(line) for line in H200.read_text().splitlines()]
+    again = build_profile(
+        records,
+        [Path("bench/results/h200/sweep8b-2026-12-01.jsonl")],
+        name=name,
+        eagle_target=eagle,
+        baseline_target="baseline",
+        interpolate=True,
+        max_running={"eagle": 64},
+    )
+    assert shipped.modes == again.modes
+    measured = {
+        (r["target"], r["max_concurrency"]): round(r["output_throughput"], 1) for r in records
+    }
+    for mode, target in (("eagle", eagle), ("baseline", "baseline")):
+        pts = dict(shipped.mode(mode).throughput)
+        for c in (1, 4, 16, 64):
+            assert pts[c] == measured[(target, c)]
+    for word in ("H200", "RANDOM weights", "FORCED", "SGLang 0.5.17", "sweep8b-2026-12-01.jsonl"):
+        assert word in shipped.source
