@@ -13,9 +13,9 @@ import logging
 import shlex
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from dynspec.bench import profile_export, report, threshold
 from dynspec.common.cli import (
@@ -213,6 +213,30 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 def _stopped_code(exc: KeyboardInterrupt) -> int:
     return 143 if isinstance(exc, _Terminated) else 130
+
+
+class _Report(Protocol):
+    def write_report(self, out: Path, records: Sequence[report.Record], /) -> tuple[Path, Path]: ...
+    def summary(self, records: Sequence[report.Record], /) -> str: ...
+
+
+def _run_then_report(
+    run: Callable[[], Sequence[report.Record] | None], out: Path, finished: str, kind: _Report
+) -> int:
+    """Run an experiment that writes OUT.jsonl, then its report; Ctrl-C or SIGTERM keeps what
+    finished. ``run`` returns the records to report, or None to read them back from ``out``."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        records = run()
+    except KeyboardInterrupt as exc:
+        print(f"\n{PROG}: interrupted; the finished {finished} are in {out}", file=sys.stderr)
+        return _stopped_code(exc)
+    if records is None:
+        records = _read(out)
+    md, png = kind.write_report(out, records)
+    print(kind.summary(records), end="")
+    print(f"results: {out}, {md}, {png}", file=sys.stderr)
+    return 0
 
 
 def _finish(out: Path, title: str) -> None:
@@ -527,16 +551,9 @@ def cmd_envelope(argv: Sequence[str]) -> NoReturn:
             command="dynspec-bench envelope " + shlex.join(argv),
         )
         progress = ProgressLine(enabled=not args.no_progress)
-        signal.signal(signal.SIGTERM, _on_sigterm)
-        try:
-            result = envelope.run(cfg, progress)
-        except KeyboardInterrupt as exc:
-            print(f"\n{PROG}: interrupted; the finished levels are in {out}", file=sys.stderr)
-            return _stopped_code(exc)
-        md, png = envelope.write_report(out, result.records)
-        print(envelope.summary(result.records), end="")
-        print(f"results: {out}, {md}, {png}", file=sys.stderr)
-        return 0
+        return _run_then_report(
+            lambda: envelope.run(cfg, progress).records, out, "levels", envelope
+        )
 
     run_main(PROG, body, args.log_level)
 
@@ -562,17 +579,11 @@ def _four_way(args: argparse.Namespace, argv: Sequence[str], out: Path) -> int:
         command="dynspec-bench envelope " + shlex.join(argv),
     )
     progress = ProgressLine(enabled=not args.no_progress)
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
+
+    def run() -> None:
         fourway.run(cfg, progress)
-    except KeyboardInterrupt as exc:
-        print(f"\n{PROG}: interrupted; the finished levels are in {out}", file=sys.stderr)
-        return _stopped_code(exc)
-    records = _read(out)
-    md, png = fourway.write_report(out, records)
-    print(fourway.summary(records), end="")
-    print(f"results: {out}, {md}, {png}", file=sys.stderr)
-    return 0
+
+    return _run_then_report(run, out, "levels", fourway)
 
 
 def ramp_parser() -> FlagParser:
@@ -704,17 +715,11 @@ def cmd_ramp(argv: Sequence[str]) -> NoReturn:
             startup_timeout=args.startup_timeout,
             command="dynspec-bench ramp " + shlex.join(argv),
         )
-        signal.signal(signal.SIGTERM, _on_sigterm)
-        try:
+
+        def run() -> None:
             ramp.run(cfg)
-        except KeyboardInterrupt as exc:
-            print(f"\n{PROG}: interrupted; the finished variants are in {out}", file=sys.stderr)
-            return _stopped_code(exc)
-        records = _read(out)
-        md, png = ramp.write_report(out, records)
-        print(ramp.summary(records), end="")
-        print(f"results: {out}, {md}, {png}", file=sys.stderr)
-        return 0
+
+        return _run_then_report(run, out, "variants", ramp)
 
     run_main(PROG, body, args.log_level)
 
