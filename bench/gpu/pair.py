@@ -51,6 +51,8 @@ STOP_S = 25.0
 SWEEP_START_S = 3.0  # one `dynspec-bench sweep` process: start, connect, write the table
 PAUSE_S = 0.5  # --pause between levels
 RESERVE_S = 45.0  # kept for stopping the launcher and writing the results
+MEASURED = Path(__file__).resolve().parents[1] / "results" / "h200" / "h200-8b.jsonl"
+TIMED = ("eagle", "baseline", "routed")
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,11 @@ def record_status(run: Run, router: str, label: str) -> None:
 def plan_pair(run: Run, models: Path, plan: PairPlan, *, levels: str, threshold: str) -> int:
     check_model_loads(models / "llama8b")
     check_model_loads(models / "eagle3-hi")
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        measured = [r for r in read_rows([MEASURED]) if r.get("target") in TIMED]
+        expected = plan_seconds(plan, measured, parse_levels(levels))
+        run.meta["expected_s"] = {k: round(v) for k, v in expected.items()}
+        run.say(f"expected about {expected['total']:.0f}s in all")
     launch = launch_argv(run, models, threshold=threshold, mps=plan.mps)
     dry = subprocess.run(
         [*launch, "--dry-run"],
@@ -246,6 +253,7 @@ def plan_pair(run: Run, models: Path, plan: PairPlan, *, levels: str, threshold:
             run.meta.setdefault("sweeps_cut", []).append(t.label)
         if t.what == "routed":
             record_status(run, router, t.label)
+        write_summary(run.out / f"{plan.name}-summary.json", jsonl, run.meta)
         if t.what == "eagle":
             with contextlib.suppress(OSError, ValueError):
                 accept = gauge(fetch(f"{eagle}/metrics"), "sglang:spec_accept_length")

@@ -17,12 +17,11 @@ from utils import free_port
 from dynspec.bench.gpu import pair
 from dynspec.bench.gpu.run import FIXED_ENV, PAIR_LEVELS, Run, tagged_pids
 
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "h200"
-
 
 def measured() -> list[dict[str, object]]:
-    rows = pair.read_rows([RESULTS / "h200-8b.jsonl"])
-    return [r for r in rows if r["target"] in ("eagle", "baseline", "routed")]
+    rows = pair.read_rows([pair.MEASURED])
+    assert rows, pair.MEASURED
+    return [r for r in rows if r["target"] in pair.TIMED]
 
 
 def levels() -> list[int]:
@@ -143,6 +142,7 @@ def test_pair_a_sweeps_routed_then_each_server_and_writes_the_summary(tmp_path: 
     meta = json.loads((out / "meta.json").read_text())
     assert set(meta["learned"]) == {"routed_auto", "routed_auto_again"}
     assert meta["learned"]["routed_auto"]["threshold"] == 4
+    assert meta["expected_s"]["launch"] == pair.LAUNCH_S
     assert meta["launch_argv"][meta["launch_argv"].index("--threshold") + 1] == "4"
     summary = json.loads((out / "pair-a-summary.json").read_text())
     assert [r["routed"] for r in summary["ratios"]] == ["routed_auto", "routed_auto_again"]
