@@ -20,6 +20,7 @@ process of the run is left behind: every child runs in its own process group, st
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
 import json
@@ -410,7 +411,10 @@ EIGHT_LAYOUTS = ("build", "split", "paired", "paired-mps", "2x-eagle", "2x-basel
 def _threshold(text: str) -> str:
     if text == "auto":
         return text
-    return str(positive_int(text))
+    try:
+        return str(positive_int(text))
+    except (ValueError, TypeError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"want a whole number >= 1 or auto: {text!r}") from None
 
 
 def _ports(text: str) -> tuple[int, int, int]:

@@ -4,6 +4,7 @@ model's shards and size, and the paired-against-the-rest ratios its report compu
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -128,3 +129,32 @@ def test_eight_report_compares_paired_with_the_best_other_layout(
     text = eight.eight_markdown([path])
     assert f"| {paired / 12000:.2f} (2x-baseline) |" in text
     assert set(tok_s(rows)) == {"split", "2x-eagle", "2x-baseline", "2x-adaptive", "paired"}
+
+
+def test_a_two_server_layout_starts_both_sweeps_its_router_and_stops_all(tmp_path: Path) -> None:
+    from gpu_fake_site import fake_path, make_bundle, make_models
+    from utils import free_port
+
+    from dynspec.bench.gpu.run import tagged_pids
+
+    models = make_models(tmp_path)
+    (models / models70b.TARGET).mkdir()
+    (models / models70b.TARGET / ".done").write_text("")  # built: no torch on this machine
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNSPEC_")}
+    env["PATH"] = fake_path(tmp_path)
+    ports = f"{free_port()},{free_port()},{free_port()}"
+    done = subprocess.run(
+        [sys.executable, "-m", "dynspec.bench", "gpu", "run", "--plan", "eight",
+         "--layout", "2x-eagle", "--levels", "1,8", "--bundle", str(make_bundle(tmp_path)),
+         "--models", str(models), "--out", str(tmp_path / "out"), "--work", str(tmp_path / "w"),
+         "--ports", ports, "--budget", "200"],
+        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert set(meta["ready_s"]) == {"eagle0", "eagle1", "router"}
+    assert sum(ln.startswith("CUDA_VISIBLE_DEVICES=") for ln in meta["commands"]) == 2
+    rows = (tmp_path / "out" / "sweep-eight.jsonl").read_text().splitlines()
+    assert {json.loads(r)["target"] for r in rows} == {"2x-eagle"} and len(rows) == 2
+    assert "2x-eagle" in meta["learned"]
+    assert meta["leftovers_killed"] == [] and tagged_pids(meta["tag"]) == []
