@@ -14,6 +14,7 @@ COMMANDS = {
     "bundle": "build sgl-site.tar.xz: SGLang 0.5.17 for a GPU machine without a package index",
     "models": "build the random 8B-shaped target and the EAGLE-3 drafts (needs torch)",
     "run": "one bounded attempt on one GPU: launcher, router checks, sweeps (see --help)",
+    "report": "the README tables of the pair (or --eight) plans from their sweep JSONL files",
 }
 
 
@@ -72,7 +73,32 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
     run.main(argv)
 
 
-HANDLERS = {"bundle": cmd_bundle, "models": cmd_models, "run": cmd_run}
+def cmd_report(argv: Sequence[str]) -> NoReturn:
+    from dynspec.bench.gpu import eight, pair
+
+    p = FlagParser(prog=f"{PROG} report", description=COMMANDS["report"])
+    p.add_argument("sweeps", type=Path, nargs="+", help="sweep-pair-a.jsonl, sweep-pair-b.jsonl")
+    p.add_argument("--eight", action="store_true", help="the eight plan's sweep-eight.jsonl")
+    add_log_level(p)
+    args = p.parse_layered(argv)
+    configure_logging(args.log_level)
+
+    def body() -> int:
+        missing = [s for s in args.sweeps if not s.is_file()]
+        if missing:
+            raise UsageError(f"{missing[0]}: no such file")
+        text = (
+            eight.eight_markdown(args.sweeps)
+            if args.eight
+            else pair.markdown(pair.read_rows(args.sweeps))
+        )
+        print(text, end="")
+        return 0
+
+    run_main(PROG, body, args.log_level)
+
+
+HANDLERS = {"bundle": cmd_bundle, "models": cmd_models, "run": cmd_run, "report": cmd_report}
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

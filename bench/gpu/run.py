@@ -1,13 +1,18 @@
 """One bounded GPU attempt: servers through ``dynspec-launch``, router checks, sweeps, results.
 
-Two plans, each one command on the GPU machine (about 9 minutes, checked against ``--budget``):
+Plans, each one command on the GPU machine (at most about 9 minutes, checked against ``--budget``):
 
 - ``main``: ``dynspec-launch --gpus 0`` starts the EAGLE-3 server (draft ``hi``: every draft
   accepted) and the baseline on the one GPU, one after the other, and the router in front; the
   router checks run; then ``dynspec-bench sweep`` of each server alone and of the routed system.
 - ``levels``: EAGLE-3 servers alone, one after the other (each started, swept, and left idle
   while the next starts): SGLang's ``--speculative-adaptive`` with every draft accepted, then the
-  drafts built for accept length about 3 and 2, then none accepted, as long as the budget lasts.
+  drafts built for accept length about 3 and 2, then none accepted, as long as the budget lasts
+  (``levels.py``).
+- ``pair-a`` / ``pair-b``: one H200 = one pair behind ``--threshold auto``, without and with
+  ``--mps``: the routed pair and each server alone, C = 1..256 (``pair.py``).
+- ``eight``: eight H200s, a random 70B-shaped model at tp 4, one ``--layout`` per command
+  (``eight.py``; ``--dry-run`` prints every command).
 
 Bad input stops the run with one line naming what failed and the log to read (exit 1), and no
 process of the run is left behind: every child runs in its own process group, stopped at the end.
@@ -15,6 +20,7 @@ process of the run is left behind: every child runs in its own process group, st
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
 import json
@@ -65,28 +71,8 @@ SGLANG_ARGS = (
 EAGLE_STEPS = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1")
 EAGLE_STEPS_ALL = (*EAGLE_STEPS, "--speculative-num-draft-tokens", "4")
 LEVELS = "1,2,4,8,16,32,64,128"
+PAIR_LEVELS = "1,2,4,8,16,32,64,128,256"
 SERVED = "llama8b-random"
-# SGLang 0.5.17's default adaptive tiers (by running batch size: candidate draft steps; no drafting
-# from 64 up), with the steps capped at the 3 the other EAGLE servers run: with the default's 7
-# and 4 draft tokens, 0.5.17 hit an illegal memory access capturing the 7-step draft graphs.
-ADAPTIVE_CONFIG = {
-    "1": {"candidate_steps": [1, 3], "up_hysteresis": 0.0, "down_hysteresis": -0.25},
-    "8": {"candidate_steps": [0, 1, 3], "up_hysteresis": 0.0, "down_hysteresis": 0.0},
-    "32": {"candidate_steps": [0, 1], "up_hysteresis": 0.0, "down_hysteresis": 0.0},
-    "64": {"candidate_steps": [0], "up_hysteresis": 0.0, "down_hysteresis": 0.0},
-}
-ADAPTIVE_FILE = "{work}/adaptive.json"
-# (name, draft, extra flags): the EAGLE servers of the levels plan, most wanted first.
-LEVEL_SERVERS = (
-    (
-        "eagle_adaptive",
-        "hi",
-        ("--speculative-adaptive", "--speculative-adaptive-config", ADAPTIVE_FILE),
-    ),
-    ("eagle_p81", "p81", ()),
-    ("eagle_p54", "p54", ()),
-    ("eagle_lo", "lo", ()),
-)
 
 
 class RunFailed(Exception):
@@ -415,87 +401,20 @@ def last_line_of(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def level_server_argv(
-    run: Run, models: Path, draft: str, extra: Sequence[str], port: int
-) -> list[str]:
-    # About 30 GB each (weights, a 64k-token KV cache, graphs): four fit one after the other.
-    argv = [
-        run.python, "-m", "sglang.launch_server", "--model-path", str(models / "llama8b"),
-        "--served-model-name", SERVED, "--tp-size", "1", "--host", "127.0.0.1",
-        "--port", str(port), "--enable-metrics", "--speculative-algorithm", "EAGLE3",
-        "--speculative-draft-model-path", str(models / f"eagle3-{draft}"), *EAGLE_STEPS_ALL,
-        "--max-running-requests", "128", "--cuda-graph-max-bs-decode", "128",
-        "--mem-fraction-static", "0.6", "--max-total-tokens", "64000",
-        *shlex.split(SGLANG_ARGS), *(x.format(work=run.work) for x in extra),
-    ]  # fmt: skip
-    return argv
-
-
-def level_servers(names: str | None) -> list[tuple[str, str, tuple[str, ...]]]:
-    if not names:
-        return list(LEVEL_SERVERS)
-    wanted = names.split(",")
-    known = {name for name, _, _ in LEVEL_SERVERS}
-    unknown = [n for n in wanted if n not in known]
-    if unknown:
-        raise RunFailed(
-            f"--servers: unknown server {unknown[0]!r} (known: {', '.join(sorted(known))})"
-        )
-    return [s for s in LEVEL_SERVERS if s[0] in wanted]
-
-
-def plan_levels(
-    run: Run, models: Path, levels: str, start_timeout: float, servers: str | None = None
-) -> int:
-    jsonl = run.out / "sweep-levels.jsonl"
-    run.meta["level_servers"] = {}
-    run.work.mkdir(parents=True, exist_ok=True)
-    Path(ADAPTIVE_FILE.format(work=run.work)).write_text(json.dumps(ADAPTIVE_CONFIG))
-    run.meta["adaptive_config"] = ADAPTIVE_CONFIG
-    failed: list[str] = []
-    for i, (name, draft, extra) in enumerate(level_servers(servers)):
-        # A start (about 2 minutes) and a sweep (about 1) must fit, with a minute to stop.
-        if run.left() < 200:
-            run.say(f"no time left for {name}")
-            run.meta.setdefault("not_run", []).append(name)
-            continue
-        check_model_loads(models / f"eagle3-{draft}")
-        port = run.ports[1] + 10 + i
-        argv = level_server_argv(run, models, draft, extra, port)
-        log = run.logs / f"{name}.log"
-        proc = run.spawn(name, argv, log)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            took = wait_healthy(
-                run,
-                f"{url}/health_generate",
-                proc,
-                f"{name} server",
-                log=log,
-                timeout=start_timeout,
-            )
-        except RunFailed as exc:
-            # The other levels still run; the run ends with this line (exit 1).
-            run.say(str(exc))
-            failed.append(str(exc))
-            run.stop(proc)
-            continue
-        run.say(f"{name} healthy after {took:.0f}s")
-        info: dict[str, Any] = {"draft": draft, "argv": argv[1:], "start_s": round(took, 1)}
-        info["probe"] = accept_probe(run, url)
-        run.say(f"{name} accept: {info['probe']}")
-        title = "One H200, SGLang 0.5.17, EAGLE-3 variants"
-        limit = min(150.0, run.left() - 60)
-        sweep(run, [f"{name}={url}"], jsonl, title=title, levels=levels, limit=limit)
-        info["accept_after_sweep"] = gauge(fetch(f"{url}/metrics"), "sglang:spec_accept_length")
-        run.meta["level_servers"][name] = info
-    if failed:
-        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-        raise RunFailed(failed[0] + more)
-    return 0
-
-
 # -- entry ---------------------------------------------------------------------------------------
+
+
+PLANS = ("main", "levels", "pair-a", "pair-b", "eight")
+EIGHT_LAYOUTS = ("build", "split", "paired", "paired-mps", "2x-eagle", "2x-baseline", "2x-adaptive")
+
+
+def _threshold(text: str) -> str:
+    if text == "auto":
+        return text
+    try:
+        return str(positive_int(text))
+    except (ValueError, TypeError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"want a whole number >= 1 or auto: {text!r}") from None
 
 
 def _ports(text: str) -> tuple[int, int, int]:
@@ -507,15 +426,21 @@ def _ports(text: str) -> tuple[int, int, int]:
 
 def parser() -> FlagParser:
     p = FlagParser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--plan", choices=("main", "levels"), default="main", help="what to run")
+    p.add_argument("--plan", choices=PLANS, default="main", help="what to run")
     p.add_argument("--bundle", type=Path, help="sgl-site.tar.xz (default: the installed SGLang)")
     p.add_argument("--out", type=Path, required=True, help="results folder")
     p.add_argument("--work", type=Path, default=Path("/tmp/dynspec-gpu"), help="models, site")
     p.add_argument(
         "--budget", type=positive_float, default=540.0, help="seconds for the whole attempt"
     )
-    p.add_argument("--levels", default=LEVELS, help="sweep concurrency levels")
-    p.add_argument("--threshold", type=positive_int, default=32, help="router threshold (main)")
+    p.add_argument(
+        "--levels", help=f"sweep concurrency levels (default {LEVELS}; pair-*, eight: to 256)"
+    )
+    p.add_argument(
+        "--threshold",
+        type=_threshold,
+        help="router threshold: N or auto (default: 32 for main, auto for pair-*)",
+    )
     p.add_argument(
         "--hysteresis", type=non_negative_int, default=8, help="router hysteresis (main)"
     )
@@ -533,6 +458,11 @@ def parser() -> FlagParser:
     p.add_argument(
         "--ports", type=_ports, default="8000,30001,30002", help="router, EAGLE, baseline ports"
     )
+    p.add_argument("--layout", default="split", help="eight plan: " + ", ".join(EIGHT_LAYOUTS))
+    p.add_argument("--draft", choices=("hi", "p54"), default="hi", help="eight plan: EAGLE draft")
+    p.add_argument(
+        "--dry-run", action="store_true", help="eight plan: print every command, start nothing"
+    )
     return p
 
 
@@ -545,6 +475,18 @@ def pack_logs(run: Run) -> None:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     args = parser().parse_args(argv)
+    if args.plan == "eight" and args.layout not in (*EIGHT_LAYOUTS, "all"):
+        parser().error(f"--layout: unknown layout {args.layout!r}")
+    if args.plan == "eight" and args.layout == "all" and not args.dry_run:
+        parser().error("--layout all only with --dry-run (one layout per command)")
+    if args.dry_run:
+        from dynspec.bench.gpu.eight import dry_run
+
+        work: Path = args.work
+        print(dry_run(args.layout, python=sys.executable, models=args.models or work / "models",
+                      work=work, ports=args.ports, draft=args.draft, startup_timeout=400.0),
+              end="")  # fmt: skip
+        sys.exit(0)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -570,21 +512,46 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             models = args.models
         else:
             models = args.work / "models"
-            chosen = level_servers(args.servers)
-            drafts = ["hi"] if args.plan == "main" else [d for _, d, _ in chosen]
-            build_models(run, models, drafts)
-            run.say("models built")
-        if args.plan == "main":
+            if args.plan == "levels":
+                from dynspec.bench.gpu.levels import level_servers
+
+                drafts = [d for _, d, _ in level_servers(args.servers)]
+            else:
+                drafts = ["hi"]
+            if args.plan != "eight":
+                build_models(run, models, drafts)
+                run.say("models built")
+        levels = args.levels or (LEVELS if args.plan in ("main", "levels") else PAIR_LEVELS)
+        if args.plan in ("pair-a", "pair-b"):
+            from dynspec.bench.gpu.pair import PAIR_PLANS, plan_pair
+
+            code = plan_pair(
+                run,
+                models,
+                PAIR_PLANS[args.plan],
+                levels=levels,
+                threshold=args.threshold or "auto",
+            )
+        elif args.plan == "eight":
+            from dynspec.bench.gpu.eight import plan_eight
+
+            code = plan_eight(
+                run, models, args.layout, levels=levels, draft=args.draft,
+                start_timeout=args.start_timeout,
+            )  # fmt: skip
+        elif args.plan == "main":
             code = plan_main(
                 run,
                 models,
                 args.deploy,
-                levels=args.levels,
-                threshold=args.threshold,
+                levels=levels,
+                threshold=int(args.threshold or 32),
                 hysteresis=args.hysteresis,
             )
         else:
-            code = plan_levels(run, models, args.levels, args.start_timeout, args.servers)
+            from dynspec.bench.gpu.levels import plan_levels
+
+            code = plan_levels(run, models, levels, args.start_timeout, args.servers)
     except RunFailed as exc:
         failure = str(exc)
     except KeyboardInterrupt:

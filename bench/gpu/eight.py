@@ -1,0 +1,261 @@
+"""The ``eight`` plan: eight H200s, a random Llama-3.1-70B-shaped model at tp 4, one bounded
+command per layout (``--layout``), each stopping everything it started.
+
+- ``build``: the 70B target (about 141 GB bf16, one process per GPU writing its shards) and the
+  drafts ``hi`` and ``p54``; every other layout builds what is missing first.
+- ``split``: ``dynspec-launch --gpus 0-7 --layout split`` (EAGLE on 0-3, baseline on 4-7) behind
+  ``--threshold auto``; ``paired`` / ``paired-mps``: ``--layout paired --tp 4`` (two pairs, each
+  GPU set holding both servers), ``--threshold auto``, without and with ``--mps``;
+- ``2x-eagle``, ``2x-baseline``, ``2x-adaptive``: two SGLang servers (GPUs 0-3 and 4-7; EAGLE-3,
+  none, or EAGLE-3 with ``--speculative-adaptive``) behind ``dynspec-router`` with one pool.
+
+Each layout then sweeps its router over C = 1..256 (256 in / 128 out), records ``/status`` and
+stops. ``--dry-run`` prints every command (and the servers' environment) without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dynspec.bench.gpu import models70b
+from dynspec.bench.gpu.levels import ADAPTIVE_CONFIG, ADAPTIVE_FILE
+from dynspec.bench.gpu.pair import markdown, read_rows, record_status
+from dynspec.bench.gpu.run import (
+    EAGLE_STEPS_ALL,
+    EIGHT_LAYOUTS,
+    FIXED_ENV,
+    PAIR_LEVELS,
+    SGLANG_ARGS,
+    Run,
+    RunFailed,
+    last_line,
+    sweep,
+    wait_healthy,
+    wait_launcher,
+)
+
+LAYOUTS = EIGHT_LAYOUTS
+SERVED = "llama70b-random"
+TP = 4
+GPU_SETS = ("0,1,2,3", "4,5,6,7")
+TITLE = "Eight H200s, SGLang 0.5.17, random 70B (tp 4)"
+# What must be in every server's environment (FIXED_ENV holds them; checked by the tests).
+NO_MULTICAST = {k: FIXED_ENV[k] for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+                                          "NVSHMEM_DISABLE_NVLS")}  # fmt: skip
+SERVER_ARGS = "--max-running-requests 128 --cuda-graph-max-bs-decode 128"
+
+
+@dataclass
+class Step:
+    """One process of a layout: its argv, its extra environment, what says it is up."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    health: str | None = None  # URL answering 200 once up; None: the launcher's ready banner
+    wait: bool = False  # run to the end (model building) instead of serving
+    batch: bool = False  # with wait: started beside the next batch steps, waited for together
+
+    def line(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        return (env + " " if env else "") + shlex.join(self.argv)
+
+
+def build_steps(python: str, models: Path, drafts: Sequence[str]) -> list[Step]:
+    code = (
+        "import sys; from pathlib import Path; from dynspec.bench.gpu import models70b as m; "
+        "m.build_shards(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))"
+    )
+    steps = [
+        Step(
+            "files",
+            [python, "-c", "import sys; from pathlib import Path; "
+             "from dynspec.bench.gpu import models70b as m; "
+             "m.write_target_files(Path(sys.argv[1]))", str(models)],
+            wait=True,
+        )
+    ]  # fmt: skip
+    steps += [
+        Step(f"shards{w}", [python, "-c", code, str(models), str(w), "8"], wait=True, batch=True)
+        for w in range(8)
+    ]
+    draft_code = (
+        "import sys; from pathlib import Path; from dynspec.bench.gpu import models70b as m; "
+        "[m.build_draft(Path(sys.argv[1]), n) for n in sys.argv[2:]]; "
+        "m.finish(Path(sys.argv[1]), sys.argv[2:])"
+    )
+    steps.append(Step("drafts", [python, "-c", draft_code, str(models), *drafts], wait=True))
+    return steps
+
+
+def server_argv(
+    python: str, models: Path, port: int, *, kind: str, draft: str, work: Path
+) -> list[str]:
+    argv = [
+        python, "-m", "sglang.launch_server", "--model-path", str(models / models70b.TARGET),
+        "--served-model-name", SERVED, "--tp-size", str(TP), "--host", "127.0.0.1",
+        "--port", str(port), "--enable-metrics",
+    ]  # fmt: skip
+    if kind != "baseline":
+        argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path"]
+        argv += [str(models / f"eagle3-{draft}"), *EAGLE_STEPS_ALL]
+    if kind == "adaptive":
+        argv += ["--speculative-adaptive", "--speculative-adaptive-config"]
+        argv.append(ADAPTIVE_FILE.format(work=work))
+    return [*argv, *shlex.split(SERVER_ARGS), *shlex.split(SGLANG_ARGS)]
+
+
+def layout_steps(
+    layout: str,
+    *,
+    python: str,
+    models: Path,
+    work: Path,
+    ports: tuple[int, int, int],
+    draft: str,
+    startup_timeout: float,
+) -> list[Step]:
+    """The processes of one layout, in start order; the last one is what the sweep goes to."""
+    router_port, eagle_port, baseline_port = ports
+    if layout == "build":
+        return build_steps(python, models, models70b.DRAFTS)
+    if layout in ("split", "paired", "paired-mps"):
+        argv = [
+            python, "-m", "dynspec.launcher", "--gpus", "0-7",
+            "--layout", "split" if layout == "split" else "paired",
+            "--model-path", str(models / models70b.TARGET),
+            "--draft-model-path", str(models / f"eagle3-{draft}"),
+            "--served-model-name", SERVED, *EAGLE_STEPS_ALL, "--threshold", "auto",
+            "--host", "127.0.0.1", "--port", str(router_port),
+            "--eagle-port", str(eagle_port), "--baseline-port", str(baseline_port),
+            "--sglang-args", SGLANG_ARGS, "--baseline-args", "--cuda-graph-max-bs-decode 256",
+            "--log-dir", str(work / "logs"), "--restart", "never", "--kill-grace", "20",
+            "--startup-timeout", f"{startup_timeout:.0f}", "--progress-every", "15",
+        ]  # fmt: skip
+        if layout != "split":
+            argv[argv.index("--model-path") : argv.index("--model-path")] = ["--tp", str(TP)]
+        if layout == "paired-mps":
+            argv.append("--mps")
+        return [Step("launcher", argv, dict(NO_MULTICAST))]
+    kind = layout.removeprefix("2x-")
+    if kind not in ("eagle", "baseline", "adaptive"):
+        raise RunFailed(f"--layout: unknown layout {layout!r} (known: {', '.join(LAYOUTS)})")
+    steps = []
+    urls = []
+    for i, gpus in enumerate(GPU_SETS):
+        port = eagle_port + 10 * i
+        env = {"CUDA_VISIBLE_DEVICES": gpus, **NO_MULTICAST}
+        url = f"http://127.0.0.1:{port}"
+        argv = server_argv(python, models, port, kind=kind, draft=draft, work=work)
+        steps.append(Step(f"{kind}{i}", argv, env, health=f"{url}/health_generate"))
+        urls.append(url)
+    pool = "--baseline-url" if kind == "baseline" else "--eagle-url"
+    router = [python, "-m", "dynspec.router", pool, ",".join(urls), "--host", "127.0.0.1"]
+    router += ["--port", str(router_port)]
+    steps.append(Step("router", router, health=f"http://127.0.0.1:{router_port}/health"))
+    return steps
+
+
+def dry_run(args_layout: str, **kw: object) -> str:
+    layouts = LAYOUTS if args_layout == "all" else (args_layout,)
+    lines = []
+    for layout in layouts:
+        lines.append(f"# {layout}")
+        lines += [s.line() for s in layout_steps(layout, **kw)]  # type: ignore[arg-type]
+        if layout != "build":
+            lines.append(
+                f"# then: dynspec-bench sweep --url {layout}=ROUTER --concurrency {PAIR_LEVELS} "
+                "--input-len 256 --output-len 128; GET ROUTER/status; stop"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _wait_done(run: Run, step: Step, proc: subprocess.Popen[bytes], log: Path) -> None:
+    try:
+        code = proc.wait(max(1.0, run.left() - 30))
+    except subprocess.TimeoutExpired:
+        raise RunFailed(f"{step.name} ran out of time; see {log}") from None
+    finally:
+        run.stop(proc)
+    if code != 0:
+        raise RunFailed(f"{step.name} failed ({last_line(log)}); see {log}")
+
+
+def run_steps(
+    run: Run, steps: Sequence[Step], start_timeout: float
+) -> list[subprocess.Popen[bytes]]:
+    """Start each step; a waited one runs to its end (a batch of them side by side), then the
+    serving ones are waited for until they are up."""
+    serving = []
+    batch: list[tuple[Step, subprocess.Popen[bytes], Path]] = []
+    for step in steps:
+        if batch and not step.batch:
+            for item in batch:
+                _wait_done(run, *item)
+            batch = []
+        log = run.logs / f"{step.name}.log"
+        env_before = dict(run.env)
+        run.env.update(step.env)
+        try:
+            proc = run.spawn(step.name, step.argv, log)
+        finally:
+            run.env.clear()
+            run.env.update(env_before)
+        run.meta.setdefault("commands", []).append(step.line())
+        if step.wait and step.batch:
+            batch.append((step, proc, log))
+        elif step.wait:
+            _wait_done(run, step, proc, log)
+        else:
+            serving.append((step, proc, log))
+    for item in batch:
+        _wait_done(run, *item)
+    for step, proc, log in serving:
+        if step.health is None:
+            took = wait_launcher(run, proc, log)
+        else:
+            took = wait_healthy(run, step.health, proc, step.name, log=log, timeout=start_timeout)
+        run.meta.setdefault("ready_s", {})[step.name] = round(took, 1)
+        run.say(f"{step.name} ready after {took:.0f}s")
+    return [p for _, p, _ in serving]
+
+
+def plan_eight(
+    run: Run, models: Path, layout: str, *, levels: str, draft: str, start_timeout: float
+) -> int:
+    run.work.mkdir(parents=True, exist_ok=True)
+    Path(ADAPTIVE_FILE.format(work=run.work)).write_text(json.dumps(ADAPTIVE_CONFIG))
+    kw = dict(python=run.python, models=models, work=run.work, ports=run.ports, draft=draft)
+    if not (models / models70b.TARGET / ".done").exists() or layout == "build":
+        run.say("building the 70B-shaped model (missing shards only)")
+        run_steps(run, layout_steps("build", startup_timeout=start_timeout, **kw), start_timeout)  # type: ignore[arg-type]
+        if layout == "build":
+            return 0
+    steps = layout_steps(layout, startup_timeout=max(60.0, run.left() - 150), **kw)  # type: ignore[arg-type]
+    # A 70B server at tp 4 loads 35 GB per GPU and captures its graphs: give it the time left.
+    procs = run_steps(run, steps, max(start_timeout, run.left() - 150))
+    router = f"http://127.0.0.1:{run.ports[0]}"
+    jsonl = run.out / "sweep-eight.jsonl"
+    sweep(run, [f"{layout}={router}"], jsonl, title=TITLE, levels=levels,
+          limit=max(30.0, run.left() - 60))  # fmt: skip
+    record_status(run, router, layout)
+    for proc in reversed(procs):
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            run.stop(proc)
+    return 0
+
+
+EIGHT_GROUPS = {"others": ("split", "2x-eagle", "2x-baseline", "2x-adaptive")}
+
+
+def eight_markdown(paths: Sequence[Path]) -> str:
+    return markdown(read_rows(paths), EIGHT_GROUPS, routed=("paired", "paired-mps"))
