@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from routerkit import fake_upstream
 from utils import free_port
 
+from dynspec.router.config import parse_config
 from dynspec.router.loadsignal import (
     MAX_COUNT,
     LoadParseError,
@@ -222,6 +224,64 @@ async def test_poller_reads_a_real_server_and_survives_garbage(tmp_path: Path) -
             await poller.poll_once(dead)  # refused
             assert _metric(registry, dead) == 1
             assert sig.load(dead) == 0
+        finally:
+            await poller.stop()
+            client.close()
+
+
+def test_too_many_events_between_readings_fall_back_to_local(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("dynspec.router.loadsignal.MAX_EVENTS", 3)
+    clock = Clock()
+    sig = LoadSignal([A], max_age=2.0, clock=clock)
+    sig.reading(A, 50, 0, at=clock.now)
+    clock.now += 0.1
+    for _ in range(3):
+        sig.admitted(A)
+    assert sig.from_server(A) and sig.load(A) == 53
+    sig.admitted(A)  # the fourth: the correction would be short, so the reading is dropped
+    assert not sig.from_server(A) and sig.load(A) == 4
+
+
+def test_flags_and_environment() -> None:
+    base = ["--eagle-url", A, "--baseline-url", B]
+    assert (parse_config(base).load_signal, parse_config(base).load_interval) == ("local", 0.25)
+    c = parse_config([*base, "--load-signal", "servers", "--load-interval", "0.5"])
+    assert (c.load_signal, c.load_interval) == ("servers", 0.5)
+    env = {"DYNSPEC_LOAD_SIGNAL": "servers", "DYNSPEC_LOAD_INTERVAL": "1"}
+    c = parse_config(base, environ=env)
+    assert (c.load_signal, c.load_interval) == ("servers", 1.0)
+    for bad in (["--load-signal", "gossip"], ["--load-interval", "0"], ["--load-interval", "-1"]):
+        with pytest.raises(SystemExit) as exc:
+            parse_config([*base, *bad])
+        assert exc.value.code == 2
+
+
+async def _set_loads(url: str, body: bytes) -> None:
+    async with httpx.AsyncClient(timeout=5) as hc:
+        (await hc.post(url + "/fake/loads", content=body)).raise_for_status()
+
+
+async def test_the_poller_task_keeps_the_reading_fresh(tmp_path: Path) -> None:
+    with fake_upstream(tmp_path) as url:
+        await _set_loads(url, answer(rank(0, 5, 1)))
+        sig = LoadSignal([url], max_age=5.0)
+        client = Client(connect_timeout=2.0)
+        poller = LoadPoller(sig, client, interval=0.05)
+        poller.start()
+        try:
+            for _ in range(200):  # bounded: 10 s at most
+                if sig.from_server(url):
+                    break
+                await asyncio.sleep(0.05)
+            assert sig.load(url) == 6
+            await _set_loads(url, answer(rank(0, 2, 0)))
+            for _ in range(200):
+                if sig.load(url) == 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert sig.load(url) == 2
         finally:
             await poller.stop()
             client.close()
