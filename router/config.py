@@ -18,6 +18,7 @@ from dynspec.common.cli import (
     non_negative_int,
     positive_float,
 )
+from dynspec.router.loadsignal import SIGNALS
 from dynspec.router.policy import POLICIES, PoolName
 from dynspec.router.pool import validate_settings
 from dynspec.router.speed import ProfileError, SpeedProfile, profile_from_json
@@ -52,6 +53,9 @@ class RouterConfig:
     speed_profile: SpeedProfile | None = None
     speed_profile_path: str | None = None
     metrics_interval: float = 1.0
+    # --- the shared load signal (router/loadsignal.py) ---
+    load_signal: str = "local"
+    load_interval: float = 0.25
 
     def servers(self) -> list[tuple[str, PoolName]]:
         eagle: list[tuple[str, PoolName]] = [(u, "eagle") for u in self.eagle_urls]
@@ -74,7 +78,8 @@ class RouterConfig:
             f"drain_timeout={self.drain_timeout}, upstream_ca={self.upstream_ca!r}, "
             f"direct_relay={self.direct_relay}, log_level={self.log_level!r}, "
             f"speed_profile_path={self.speed_profile_path!r}, "
-            f"metrics_interval={self.metrics_interval})"
+            f"metrics_interval={self.metrics_interval}, "
+            f"load_signal={self.load_signal!r}, load_interval={self.load_interval})"
         )
 
     def tls(self) -> ssl.SSLContext | None:
@@ -239,8 +244,31 @@ def build_parser() -> FlagParser:
         help="seconds between two polls of each server's /metrics for its speed (running, "
         "queued, gen_throughput, accept length); 0 turns polling off",
     )
+    add_load_signal(p)
     add_log_level(p)
     return p
+
+
+# --- the shared load signal (router/loadsignal.py): its two flags, kept together ---------------
+
+
+def add_load_signal(p: FlagParser) -> None:
+    p.add_argument(
+        "--load-signal",
+        default="local",
+        choices=SIGNALS,
+        help="the load compared with the threshold: 'local' counts this router's own requests in "
+        "flight; 'servers' reads each server's running + queued requests (SGLang's /v1/loads) "
+        "and adds this router's admissions since the reading, so several routers in front of "
+        "the same servers agree (a server that cannot be read is counted locally)",
+    )
+    p.add_argument(
+        "--load-interval",
+        type=positive_float,
+        default=0.25,
+        metavar="S",
+        help="with --load-signal servers: seconds between two reads of each server's load",
+    )
 
 
 def _key(value: str | None) -> str | None:
@@ -298,6 +326,8 @@ def config_from_args(ns: argparse.Namespace) -> RouterConfig:
         speed_profile=profile,
         speed_profile_path=ns.speed_profile or None,
         metrics_interval=ns.metrics_interval,
+        load_signal=ns.load_signal,
+        load_interval=ns.load_interval,
     )
 
 

@@ -7,7 +7,7 @@ Counters and histograms are updated by the proxy once per request (never per chu
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -217,3 +217,25 @@ class RouterMetrics:
             self._output[pool].inc(output_tokens)
             if ttft is not None and output_tokens > 1:
                 self._tpot[pool].observe((duration - ttft) / (output_tokens - 1))
+
+
+# --- The shared load signal (--load-signal servers; router/loadsignal.py) ---------------------
+# Its own small class so it is registered only where the signal runs, next to RouterMetrics.
+
+
+class LoadSignalMetrics:
+    def __init__(self, registry: CollectorRegistry, servers: Iterable[str]) -> None:
+        self.errors = Counter(
+            "dynspec_load_signal_errors",
+            "Load readings from a server that were unusable (the router counted its own)",
+            ["server"],
+            registry=registry,
+        )
+        # Every server's series exists at 0, so the first failure is an increase rate() sees.
+        self._errors = {s: self.errors.labels(s) for s in servers}
+
+    def error(self, server: str) -> None:
+        child = self._errors.get(server)
+        if child is None:
+            child = self._errors[server] = self.errors.labels(server)
+        child.inc()

@@ -28,6 +28,8 @@ through the router untouched):
   x-fake-delay: S         seconds between two writes of a stream (default 0.005)
   x-fake-die-after: K     close the connection before the K-th event, mid-body
 GET /fake/last returns the headers (lower-cased) and body of the last completion request.
+GET /v1/loads answers what the last POST /fake/loads sent (its body, and the status in its
+x-fake-status header, default 200); before any, SGLang's shape with zero counts.
 """
 
 from __future__ import annotations
@@ -85,6 +87,10 @@ class Handler(BaseHTTPRequestHandler):
     model = "fake"
     ready_at = 0.0
     last_request: dict[str, Any] = {}  # noqa: RUF012 - one fake, one last request
+    loads: tuple[int, bytes] = (
+        200,
+        b'{"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0}]}',
+    )
     lock = threading.Lock()
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -110,6 +116,14 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json(
                 200, {"object": "list", "data": [{"id": self.model, "object": "model"}]}
             )
+        elif self.path.split("?")[0] == "/v1/loads":
+            with self.lock:
+                status, body = self.loads
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         elif self.path == "/fake/last":
             with self.lock:
                 self._send_json(200, self.last_request)
@@ -119,6 +133,11 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         headers = {k.lower(): v for k, v in self.headers.items()}
+        if self.path == "/fake/loads":
+            with self.lock:
+                Handler.loads = (int(headers.get("x-fake-status", "200")), raw)
+            self._send_json(200, {})
+            return
         req = json.loads(raw or b"{}")
         with self.lock:
             Handler.last_request = {"headers": headers, "body": req}
