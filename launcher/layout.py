@@ -90,7 +90,7 @@ def check_ports(config: LaunchConfig, pairs: tuple[Pair, ...]) -> None:
 
 def describe(pair: Pair, host: str) -> str:
     """One line for --dry-run and the banner: the pair's GPUs and URLs."""
-    where = "simulated" if not pair.eagle_gpus else "GPUs " + format_gpus(pair.eagle_gpus)
+    where = "simulated" if not pair.shared else "GPUs " + format_gpus(pair.eagle_gpus)
     return (
         f"pair {pair.index}: {where}, EAGLE http://{host}:{pair.eagle_port}, "
         f"baseline http://{host}:{pair.baseline_port}"

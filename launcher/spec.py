@@ -6,8 +6,10 @@ launcher can build is tested without GPUs (and checked against SGLang's own pars
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,9 @@ POOLS = ("eagle", "baseline")
 # 32-160 on 24-60 GB GPUs); past that batch size decode runs without graphs, slower. 512 is what
 # SGLang itself picks on the large GPUs this design targets. --baseline-args overrides it.
 BASELINE_CUDA_GRAPH_MAX_BS = 512
+
+# The longest MPS pipe directory: its sockets ("control_privileged") must fit a Unix socket path.
+MPS_PIPE_MAX = 85
 
 # Environment variables whose values must never be printed (dry-run shows a reference instead).
 # A router setting named here reaches the router through its variable, never its command line.
@@ -247,6 +252,11 @@ def mps_env(config: LaunchConfig, pair: Pair) -> tuple[tuple[str, str], ...]:
     if not (config.mps and shares_gpu(config)):
         return ()
     root = config.log_dir.resolve() / f"mps{pair.index}"
+    if len(str(root / "pipe")) > MPS_PIPE_MAX:
+        # MPS makes Unix sockets in the pipe directory (a path of at most 107 bytes): a deep log
+        # directory moves the pair's MPS directories to one named after it in /tmp.
+        digest = hashlib.sha1(str(root).encode()).hexdigest()[:12]
+        root = Path(tempfile.gettempdir()) / f"dynspec-mps-{digest}"
     return (
         ("CUDA_MPS_PIPE_DIRECTORY", str(root / "pipe")),
         ("CUDA_MPS_LOG_DIRECTORY", str(root / "log")),

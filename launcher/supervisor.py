@@ -338,8 +338,9 @@ class Supervisor:
             # The point of the demo: enough requests at once to cross the threshold.
             n = c.threshold + 4
             self.say(f"see the switch: for i in $(seq {n}); do {burst} & done; wait")
+        each = f"in each of {len(c.pairs)} pairs, " if len(c.pairs) > 1 else ""
         self.say(
-            f"policy {c.policy}: EAGLE up to load {c.threshold}, baseline above it "
+            f"policy {c.policy}: {each}EAGLE up to load {c.threshold}, baseline above it "
             f"(back to EAGLE at load <= {c.threshold - c.hysteresis}); Ctrl-C stops everything"
         )
 

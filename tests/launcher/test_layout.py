@@ -246,3 +246,12 @@ def test_weight_check_is_skipped_with_a_note_for_a_hub_model() -> None:
     note = check_pair_fits(config)
     assert note is not None and "not a local model directory" in note
     assert check_pair_fits(load_config(["--gpus", "0-1", *MODEL], {})) is None  # split: no check
+
+
+def test_a_deep_log_dir_moves_the_mps_directories_to_a_short_path(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 120)
+    argv = ["--gpus", "0", "--mps", "--log-dir", str(deep), *MODEL]
+    eagle, baseline, _ = build_specs(load_config(argv, {}))
+    pipe = dict(eagle.env)["CUDA_MPS_PIPE_DIRECTORY"]
+    assert pipe == dict(baseline.env)["CUDA_MPS_PIPE_DIRECTORY"]
+    assert len(pipe) + len("/control_privileged") < 108 and "dynspec-mps-" in pipe
