@@ -18,7 +18,7 @@ import ctypes
 import os
 import signal
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -129,17 +129,19 @@ class Child:
     def running(self) -> bool:
         return self._proc is not None and self.returncode is None
 
-    async def start(self) -> None:
+    async def start(self, argv: Sequence[str] | None = None) -> None:
+        """Start (again); ``argv`` replaces the spec's (a restart beside a running partner)."""
+        argv = self.spec.argv if argv is None else argv
         self.spec.log_file.parent.mkdir(parents=True, exist_ok=True)
         # A local file append: fast, and it must exist before the child writes into the pipe.
         self._log = open(self.spec.log_file, "ab")  # noqa: SIM115, ASYNC230
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        self._log.write(f"==> dynspec-launch {stamp}: {self.spec.command_line()}\n".encode())
+        self._log.write(f"==> dynspec-launch {stamp}: {self.spec.command_line(argv)}\n".encode())
         self._log.flush()
         self.returncode = None
         self.latest_line = ""
         self._proc = await asyncio.create_subprocess_exec(
-            *self.spec.argv,
+            *argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,

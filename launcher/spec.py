@@ -91,6 +91,10 @@ class ProcessSpec:
     more_health: tuple[str, ...] = ()
     key: str = ""  # unique in a launch: "eagle", "eagle0", "pair1", "router"
     after: str | None = None  # the key of the server that must be healthy before this one starts
+    # Shared GPUs: the argv for a (re)start while ``partner`` runs, when it differs from ``argv``
+    # (the EAGLE server restarted beside its running baseline takes the second server's share).
+    partner: str | None = None
+    second_argv: tuple[str, ...] = ()
 
     @property
     def is_server(self) -> bool:
@@ -100,7 +104,7 @@ class ProcessSpec:
     def health_urls(self) -> tuple[str, ...]:
         return (self.health_url, *self.more_health)
 
-    def command_line(self) -> str:
+    def command_line(self, argv: Sequence[str] | None = None) -> str:
         """A shell command a user can paste: environment first, secrets as ``$VAR`` references."""
         parts = []
         for key, value in self.env:
@@ -109,7 +113,8 @@ class ProcessSpec:
             else:
                 parts.append(f"{key}={shlex.quote(value)}")
         hidden = dict(self.secret_args)
-        parts += [f'"${hidden[a]}"' if a in hidden else shlex.quote(a) for a in self.argv]
+        argv = self.argv if argv is None else argv
+        parts += [f'"${hidden[a]}"' if a in hidden else shlex.quote(a) for a in argv]
         return " ".join(parts)
 
 
@@ -221,8 +226,11 @@ def shares_gpu(config: LaunchConfig) -> bool:
     return config.layout == "paired" and not config.simulate
 
 
-def memory_options(config: LaunchConfig, pool: str, tp: int = 1) -> list[list[str]]:
-    """``--mem-fraction-static`` (and ``--max-total-tokens`` when sizable) on shared GPUs."""
+def memory_options(
+    config: LaunchConfig, pool: str, tp: int = 1, second: bool = False
+) -> list[list[str]]:
+    """``--mem-fraction-static`` (and ``--max-total-tokens`` when sizable) on shared GPUs;
+    ``second``: the share of a server that starts while the other one holds its half."""
     if not shares_gpu(config):
         return []
     plan = plan_shared_gpu(
@@ -233,7 +241,7 @@ def memory_options(config: LaunchConfig, pool: str, tp: int = 1) -> list[list[st
         target_bytes=config.target_weight_bytes,
         draft_bytes=config.draft_weight_bytes,
     )
-    fraction = plan.eagle_fraction if pool == "eagle" else plan.baseline_fraction
+    fraction = plan.eagle_fraction if pool == "eagle" and not second else plan.baseline_fraction
     own = [["--mem-fraction-static", f"{fraction:g}"]]
     if plan.max_total_tokens is not None:
         own.append(["--max-total-tokens", str(plan.max_total_tokens)])
@@ -331,7 +339,6 @@ def build_server_spec(config: LaunchConfig, pool: str, pair: Pair | None = None)
         ]
     else:
         own.append(["--cuda-graph-max-bs-decode", str(BASELINE_CUDA_GRAPH_MAX_BS)])
-    own += memory_options(config, pool, len(gpus))
     secret_args: tuple[tuple[str, str], ...] = ()
     if config.backend_api_key:
         # The router sends this key; SGLang then refuses requests without it.
@@ -342,7 +349,11 @@ def build_server_spec(config: LaunchConfig, pool: str, pair: Pair | None = None)
         if config.server_command
         else [sys.executable, "-m", SGLANG_MODULE]
     )
-    argv = [*command, *_merge(own, extra)]
+    argv = [*command, *_merge(own + memory_options(config, pool, len(gpus)), extra)]
+    second_argv: list[str] = []
+    if pair.shared and eagle:
+        second = memory_options(config, pool, len(gpus), second=True)
+        second_argv = [*command, *_merge(own + second, extra)]
     mps = mps_env(config, pair)
     # Under MPS the daemon sees the pair's GPUs and its clients see them renumbered from 0
     # (NVIDIA's MPS guide, "CUDA_VISIBLE_DEVICES"): the daemon's own ids would be an error.
@@ -361,6 +372,8 @@ def build_server_spec(config: LaunchConfig, pool: str, pair: Pair | None = None)
         secret_args,
         key=key,
         after=after,
+        partner=pair.name("baseline") if pair.shared and eagle else None,
+        second_argv=tuple(second_argv) if second_argv != argv else (),
     )
 
 

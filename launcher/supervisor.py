@@ -384,7 +384,10 @@ class Supervisor:
         elif st.restart_at is not None and now >= st.restart_at:
             st.restart_at = None
             st.probe_note = "starting"
-            await child.start()
+            partner = self._by_key.get(spec.partner) if spec.partner else None
+            beside = partner is not None and partner.child.running and spec.second_argv
+            # Beside its running partner it sees only the partner's leftover as free memory.
+            await child.start(spec.second_argv if beside else None)
             st.probe = asyncio.create_task(self._probe(st))
             self.printer.line(spec.prefix, f"restarted (start {child.starts})", spec.name)
         elif child.running and not st.healthy:

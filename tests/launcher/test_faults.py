@@ -105,3 +105,33 @@ def test_fake_sglang_servers_end_too_when_the_launcher_is_killed(tmp_path: Path)
         run.wait(10)
         assert wait_until(lambda: not any(alive(p) for p in kids), 10)
         assert wait_until(lambda: port_free(ports["eagle"]) and port_free(ports["baseline"]), 5)
+
+
+def test_eagle_restarted_beside_its_running_baseline_takes_the_second_share(
+    tmp_path: Path,
+) -> None:
+    # One GPU, one pair: the EAGLE server dies while its baseline holds half of the memory. Its
+    # first --mem-fraction-static was of an empty GPU; restarted, it sees only the other half free.
+    env = {"FAKE_SGLANG_EAGLE": "crash-later"}
+    with launched(tmp_path, "--kill-grace", "1", "--no-router", "--gpus", "0", env=env) as (
+        run,
+        _,
+    ):
+        run.wait_for(r"\[dynspec\] ready")
+        (tmp_path / "crash-eagle").touch()
+        run.wait_for(r"\[eagle gpu0\] healthy again after")
+        headers = [
+            line
+            for line in (tmp_path / "logs" / "eagle.log").read_text().splitlines()
+            if line.startswith("==> dynspec-launch")
+        ]
+        baseline = (tmp_path / "logs" / "baseline.log").read_text().splitlines()[0]
+        assert len(headers) == 2
+        assert "--mem-fraction-static 0.44" in headers[0]
+        assert (
+            "--mem-fraction-static 0.804" in headers[1]
+            and "--mem-fraction-static 0.804" in baseline
+        )
+        run.send(signal.SIGINT)
+        assert run.wait(30) == 130
+        assert run.leftovers() == []
