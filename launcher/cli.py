@@ -42,8 +42,7 @@ def with_detected_gpus(config: LaunchConfig) -> LaunchConfig:
     try:
         found = list_gpus() if visible is None else tuple(range(len(visible)))
         if config.layout == "paired":
-            tp = len(config.pairs[0]) if config.pairs and config.pairs[0] else 1
-            pairs = split_pairs(found, tp)
+            pairs = split_pairs(found, config.tp)
             return dataclasses.replace(config, eagle_gpus=found, baseline_gpus=found, pairs=pairs)
         eagle, baseline = split_halves(found)
     except UsageError as exc:

@@ -100,6 +100,7 @@ class LaunchConfig:
     # and one baseline server on each GPU set of ``pairs`` (see layout.py).
     layout: str = "split"
     pairs: tuple[GpuSet, ...] = ()
+    tp: int = 1  # GPUs per pair (paired layout)
     mps: bool = False
     no_router: bool = False
     # Read at launch: the MPS control binary, and the weights' bytes on disk (safetensors).
@@ -523,6 +524,7 @@ def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
         threshold_auto=threshold_auto,
         layout=layout,
         pairs=pairs,
+        tp=ns.tp or 1,
         mps=bool(ns.mps),
         no_router=bool(ns.no_router),
     )

@@ -118,6 +118,8 @@ class Supervisor:
         try:
             for daemon in self.daemons:
                 await self._start_daemon(daemon)
+            if self.signals:  # stopped while the daemons started: no server was started
+                return self._signal_code()
             return await self._run()
         finally:
             try:

@@ -255,3 +255,14 @@ def test_a_deep_log_dir_moves_the_mps_directories_to_a_short_path(tmp_path: Path
     pipe = dict(eagle.env)["CUDA_MPS_PIPE_DIRECTORY"]
     assert pipe == dict(baseline.env)["CUDA_MPS_PIPE_DIRECTORY"]
     assert len(pipe) + len("/control_privileged") < 108 and "dynspec-mps-" in pipe
+
+
+def test_detected_gpus_are_paired_by_tp(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dynspec.launcher import cli
+
+    monkeypatch.setattr(cli, "list_gpus", lambda: tuple(range(8)))
+    config = cli.with_detected_gpus(load_config(["--layout", "paired", "--tp", "4", *MODEL], {}))
+    assert config.pairs == ((0, 1, 2, 3), (4, 5, 6, 7))
+    monkeypatch.setattr(cli, "list_gpus", lambda: (0,))
+    one = cli.with_detected_gpus(load_config(MODEL, {}))
+    assert (one.layout, one.pairs) == ("paired", ((0,),))
