@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -89,6 +90,12 @@ def _reader_gone() -> NoReturn:
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
     sys.exit(READER_GONE)
+
+
+def _error_line(text: str) -> None:
+    """The one error line on stderr; a stderr with no reader left loses it, not the exit code."""
+    with contextlib.suppress(OSError):
+        print(text, file=sys.stderr)
 
 
 def write_stdout(text: str) -> None:
@@ -227,13 +234,13 @@ def run_main(prog: str, body: Callable[[], int | None], log_level: str = "info")
     except KeyboardInterrupt:
         sys.exit(130)
     except UsageError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        _error_line(f"{prog}: error: {exc}")
         sys.exit(2)
     except BrokenPipeError:
         _reader_gone()
     except Exception as exc:
         if log_level == "debug":
             raise
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        _error_line(f"{prog}: error: {exc}")
         sys.exit(1)
     sys.exit(0 if code is None else code)

@@ -10,12 +10,14 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from dynspec.common.cli import UsageError, configure_logging, env_name, run_main
-from dynspec.launcher.config import PROG, LaunchConfig, build_parser, load_config
+from dynspec.launcher.config import PROG, LaunchConfig, build_parser, load_config, split_pairs
 from dynspec.launcher.gpus import split_halves, visible_devices
+from dynspec.launcher.layout import describe, pairs_of
+from dynspec.launcher.mps import build_daemons, find_mps_control
 from dynspec.launcher.preflight import gpu_memory_gib, list_gpus, run_preflight, tp_warnings
 from dynspec.launcher.printer import Printer
-from dynspec.launcher.sharing import read_model_shape
-from dynspec.launcher.spec import build_specs, shares_gpu
+from dynspec.launcher.sharing import pair_shortfall_gib, read_model_shape, weights_on_disk
+from dynspec.launcher.spec import build_specs, connect_host, shares_gpu
 from dynspec.launcher.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -32,44 +34,113 @@ def launcher_env_names() -> frozenset[str]:
 
 
 def with_detected_gpus(config: LaunchConfig) -> LaunchConfig:
-    """No --gpus: use every visible GPU (else every GPU nvidia-smi lists), split in halves."""
+    """No --gpus: use every visible GPU (else every GPU nvidia-smi lists), split in halves (or
+    in pairs of --tp GPUs with --layout paired)."""
     if config.simulate or (config.eagle_gpus and config.baseline_gpus):
         return config
     visible = config.visible_gpus
     try:
-        eagle, baseline = split_halves(
-            list_gpus() if visible is None else tuple(range(len(visible)))
-        )
+        found = list_gpus() if visible is None else tuple(range(len(visible)))
+        if config.layout == "paired":
+            pairs = split_pairs(found, config.tp)
+            return dataclasses.replace(config, eagle_gpus=found, baseline_gpus=found, pairs=pairs)
+        eagle, baseline = split_halves(found)
     except UsageError as exc:
         raise UsageError(f"no --gpus given, and {exc}") from None
+    if eagle == baseline:  # one GPU found: a one-pair paired layout
+        return dataclasses.replace(
+            config, eagle_gpus=eagle, baseline_gpus=baseline, layout="paired", pairs=(eagle,)
+        )
     return dataclasses.replace(config, eagle_gpus=eagle, baseline_gpus=baseline)
 
 
 def with_shared_gpu_sizes(config: LaunchConfig) -> LaunchConfig:
-    """Both servers on one GPU: read its memory and the local models' shapes to size each share."""
+    """Pairs on shared GPUs: read the GPUs' memory (the smallest) and the local models' shapes
+    and sizes, to size each server's share and to check that two copies fit."""
     if not shares_gpu(config):
         return config
+    sizes = [gpu_memory_gib(visible_devices((g,), config.visible_gpus)) for g in config.eagle_gpus]
+    known = [m for m in sizes if m is not None]
     return dataclasses.replace(
         config,
-        gpu_memory_gib=gpu_memory_gib(visible_devices(config.eagle_gpus, config.visible_gpus)),
+        gpu_memory_gib=min(known) if known and len(known) == len(sizes) else None,
         target_shape=read_model_shape(config.model_path),
         draft_shape=read_model_shape(config.draft_model_path, draft=True),
+        target_weight_bytes=weights_on_disk(config.model_path),
+        draft_weight_bytes=weights_on_disk(config.draft_model_path),
     )
 
 
+def check_pair_fits(config: LaunchConfig) -> str | None:
+    """Two copies of the target and the draft must leave KV room on each GPU of a pair: a usage
+    error when not; a note (returned) when the check cannot be made."""
+    if not shares_gpu(config):
+        return None
+    target = config.target_weight_bytes or (
+        config.target_shape.weight_bytes if config.target_shape else None
+    )
+    draft = config.draft_weight_bytes or (
+        config.draft_shape.weight_bytes if config.draft_shape else 0
+    )
+    if target is None:
+        return (
+            f"note: --model-path {config.model_path} is not a local model directory: the check "
+            "that two copies fit on each pair's GPUs is skipped"
+        )
+    if config.gpu_memory_gib is None:
+        return "note: GPU memory unknown (nvidia-smi): the check that two copies fit is skipped"
+    tp = len(config.pairs[0])
+    short, spelled = pair_shortfall_gib(config.gpu_memory_gib, tp, target, draft)
+    if short > 0:
+        raise UsageError(
+            f"--layout paired: each GPU ({config.gpu_memory_gib:.0f} GiB) would need {spelled}: "
+            f"{short:.1f} GiB short; use --layout split (one copy per GPU set) or a larger --tp"
+        )
+    return None
+
+
+def with_mps_control(config: LaunchConfig) -> LaunchConfig:
+    if not config.mps or config.simulate:
+        return config
+    return dataclasses.replace(config, mps_control=find_mps_control())
+
+
+def dry_run_notes(config: LaunchConfig) -> list[str]:
+    """Shell comments for --dry-run: the pairs, their MPS daemons, the missing router."""
+    notes = []
+    if config.layout == "paired":
+        host = connect_host(config.backend_host)
+        for pair in pairs_of(config):
+            notes.append(f"# {describe(pair, host)}")
+        if shares_gpu(config):
+            notes.append("# each pair's baseline server starts once its EAGLE server is healthy")
+    for daemon in build_daemons(config):
+        notes.append(f"# MPS pair {daemon.pair}, before its servers: {daemon.start_line()}")
+        notes.append(f"# MPS pair {daemon.pair}, after its servers: {daemon.stop_line()}")
+    if config.no_router:
+        notes.append("# --no-router: servers only, no router started")
+    return notes
+
+
 def launch(config: LaunchConfig) -> int:
-    config = with_shared_gpu_sizes(with_detected_gpus(config))
+    config = with_mps_control(with_shared_gpu_sizes(with_detected_gpus(config)))
     specs = build_specs(config)
+    note = check_pair_fits(config)
+    if note:
+        print(f"{PROG}: {note}", file=sys.stderr)
     for warning in tp_warnings(config):
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
     if config.dry_run:
+        for line in dry_run_notes(config):
+            print(line)
         for spec in specs:
             print(spec.command_line())
         return 0
     if config.preflight:
         run_preflight(config)
     printer = Printer(sys.stdout)
-    supervisor = Supervisor(config, specs, printer, launcher_env_names())
+    daemons = build_daemons(config)
+    supervisor = Supervisor(config, specs, printer, launcher_env_names(), daemons)
     return asyncio.run(supervisor.run())
 
 

@@ -10,7 +10,7 @@ import dataclasses
 import os
 import shlex
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from dynspec.common.cli import (
     positive_int,
 )
 from dynspec.launcher.gpus import GpuSet, check_visible, parse_gpus, parse_visible, split_halves
+from dynspec.launcher.router_flags import ROUTER_SETTINGS
 from dynspec.launcher.sharing import ModelShape
 from dynspec.launcher.sim.profile import Profile, ProfileError, load_profile
 
@@ -38,77 +39,14 @@ else:  # pragma: no cover - Python 3.10
 PROG = "dynspec-launch"
 RESTART_POLICIES = ("on-failure", "never")
 POLICIES = ("threshold", "balance")
-MIB = 1024 * 1024
+LAYOUTS = ("split", "paired")
 
 
-@dataclass(frozen=True)
-class RouterSetting:
-    flag: str
-    type: Callable[[str], object]
-    default: object
-    help: str
-    # An on/off flag (no value): passed to the router, bare, when on.
-    switch: bool = False
-
-
-# Router settings the launcher passes through as they are: each is a launcher flag and TOML key of
-# the same name, with the router's check and default (tests hold them to the router's own parser);
-# a value other than the default reaches the router. Adding one is one row here. Keys reach the
-# router through its environment (see spec.SECRET_ENV). The launcher's own uses of a setting
-# (threshold, drain-timeout, log-level) are flags of its own.
-ROUTER_SETTINGS = (
-    RouterSetting("--api-key", str, None, "key clients must send (Authorization: Bearer KEY)"),
-    RouterSetting("--admin-api-key", str, None, "key for /admin/* and /status (else 403)"),
-    RouterSetting(
-        "--backend-api-key",
-        str,
-        None,
-        "key the router sends to the servers; both SGLang servers get it as their --api-key",
-    ),
-    RouterSetting(
-        "--max-concurrency",
-        non_negative_int,
-        0,
-        "requests in flight beyond this get 503 with Retry-After (0: no limit)",
-    ),
-    RouterSetting(
-        "--request-timeout",
-        positive_float,
-        600.0,
-        "seconds to wait for a server's first byte and between two reads, else 504",
-    ),
-    RouterSetting(
-        "--connect-timeout", positive_float, 5.0, "seconds to open a connection to a server"
-    ),
-    RouterSetting(
-        "--max-body-bytes",
-        non_negative_int,
-        32 * MIB,
-        "largest request body the router accepts; larger ones get 413",
-    ),
-    RouterSetting(
-        "--health-interval", positive_float, 2.0, "seconds between two health checks of a server"
-    ),
-    RouterSetting(
-        "--upstream-ca",
-        str,
-        None,
-        "PEM file of the CA(s) for https server URLs, in place of the system's trust store",
-    ),
-    RouterSetting(
-        "--no-direct-relay",
-        str,
-        False,
-        "the router sends every streamed chunk through uvicorn's ASGI send (slower)",
-        switch=True,
-    ),
-    RouterSetting(
-        "--metrics-interval",
-        non_negative_float,
-        1.0,
-        "seconds between the router's polls of each server's /metrics for its speed (0: off)",
-    ),
-)
+def threshold_value(text: str) -> int | str:
+    """``--threshold``: a load (>= 1), or ``auto`` (the router learns it per pair)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    return positive_int(text)
 
 
 @dataclass(frozen=True)
@@ -156,6 +94,19 @@ class LaunchConfig:
     gpu_memory_gib: float | None = None
     target_shape: ModelShape | None = None
     draft_shape: ModelShape | None = None
+    # --threshold auto: the router learns each pair's threshold (``threshold`` is its start).
+    threshold_auto: bool = False
+    # "split": the EAGLE server on eagle_gpus, the baseline on baseline_gpus. "paired": one EAGLE
+    # and one baseline server on each GPU set of ``pairs`` (see layout.py).
+    layout: str = "split"
+    pairs: tuple[GpuSet, ...] = ()
+    tp: int = 1  # GPUs per pair (paired layout)
+    mps: bool = False
+    no_router: bool = False
+    # Read at launch: the MPS control binary, and the weights' bytes on disk (safetensors).
+    mps_control: str | None = None
+    target_weight_bytes: int | None = None
+    draft_weight_bytes: int | None = None
 
     def router_setting(self, flag: str) -> object | None:
         """A pass-through router setting's value, or None where the router's default holds."""
@@ -194,6 +145,26 @@ def build_parser() -> FlagParser:
         "the launcher: with CUDA_VISIBLE_DEVICES=4,5 already set (Slurm, containers), --gpus 0-1 "
         "means GPUs 4 and 5 (default: every visible GPU; every GPU nvidia-smi lists when "
         "CUDA_VISIBLE_DEVICES is unset)",
+    )
+    g.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        help="'split': the EAGLE server on the first half of --gpus, the baseline on the second; "
+        "'paired': an EAGLE and a baseline server on each GPU set of --tp GPUs, the baseline "
+        "started once EAGLE is healthy, each with half of the set's memory; pair i listens on "
+        "--eagle-port + 2i and --baseline-port + 2i (default: split; paired for one GPU)",
+    )
+    g.add_argument(
+        "--tp",
+        type=positive_int,
+        help="--layout paired: GPUs per pair (must divide the GPU count; default 1: one pair "
+        "per GPU)",
+    )
+    g.add_argument(
+        "--mps",
+        action="store_true",
+        help="--layout paired: one CUDA MPS control daemon per pair's GPU set, both servers its "
+        "clients (with --simulate: the simulator's MPS sharing)",
     )
     g.add_argument("--eagle-gpus", help="GPUs of the EAGLE server (overrides the split)")
     g.add_argument("--baseline-gpus", help="GPUs of the baseline server (overrides the split)")
@@ -241,6 +212,11 @@ def build_parser() -> FlagParser:
     n.add_argument("--backend-host", default="127.0.0.1", help="listen address of both servers")
     r = p.add_argument_group("router")
     r.add_argument(
+        "--no-router",
+        action="store_true",
+        help="start and supervise the servers only (a Kubernetes pod: the router runs elsewhere)",
+    )
+    r.add_argument(
         "--policy",
         default="threshold",
         choices=POLICIES,
@@ -249,9 +225,10 @@ def build_parser() -> FlagParser:
     )
     r.add_argument(
         "--threshold",
-        type=positive_int,
+        type=threshold_value,
         default=8,
-        help="load above which new requests go to the baseline server",
+        help="load above which new requests go to the baseline server; 'auto': the router "
+        "learns it per pair from the servers' speed curves (starting at 8)",
     )
     r.add_argument(
         "--hysteresis",
@@ -438,6 +415,9 @@ def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
             baseline_gpus = tuple(g for g in gpus if g not in eagle_gpus)
         elif baseline_gpus is not None:
             eagle_gpus = tuple(g for g in gpus if g not in baseline_gpus)
+        elif gpus and ns.layout == "paired":
+            # Every GPU holds both kinds of server; resolve_layout groups them into pairs.
+            eagle_gpus, baseline_gpus = gpus, gpus
         elif gpus:
             eagle_gpus, baseline_gpus = split_halves(gpus)
         else:
@@ -447,9 +427,10 @@ def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
                 "--eagle-gpus/--baseline-gpus: no GPUs left for the other server "
                 "(give both, or a --gpus set that holds both)"
             )
+    layout, pairs = resolve_layout(ns, gpus, eagle_gpus, baseline_gpus)
     overlap = sorted(set(eagle_gpus) & set(baseline_gpus))
     # One GPU may hold both servers (they start one after the other); nothing else may overlap.
-    if overlap and not (len(eagle_gpus) == 1 and eagle_gpus == baseline_gpus):
+    if overlap and layout == "split":
         raise UsageError(f"GPU {overlap[0]} is given to both the EAGLE and the baseline server")
 
     if not simulate:
@@ -467,9 +448,11 @@ def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
             "--speculative-eagle-topk and --speculative-num-draft-tokens need "
             "--speculative-num-steps (omit all three to let SGLang choose)"
         )
-    if ns.hysteresis >= ns.threshold:
+    threshold_auto = ns.threshold == "auto"
+    threshold = 8 if threshold_auto else int(ns.threshold)
+    if ns.hysteresis >= threshold:
         raise UsageError(
-            f"--hysteresis {ns.hysteresis} must be below --threshold {ns.threshold} "
+            f"--hysteresis {ns.hysteresis} must be below --threshold {threshold} "
             "(else the router never switches back to EAGLE)"
         )
     ports = {"--port": ns.port, "--eagle-port": ns.eagle_port, "--baseline-port": ns.baseline_port}
@@ -521,7 +504,7 @@ def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
         baseline_port=ns.baseline_port,
         backend_host=ns.backend_host,
         policy=ns.policy,
-        threshold=ns.threshold,
+        threshold=threshold,
         hysteresis=ns.hysteresis,
         router_settings=_router_settings(ns),
         sim_profile=ns.sim_profile,
@@ -538,4 +521,48 @@ def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
         progress_every=max(0.1, float(ns.progress_every)),
         speed_profile=speed_profile,
         speed_profile_data=speed_profile_data,
+        threshold_auto=threshold_auto,
+        layout=layout,
+        pairs=pairs,
+        tp=ns.tp or 1,
+        mps=bool(ns.mps),
+        no_router=bool(ns.no_router),
     )
+
+
+def resolve_layout(
+    ns: argparse.Namespace, gpus: GpuSet | None, eagle: GpuSet, baseline: GpuSet
+) -> tuple[str, tuple[GpuSet, ...]]:
+    """The layout and, for ``paired``, each pair's GPU set (empty until GPUs are known).
+
+    One GPU for both servers is a one-pair paired layout, whichever flags named it.
+    """
+    one_gpu = len(eagle) == 1 and eagle == baseline
+    layout = "paired" if one_gpu else (ns.layout or "split")
+    if layout == "split":
+        if ns.tp is not None:
+            raise UsageError("--tp sets the GPUs of each pair: use it with --layout paired")
+        if ns.mps:
+            raise UsageError(
+                "--mps shares a pair's GPUs between its two servers: use it with --layout paired"
+            )
+        return layout, ()
+    if (ns.eagle_gpus or ns.baseline_gpus) and not one_gpu:
+        raise UsageError("--layout paired takes --gpus (each pair's servers share their GPUs)")
+    return layout, split_pairs(eagle if one_gpu else (gpus or ()), ns.tp or 1, bool(ns.simulate))
+
+
+def split_pairs(gpus: GpuSet, tp: int, simulate: bool = False) -> tuple[GpuSet, ...]:
+    """GPU sets of ``tp`` GPUs, in the order given; none known yet: none (or one simulated)."""
+    if not gpus:
+        return ((),) if simulate else ()
+    if len(gpus) % tp:
+        raise UsageError(
+            f"--tp {tp} does not divide the {len(gpus)} GPU(s) given: each pair needs {tp} "
+            f"(e.g. --tp {_divisor_hint(len(gpus), tp)})"
+        )
+    return tuple(tuple(gpus[i : i + tp]) for i in range(0, len(gpus), tp))
+
+
+def _divisor_hint(count: int, tp: int) -> int:
+    return max(d for d in range(1, count + 1) if count % d == 0 and d <= tp)

@@ -22,6 +22,7 @@ from pathlib import Path
 from dynspec.common.cli import UsageError
 from dynspec.launcher.config import LaunchConfig
 from dynspec.launcher.gpus import format_gpus, tp_problems
+from dynspec.launcher.layout import pairs_of
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +156,11 @@ def tp_warnings(config: LaunchConfig) -> list[str]:
     if config.simulate:
         return []
     heads, kv_heads = model_heads(config.model_path)
-    sizes = {"EAGLE": len(config.eagle_gpus), "baseline": len(config.baseline_gpus)}
+    if config.layout == "paired" and config.pairs:
+        tp_pair = len(config.pairs[0])
+        sizes = {"EAGLE": tp_pair, "baseline": tp_pair}
+    else:
+        sizes = {"EAGLE": len(config.eagle_gpus), "baseline": len(config.baseline_gpus)}
     lines = []
     for tp in sorted(set(sizes.values())):
         problems = tp_problems(tp, heads, kv_heads)
@@ -205,6 +210,9 @@ def run_preflight(config: LaunchConfig, available_gpus: Sequence[int] | None = N
         check_gpus(config, list_gpus() if available_gpus is None else available_gpus)
         check_model_path(config.model_path, "--model-path")
         check_model_path(config.draft_model_path, "--draft-model-path")
-    check_port_free(config.host, config.port, "router")
-    check_port_free(config.backend_host, config.eagle_port, "EAGLE server")
-    check_port_free(config.backend_host, config.baseline_port, "baseline server")
+    if not config.no_router:
+        check_port_free(config.host, config.port, "router")
+    for pair in pairs_of(config):
+        for pool, what in (("eagle", "EAGLE"), ("baseline", "baseline")):
+            tag = f" of pair {pair.index}" if pair.count > 1 else ""
+            check_port_free(config.backend_host, pair.port(pool), f"{what} server{tag}")

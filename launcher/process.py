@@ -2,16 +2,23 @@
 
 The child is a process-group leader (``start_new_session=True``), so SGLang's scheduler and
 detokenizer workers, which inherit the group, are signalled with it and none is left behind.
+
+When the launcher dies without stopping them (SIGKILL, the OOM killer), each child gets SIGTERM
+from the kernel (``PR_SET_PDEATHSIG``, set between fork and exec): SGLang's server takes its
+scheduler and detokenizer down on it, the router and the simulator exit. The signal follows the
+thread that forked the child, and asyncio forks from the event loop's thread, which lives as
+long as the launcher.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -19,6 +26,40 @@ from dynspec.launcher.printer import Printer
 from dynspec.launcher.spec import ProcessSpec
 
 _PROC = Path("/proc")
+PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    """libc's prctl, looked up once before any fork (Linux only)."""
+    if not _PROC.is_dir():
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)  # libc is in the process already
+        prctl: Callable[..., int] = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+_PRCTL = _load_prctl()
+
+
+def die_with_parent(parent: int) -> Callable[[], None] | None:
+    """A ``preexec_fn``: SIGTERM this child when the process ``parent`` (the launcher) dies.
+
+    Between fork and exec only async-signal-safe work: one prctl call and a check that the
+    launcher did not die before it (then the signal would never come).
+    """
+    prctl = _PRCTL
+    if prctl is None:
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
 
 
 def child_environment(
@@ -88,22 +129,25 @@ class Child:
     def running(self) -> bool:
         return self._proc is not None and self.returncode is None
 
-    async def start(self) -> None:
+    async def start(self, argv: Sequence[str] | None = None) -> None:
+        """Start (again); ``argv`` replaces the spec's (a restart beside a running partner)."""
+        argv = self.spec.argv if argv is None else argv
         self.spec.log_file.parent.mkdir(parents=True, exist_ok=True)
         # A local file append: fast, and it must exist before the child writes into the pipe.
         self._log = open(self.spec.log_file, "ab")  # noqa: SIM115, ASYNC230
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        self._log.write(f"==> dynspec-launch {stamp}: {self.spec.command_line()}\n".encode())
+        self._log.write(f"==> dynspec-launch {stamp}: {self.spec.command_line(argv)}\n".encode())
         self._log.flush()
         self.returncode = None
         self.latest_line = ""
         self._proc = await asyncio.create_subprocess_exec(
-            *self.spec.argv,
+            *argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             env=child_environment(self.spec, os.environ, self._drop_env),
             start_new_session=True,
+            preexec_fn=die_with_parent(os.getpid()),
         )
         self.pid = self._proc.pid
         self.started_at = time.monotonic()

@@ -109,6 +109,10 @@ def plan_shared_gpu(
     gpu_gib: float | None,
     target: ModelShape | None,
     draft: ModelShape | None,
+    *,
+    tp: int = 1,
+    target_bytes: int | None = None,
+    draft_bytes: int | None = None,
 ) -> SharedGpuPlan:
     """Half the GPU for each server; the EAGLE server starts first.
 
@@ -117,6 +121,9 @@ def plan_shared_gpu(
     split is taken as fractions of an 80 GiB GPU, whose ratios differ little from other sizes.
     The KV cap is what is left of S after the weights and graphs, over the KV bytes per token
     (the EAGLE server's tokens also hold the draft layer's KV), the same for both servers.
+    With ``tp`` GPUs per server each GPU holds 1/tp of the weights and of every token's KV.
+    The weights' sizes on disk (``target_bytes``, ``draft_bytes``) replace the estimate from
+    ``config.json`` where known.
     """
     m = gpu_gib if gpu_gib is not None else 80.0
     static = m / 2 - _reserve_gib(m)
@@ -125,12 +132,13 @@ def plan_shared_gpu(
     tokens: int | None = None
     note = "fractions of the memory free at each server's start"
     if gpu_gib is not None and target is not None:
-        draft_bytes = draft.weight_bytes if draft is not None else 0
+        weights = (target_bytes or target.weight_bytes) / tp
+        draft_weights = (draft_bytes or (draft.weight_bytes if draft is not None else 0)) / tp
         draft_kv = draft.kv_bytes_per_token if draft is not None else 0
-        eagle_kv_bytes = (static - GRAPHS_GIB) * GIB - target.weight_bytes - draft_bytes
-        base_kv_bytes = (static - GRAPHS_GIB) * GIB - target.weight_bytes
-        per_eagle = target.kv_bytes_per_token + draft_kv
-        fit = min(eagle_kv_bytes / per_eagle, base_kv_bytes / target.kv_bytes_per_token)
+        eagle_kv_bytes = (static - GRAPHS_GIB) * GIB - weights - draft_weights
+        base_kv_bytes = (static - GRAPHS_GIB) * GIB - weights
+        per_eagle = (target.kv_bytes_per_token + draft_kv) / tp
+        fit = min(eagle_kv_bytes / per_eagle, base_kv_bytes * tp / target.kv_bytes_per_token)
         if fit > 0:
             # Whole thousands: a readable flag, and a little slack below the estimate.
             tokens = max(1000, math.floor(fit / 1000.0) * 1000)
@@ -143,3 +151,35 @@ def plan_shared_gpu(
         max_total_tokens=tokens,
         note=note,
     )
+
+
+# The least KV cache per server worth starting a pair for (a few thousand tokens of an 8B model).
+MIN_KV_GIB = 1.0
+
+
+def weights_on_disk(path: str | None) -> int | None:
+    """Bytes of a LOCAL model's ``*.safetensors`` files; None for a hub id or no such files."""
+    if not path:
+        return None
+    folder = Path(path).expanduser()
+    try:
+        sizes = [f.stat().st_size for f in folder.glob("*.safetensors") if f.is_file()]
+    except OSError:
+        return None
+    return sum(sizes) or None
+
+
+def pair_shortfall_gib(
+    gpu_gib: float, tp: int, target_bytes: int, draft_bytes: int
+) -> tuple[float, str]:
+    """How many GiB each GPU of a pair lacks for two copies of the target, the draft and some
+    KV for each server (<= 0: it fits), and the sum spelled out for the error line."""
+    per_server = _reserve_gib(gpu_gib) + GRAPHS_GIB + MIN_KV_GIB
+    target = target_bytes / GIB / tp
+    draft = draft_bytes / GIB / tp
+    need = 2 * target + draft + 2 * per_server + CONTEXT_GIB
+    spelled = (
+        f"2 x {target:.1f} GiB of target weights + {draft:.1f} GiB of draft (per GPU at tp {tp}) "
+        f"+ 2 x {per_server:.1f} GiB of reserve, graphs and least KV = {need:.1f} GiB"
+    )
+    return need - gpu_gib, spelled

@@ -6,8 +6,10 @@ launcher can build is tested without GPUs (and checked against SGLang's own pars
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,7 @@ from pathlib import Path
 from dynspec.common.cli import UsageError, env_name
 from dynspec.launcher.config import LaunchConfig
 from dynspec.launcher.gpus import format_gpus, visible_devices
+from dynspec.launcher.layout import Pair, check_ports, pairs_of
 from dynspec.launcher.sharing import plan_shared_gpu
 from dynspec.launcher.sim.profile import EAGLE_DEFAULT_MAX_RUNNING, Profile
 
@@ -28,6 +31,9 @@ POOLS = ("eagle", "baseline")
 # 32-160 on 24-60 GB GPUs); past that batch size decode runs without graphs, slower. 512 is what
 # SGLang itself picks on the large GPUs this design targets. --baseline-args overrides it.
 BASELINE_CUDA_GRAPH_MAX_BS = 512
+
+# The longest MPS pipe directory: its sockets ("control_privileged") must fit a Unix socket path.
+MPS_PIPE_MAX = 85
 
 # Environment variables whose values must never be printed (dry-run shows a reference instead).
 # A router setting named here reaches the router through its variable, never its command line.
@@ -70,8 +76,9 @@ _REPLACED_BY = {
 
 @dataclass(frozen=True)
 class ProcessSpec:
-    name: str  # "eagle", "baseline" or "router"
-    prefix: str  # console prefix: "[eagle gpu0-3]", "[baseline gpu4-7]", "[router]"
+    # "eagle", "baseline", "router", or "pair" (a simulator serving both servers of a pair)
+    name: str
+    prefix: str  # console prefix: "[eagle gpu0-3]", "[baseline1 gpu4-7]", "[router]"
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]  # set on top of the launcher's environment
     health_url: str
@@ -80,12 +87,24 @@ class ProcessSpec:
     # Secret values that must stand in argv (SGLang takes its key only as a flag): value -> the
     # variable that holds it, which the printed command line shows instead.
     secret_args: tuple[tuple[str, str], ...] = ()
+    # Every health URL past the first that must answer 200 (a simulated pair serves two ports).
+    more_health: tuple[str, ...] = ()
+    key: str = ""  # unique in a launch: "eagle", "eagle0", "pair1", "router"
+    after: str | None = None  # the key of the server that must be healthy before this one starts
+    # Shared GPUs: the argv for a (re)start while ``partner`` runs, when it differs from ``argv``
+    # (the EAGLE server restarted beside its running baseline takes the second server's share).
+    partner: str | None = None
+    second_argv: tuple[str, ...] = ()
 
     @property
     def is_server(self) -> bool:
-        return self.name in POOLS
+        return self.name != "router"
 
-    def command_line(self) -> str:
+    @property
+    def health_urls(self) -> tuple[str, ...]:
+        return (self.health_url, *self.more_health)
+
+    def command_line(self, argv: Sequence[str] | None = None) -> str:
         """A shell command a user can paste: environment first, secrets as ``$VAR`` references."""
         parts = []
         for key, value in self.env:
@@ -94,7 +113,8 @@ class ProcessSpec:
             else:
                 parts.append(f"{key}={shlex.quote(value)}")
         hidden = dict(self.secret_args)
-        parts += [f'"${hidden[a]}"' if a in hidden else shlex.quote(a) for a in self.argv]
+        argv = self.argv if argv is None else argv
+        parts += [f'"${hidden[a]}"' if a in hidden else shlex.quote(a) for a in argv]
         return " ".join(parts)
 
 
@@ -136,6 +156,9 @@ def eagle_running_limit(config: LaunchConfig) -> int:
     from the threshold (``balance`` without a profile keeps the threshold's sizing)."""
     if config.policy == "balance" and config.speed_profile_data is not None:
         return balance_eagle_limit(config.speed_profile_data)
+    if config.threshold_auto:
+        # The learned threshold may settle anywhere: SGLang's own cap for EAGLE servers.
+        return EAGLE_DEFAULT_MAX_RUNNING
     return eagle_max_running_requests(config.threshold)
 
 
@@ -150,9 +173,9 @@ def connect_host(listen_host: str) -> str:
     return listen_host
 
 
-def server_url(config: LaunchConfig, pool: str) -> str:
-    port = config.eagle_port if pool == "eagle" else config.baseline_port
-    return f"http://{connect_host(config.backend_host)}:{port}"
+def server_url(config: LaunchConfig, pool: str, pair: Pair | None = None) -> str:
+    pair = pair or pairs_of(config)[0]
+    return f"http://{connect_host(config.backend_host)}:{pair.port(pool)}"
 
 
 def router_url(config: LaunchConfig) -> str:
@@ -198,42 +221,68 @@ def _merge(own: Sequence[Sequence[str]], extra: Sequence[str]) -> list[str]:
 
 
 def shares_gpu(config: LaunchConfig) -> bool:
-    """Both servers on one GPU: they start one after the other, each with half its memory."""
-    return (
-        not config.simulate
-        and len(config.eagle_gpus) == 1
-        and config.eagle_gpus == config.baseline_gpus
-    )
+    """Both servers of a pair on the same GPUs (the paired layout; one GPU is one pair): they
+    start one after the other, each with half of the memory."""
+    return config.layout == "paired" and not config.simulate
 
 
-def memory_options(config: LaunchConfig, pool: str) -> list[list[str]]:
-    """``--mem-fraction-static`` (and ``--max-total-tokens`` when sizable) on a shared GPU."""
+def memory_options(
+    config: LaunchConfig, pool: str, tp: int = 1, second: bool = False
+) -> list[list[str]]:
+    """``--mem-fraction-static`` (and ``--max-total-tokens`` when sizable) on shared GPUs;
+    ``second``: the share of a server that starts while the other one holds its half."""
     if not shares_gpu(config):
         return []
-    plan = plan_shared_gpu(config.gpu_memory_gib, config.target_shape, config.draft_shape)
-    fraction = plan.eagle_fraction if pool == "eagle" else plan.baseline_fraction
+    plan = plan_shared_gpu(
+        config.gpu_memory_gib,
+        config.target_shape,
+        config.draft_shape,
+        tp=tp,
+        target_bytes=config.target_weight_bytes,
+        draft_bytes=config.draft_weight_bytes,
+    )
+    fraction = plan.eagle_fraction if pool == "eagle" and not second else plan.baseline_fraction
     own = [["--mem-fraction-static", f"{fraction:g}"]]
     if plan.max_total_tokens is not None:
         own.append(["--max-total-tokens", str(plan.max_total_tokens)])
     return own
 
 
-def server_label(config: LaunchConfig, pool: str) -> str:
+def server_label(config: LaunchConfig, pool: str, pair: Pair | None = None) -> str:
     if config.simulate:
         return "sim"
-    gpus = config.eagle_gpus if pool == "eagle" else config.baseline_gpus
-    return "gpu" + format_gpus(gpus)
+    pair = pair or pairs_of(config)[0]
+    return "gpu" + format_gpus(pair.gpus(pool))
 
 
-def build_server_spec(config: LaunchConfig, pool: str) -> ProcessSpec:
+def mps_env(config: LaunchConfig, pair: Pair) -> tuple[tuple[str, str], ...]:
+    """The CUDA MPS directories of a pair's daemon; its servers are its clients through them."""
+    if not (config.mps and shares_gpu(config)):
+        return ()
+    root = config.log_dir.resolve() / f"mps{pair.index}"
+    if len(str(root / "pipe")) > MPS_PIPE_MAX:
+        # MPS makes Unix sockets in the pipe directory (a path of at most 107 bytes): a deep log
+        # directory moves the pair's MPS directories to one named after it in /tmp.
+        digest = hashlib.sha1(str(root).encode()).hexdigest()[:12]
+        root = Path(tempfile.gettempdir()) / f"dynspec-mps-{digest}"
+    return (
+        ("CUDA_MPS_PIPE_DIRECTORY", str(root / "pipe")),
+        ("CUDA_MPS_LOG_DIRECTORY", str(root / "log")),
+    )
+
+
+def build_server_spec(config: LaunchConfig, pool: str, pair: Pair | None = None) -> ProcessSpec:
     if pool not in POOLS:
         raise ValueError(f"unknown pool {pool!r}")
+    pair = pair or pairs_of(config)[0]
     eagle = pool == "eagle"
-    port = config.eagle_port if eagle else config.baseline_port
-    prefix = f"[{pool} {server_label(config, pool)}]"
-    base = server_url(config, pool)
-    log_file = config.log_dir / f"{pool}.log"
+    port = pair.port(pool)
+    key = pair.name(pool)
+    prefix = f"[{key} {server_label(config, pool, pair)}]"
+    base = server_url(config, pool, pair)
+    log_file = config.log_dir / f"{key}.log"
     max_running = eagle_running_limit(config)
+    after = pair.name("eagle") if pair.shared and not eagle else None
     if config.simulate:
         argv = [
             sys.executable,
@@ -253,9 +302,11 @@ def build_server_spec(config: LaunchConfig, pool: str) -> ProcessSpec:
         if eagle:
             argv += ["--max-running-requests", str(max_running)]
         argv += ["--speed", f"{config.sim_speed:g}", "--log-level", config.log_level]
-        return ProcessSpec(pool, prefix, tuple(argv), (), base + "/health_generate", log_file, port)
+        return ProcessSpec(
+            pool, prefix, tuple(argv), (), base + "/health_generate", log_file, port, key=key
+        )
 
-    gpus = config.eagle_gpus if eagle else config.baseline_gpus
+    gpus = pair.gpus(pool)
     extra = [*config.sglang_args, *(config.eagle_args if eagle else config.baseline_args)]
     _check_user_args(config.sglang_args, "--sglang-args", None)
     _check_user_args(config.eagle_args, "--eagle-args", "eagle")
@@ -288,7 +339,6 @@ def build_server_spec(config: LaunchConfig, pool: str) -> ProcessSpec:
         ]
     else:
         own.append(["--cuda-graph-max-bs-decode", str(BASELINE_CUDA_GRAPH_MAX_BS)])
-    own += memory_options(config, pool)
     secret_args: tuple[tuple[str, str], ...] = ()
     if config.backend_api_key:
         # The router sends this key; SGLang then refuses requests without it.
@@ -299,10 +349,70 @@ def build_server_spec(config: LaunchConfig, pool: str) -> ProcessSpec:
         if config.server_command
         else [sys.executable, "-m", SGLANG_MODULE]
     )
-    argv = [*command, *_merge(own, extra)]
-    env = (("CUDA_VISIBLE_DEVICES", visible_devices(gpus, config.visible_gpus)),)
+    argv = [*command, *_merge(own + memory_options(config, pool, len(gpus)), extra)]
+    second_argv: list[str] = []
+    if pair.shared and eagle:
+        second = memory_options(config, pool, len(gpus), second=True)
+        second_argv = [*command, *_merge(own + second, extra)]
+    mps = mps_env(config, pair)
+    # Under MPS the daemon sees the pair's GPUs and its clients see them renumbered from 0
+    # (NVIDIA's MPS guide, "CUDA_VISIBLE_DEVICES"): the daemon's own ids would be an error.
+    devices = (
+        ",".join(map(str, range(len(gpus)))) if mps else visible_devices(gpus, config.visible_gpus)
+    )
+    env: tuple[tuple[str, str], ...] = (("CUDA_VISIBLE_DEVICES", devices), *mps)
     return ProcessSpec(
-        pool, prefix, tuple(argv), env, base + "/health_generate", log_file, port, secret_args
+        pool,
+        prefix,
+        tuple(argv),
+        env,
+        base + "/health_generate",
+        log_file,
+        port,
+        secret_args,
+        key=key,
+        after=after,
+        partner=pair.name("baseline") if pair.shared and eagle else None,
+        second_argv=tuple(second_argv) if second_argv != argv else (),
+    )
+
+
+def build_sim_pair_spec(config: LaunchConfig, pair: Pair) -> ProcessSpec:
+    """One ``dynspec-sim --pair`` process serving both servers of a simulated pair (one clock:
+    while both are busy each runs at its share of the GPU, timeslice or MPS)."""
+    argv = [
+        sys.executable,
+        "-m",
+        SIM_MODULE,
+        "--pair",
+        "--eagle-port",
+        str(pair.eagle_port),
+        "--baseline-port",
+        str(pair.baseline_port),
+        "--sharing",
+        "mps" if config.mps else "timeslice",
+        "--profile",
+        config.sim_profile,
+        "--host",
+        config.backend_host,
+        "--served-model-name",
+        config.served_model_name,
+        "--speed",
+        f"{config.sim_speed:g}",
+        "--log-level",
+        config.log_level,
+    ]
+    key = f"pair{pair.tag}"
+    return ProcessSpec(
+        "pair",
+        f"[{key} sim]",
+        tuple(argv),
+        (),
+        server_url(config, "eagle", pair) + "/health_generate",
+        config.log_dir / f"{key}.log",
+        pair.eagle_port,
+        more_health=(server_url(config, "baseline", pair) + "/health_generate",),
+        key=key,
     )
 
 
@@ -310,15 +420,29 @@ def _flag_value(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def backend_args(config: LaunchConfig) -> list[str]:
+    """The router's servers: the two pool URLs (split), or one ``--pair E,B`` per pair."""
+    pairs = pairs_of(config)
+    if config.layout == "split":
+        return [
+            "--eagle-url",
+            server_url(config, "eagle"),
+            "--baseline-url",
+            server_url(config, "baseline"),
+        ]
+    argv: list[str] = []
+    for pair in pairs:
+        urls = f"{server_url(config, 'eagle', pair)},{server_url(config, 'baseline', pair)}"
+        argv += ["--pair", urls]
+    return argv
+
+
 def build_router_spec(config: LaunchConfig) -> ProcessSpec:
     argv = [
         sys.executable,
         "-m",
         ROUTER_MODULE,
-        "--eagle-url",
-        server_url(config, "eagle"),
-        "--baseline-url",
-        server_url(config, "baseline"),
+        *backend_args(config),
         "--host",
         config.host,
         "--port",
@@ -326,7 +450,7 @@ def build_router_spec(config: LaunchConfig) -> ProcessSpec:
         "--policy",
         config.policy,
         "--threshold",
-        str(config.threshold),
+        "auto" if config.threshold_auto else str(config.threshold),
         "--hysteresis",
         str(config.hysteresis),
         "--drain-timeout",
@@ -353,15 +477,25 @@ def build_router_spec(config: LaunchConfig) -> ProcessSpec:
         router_url(config) + "/health",
         config.log_dir / "router.log",
         config.port,
+        key="router",
     )
 
 
-def build_specs(config: LaunchConfig) -> tuple[ProcessSpec, ProcessSpec, ProcessSpec]:
-    """EAGLE server, baseline server, router: in start order."""
+def build_specs(config: LaunchConfig) -> tuple[ProcessSpec, ...]:
+    """Each pair's EAGLE server and baseline server (a simulated pair: one process), then the
+    router (none with --no-router): in start order."""
     if not config.simulate and not (config.eagle_gpus and config.baseline_gpus):
         raise UsageError("no GPUs to split: pass --gpus (e.g. --gpus 0-7)")
-    return (
-        build_server_spec(config, "eagle"),
-        build_server_spec(config, "baseline"),
-        build_router_spec(config),
-    )
+    if config.layout == "paired" and not config.pairs:
+        raise UsageError("no GPUs to pair: pass --gpus (e.g. --gpus 0-7 --layout paired)")
+    pairs = pairs_of(config)
+    check_ports(config, pairs)
+    specs: list[ProcessSpec] = []
+    for pair in pairs:
+        if config.simulate and config.layout == "paired":
+            specs.append(build_sim_pair_spec(config, pair))
+        else:
+            specs += [build_server_spec(config, pool, pair) for pool in POOLS]
+    if not config.no_router:
+        specs.append(build_router_spec(config))
+    return tuple(specs)

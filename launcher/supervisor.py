@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 import httpx
 
 from dynspec.launcher.config import LaunchConfig
+from dynspec.launcher.mps import MpsDaemon, start_daemon, stop_daemon
 from dynspec.launcher.printer import Printer
 from dynspec.launcher.process import Child, describe_exit, tail
-from dynspec.launcher.spec import ProcessSpec, connect_host, shares_gpu
+from dynspec.launcher.spec import ProcessSpec, connect_host
 
 TICK = 0.25
 STATUS_POLL = 0.25  # how often the router's /status is read to report pool switches
@@ -59,22 +60,26 @@ class Supervisor:
         specs: Sequence[ProcessSpec],
         printer: Printer,
         drop_env: Collection[str] = (),
+        daemons: Sequence[MpsDaemon] = (),
     ) -> None:
         self.config = config
         self.printer = printer
         self._started = False  # start-up done: server output is echoed on a terminal too
         servers = [s for s in specs if s.is_server]
-        (router,) = [s for s in specs if not s.is_server]
+        routers = [s for s in specs if not s.is_server]
         self.servers = [
             ServerState(Child(s, printer, self._echo_servers, drop_env)) for s in servers
         ]
-        self.router = Child(router, printer, lambda: True, drop_env)
+        self._by_key = {st.child.spec.key: st for st in self.servers}
+        # None with --no-router: the servers alone are supervised.
+        self.router = Child(routers[0], printer, lambda: True, drop_env) if routers else None
+        self.daemons = tuple(daemons)
+        self._daemons_up: list[MpsDaemon] = []
         self.signals: list[int] = []
         self._wake = asyncio.Event()
         self._force = asyncio.Event()
         self._http: httpx.AsyncClient | None = None
         self._active_pool: str | None = None
-        self.sequential = shares_gpu(config)
 
     # -- signals -------------------------------------------------------------------------------
 
@@ -111,28 +116,67 @@ class Supervisor:
         # trust_env=False: a proxy from the environment must never see loopback health checks.
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(5.0), trust_env=False)
         try:
+            for daemon in self.daemons:
+                await self._start_daemon(daemon)
+            if self.signals:  # stopped while the daemons started: no server was started
+                return self._signal_code()
             return await self._run()
         finally:
             try:
                 await self._stop_all()
             finally:
-                await self._http.aclose()
+                try:
+                    await self._stop_daemons()
+                finally:
+                    await self._http.aclose()
                 for sig in SIGNALS:
                     loop.remove_signal_handler(sig)
 
+    async def _start_daemon(self, daemon: MpsDaemon) -> None:
+        if self.signals:
+            return
+        try:
+            await start_daemon(daemon)
+        except (OSError, RuntimeError) as exc:
+            raise LaunchError(str(exc)) from None
+        self._daemons_up.append(daemon)
+        self.say(f"MPS control daemon for pair {daemon.pair} started ({daemon.pipe_dir})")
+
+    async def _stop_daemons(self) -> None:
+        """After every server is gone: quit each MPS daemon started (even on a failure)."""
+        while self._daemons_up:
+            daemon = self._daemons_up.pop()
+            try:
+                why = await stop_daemon(daemon)
+            except OSError as exc:
+                why = str(exc)
+            if why is None:
+                self.say(f"MPS control daemon for pair {daemon.pair} stopped")
+            else:
+                self.say(f"MPS control daemon for pair {daemon.pair} did not quit ({why})")
+
+    def _ready_to_start(self, st: ServerState) -> bool:
+        """Not started yet, and the server it waits for (same GPUs) is healthy."""
+        if st.child.starts:
+            return False
+        after = st.child.spec.after
+        return after is None or (after in self._by_key and self._by_key[after].healthy)
+
     async def _run(self) -> int:
-        # Servers that share a GPU start one after the other: two SGLang servers profiling the
+        # Servers that share GPUs start one after the other: two SGLang servers profiling the
         # same GPU's free memory at once each count the other's allocation and one fails.
-        for st in self.servers if not self.sequential else self.servers[:1]:
-            await self._start_server(st)
+        for st in self.servers:
+            if self._ready_to_start(st):
+                await self._start_server(st)
         code = await self._startup()
         if code is not None:
             return code
         self._started = True
-        await self.router.start()
-        code = await self._router_ready()
-        if code is not None:
-            return code
+        if self.router is not None:
+            await self.router.start()
+            code = await self._router_ready()
+            if code is not None:
+                return code
         self._banner()
         return await self._serve()
 
@@ -143,13 +187,17 @@ class Supervisor:
         st.probe = asyncio.create_task(self._probe(st))
 
     async def _probe(self, st: ServerState) -> None:
-        """Poll the server's /health_generate until it answers 200."""
+        """Poll the server's /health_generate (each of its URLs) until they answer 200."""
         assert self._http is not None
-        url = st.child.spec.health_url
+        pending = list(st.child.spec.health_urls)
         while st.child.running:
             try:
-                r = await self._http.get(url, timeout=10.0)
-                if r.status_code == 200:
+                while pending:
+                    r = await self._http.get(pending[0], timeout=10.0)
+                    if r.status_code != 200:
+                        break
+                    pending.pop(0)
+                if not pending:
                     st.healthy = True
                     st.healthy_at = time.monotonic()
                     return
@@ -177,17 +225,15 @@ class Supervisor:
                 code = st.child.returncode
                 if code is not None:
                     raise self._fail(st.child.spec, f"{describe_exit(code)} during start-up")
-            waiting = [st for st in self.servers if st.child.starts == 0]
-            if waiting and all(st.healthy for st in self.servers if st.child.starts):
-                first = waiting[0]
+            for waiting in [st for st in self.servers if self._ready_to_start(st)]:
                 self.printer.clear_status()
                 self._announce_healthy()
                 self.printer.line(
-                    first.child.spec.prefix,
-                    "starting now (shares its GPU: waited for the server before it)",
-                    first.child.spec.name,
+                    waiting.child.spec.prefix,
+                    "starting now (shares its GPUs: waited for the EAGLE server)",
+                    waiting.child.spec.name,
                 )
-                await self._start_server(first)
+                await self._start_server(waiting)
             now = time.monotonic()
             if all(st.healthy for st in self.servers):
                 self.printer.clear_status()
@@ -233,12 +279,12 @@ class Supervisor:
         if st.healthy:
             return f"{spec.prefix} healthy after {st.healthy_at - st.child.started_at:.0f}s"
         if not st.child.starts:
-            return f"{spec.prefix} waits for the server before it (shared GPU)"
+            return f"{spec.prefix} waits for the EAGLE server (shared GPUs)"
         elapsed = now - st.child.started_at
         return f"{spec.prefix} {elapsed:4.0f}s {st.probe_note} | {st.child.latest_line}"
 
     async def _router_ready(self) -> int | None:
-        assert self._http is not None
+        assert self._http is not None and self.router is not None
         deadline = time.monotonic() + ROUTER_START_TIMEOUT
         while True:
             if self.signals:
@@ -261,6 +307,12 @@ class Supervisor:
 
     def _banner(self) -> None:
         c = self.config
+        if self.router is None:
+            for st in self.servers:
+                urls = " and ".join(u.rsplit("/", 1)[0] for u in st.child.spec.health_urls)
+                self.printer.line(st.child.spec.prefix, f"serving at {urls}", st.child.spec.name)
+            self.say("ready: servers only (--no-router); Ctrl-C stops them")
+            return
         base = f"http://{connect_host(c.host)}:{c.port}"
         body = json.dumps(
             {
@@ -278,12 +330,19 @@ class Supervisor:
         self.say(f"ready: OpenAI-compatible API at {base}/v1 (model {c.served_model_name!r})")
         self.say(f"metrics: {base}/metrics   status: {base}/status")
         self.say(f"try: {curl}")
+        if c.threshold_auto:
+            self.say(
+                "threshold auto: the router learns each pair's threshold (see /status); "
+                "Ctrl-C stops everything"
+            )
+            return
         if c.simulate:
             # The point of the demo: enough requests at once to cross the threshold.
             n = c.threshold + 4
             self.say(f"see the switch: for i in $(seq {n}); do {burst} & done; wait")
+        each = f"in each of {len(c.pairs)} pairs, " if len(c.pairs) > 1 else ""
         self.say(
-            f"policy {c.policy}: EAGLE up to load {c.threshold}, baseline above it "
+            f"policy {c.policy}: {each}EAGLE up to load {c.threshold}, baseline above it "
             f"(back to EAGLE at load <= {c.threshold - c.hysteresis}); Ctrl-C stops everything"
         )
 
@@ -294,12 +353,12 @@ class Supervisor:
         while True:
             if self.signals:
                 return self._signal_code()
-            if self.router.returncode is not None:
+            if self.router is not None and self.router.returncode is not None:
                 raise self._fail(self.router.spec, describe_exit(self.router.returncode))
             for st in self.servers:
                 await self._supervise(st)
             now = time.monotonic()
-            if now >= next_poll:
+            if now >= next_poll and self.router is not None:
                 next_poll = now + STATUS_POLL
                 await self._poll_status()
             await self._sleep(TICK)
@@ -327,7 +386,10 @@ class Supervisor:
         elif st.restart_at is not None and now >= st.restart_at:
             st.restart_at = None
             st.probe_note = "starting"
-            await child.start()
+            partner = self._by_key.get(spec.partner) if spec.partner else None
+            beside = partner is not None and partner.child.running and spec.second_argv
+            # Beside its running partner it sees only the partner's leftover as free memory.
+            await child.start(spec.second_argv if beside else None)
             st.probe = asyncio.create_task(self._probe(st))
             self.printer.line(spec.prefix, f"restarted (start {child.starts})", spec.name)
         elif child.running and not st.healthy:
@@ -347,7 +409,7 @@ class Supervisor:
 
     async def _poll_status(self) -> None:
         """Report the router's active pool when it changes (the switch, made visible)."""
-        assert self._http is not None
+        assert self._http is not None and self.router is not None
         # /status takes the admin key when one is set, else the API key.
         key = self.config.admin_api_key or self.config.api_key
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -392,7 +454,9 @@ class Supervisor:
             how = "killing everything now" if self._force.is_set() else "stopping"
             name = signal.Signals(self.signals[0]).name
             self.say(f"{name}: {how} (Ctrl-C again to kill at once)")
-        if self.router.pid is not None and not self.router.gone():
+        if self.router is None:
+            pass
+        elif self.router.pid is not None and not self.router.gone():
             if self._force.is_set():
                 self.router.signal_group(signal.SIGKILL)
             else:

@@ -17,6 +17,19 @@ PYTHON = [sys.executable, "-m"]
 
 COMMANDS = {
     "launch dry-run": [*PYTHON, "dynspec.launcher", "--simulate", "--dry-run"],
+    "launch paired dry-run": [
+        *PYTHON,
+        "dynspec.launcher",
+        "--simulate",
+        "--layout",
+        "paired",
+        "--gpus",
+        "0-3",
+        "--tp",
+        "2",
+        "--no-router",
+        "--dry-run",
+    ],
     "launch help": [*PYTHON, "dynspec.launcher", "--help"],
     "router help": [*PYTHON, "dynspec.router", "--help"],
     "sim help": [*PYTHON, "dynspec.launcher.sim", "--help"],

@@ -148,6 +148,19 @@ CASES = [
         },
     ),
     Case(
+        "two pairs of four GPUs, each server with half of its pair's memory",
+        [*BASE, "--layout", "paired", "--tp", "4", "--mps", "--threshold", "auto"],
+        {
+            "eagle": {
+                "tp_size": 4,
+                "mem_fraction_static": 0.44,
+                "speculative_algorithm": "EAGLE3",
+                "max_running_requests": 48,
+            },
+            "baseline": {"tp_size": 4, "mem_fraction_static": 0.804},
+        },
+    ),
+    Case(
         "CUDA graphs switched off by the user",
         [*BASE, "--eagle-args", "--disable-cuda-graph"],
         {"eagle": {"cuda_graph_max_bs_decode": None, "disable_cuda_graph": True}},

@@ -142,3 +142,22 @@ def launched(
         yield run, ports
     finally:
         run.cleanup()
+
+
+def _has_flag(build_parser: object, flag: str) -> bool:
+    actions = build_parser()._actions  # type: ignore[operator]
+    return any(flag in a.option_strings for a in actions)
+
+
+def router_takes_pairs() -> bool:
+    """The router's ``--pair E,B`` (the paired layout's router flags; the router's own work)."""
+    from dynspec.router.config import build_parser
+
+    return _has_flag(build_parser, "--pair")
+
+
+def sim_serves_pairs() -> bool:
+    """``dynspec-sim --pair`` (one process serving both servers of a pair; the simulator's work)."""
+    from dynspec.launcher.sim.cli import build_parser
+
+    return _has_flag(build_parser, "--pair")

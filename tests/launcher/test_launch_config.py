@@ -9,13 +9,8 @@ from pathlib import Path
 import pytest
 
 from dynspec.common.cli import UsageError, env_name
-from dynspec.launcher.config import (
-    ROUTER_SETTINGS,
-    LaunchConfig,
-    RouterSetting,
-    build_parser,
-    load_config,
-)
+from dynspec.launcher.config import LaunchConfig, build_parser, load_config
+from dynspec.launcher.router_flags import ROUTER_SETTINGS, RouterSetting
 
 SIM = ["--simulate"]
 SIM_DRY = ["--dry-run", "--model-path", "M", "--draft-model-path", "D"]
@@ -289,6 +284,7 @@ def _router_actions() -> dict[str, argparse.Action]:
 # Router flags that are launcher flags of their own (the launcher builds on them or sets them).
 LAUNCHER_OWN = {"--eagle-url", "--baseline-url", "--host", "--port", "--policy", "--threshold"}
 LAUNCHER_OWN |= {"--hysteresis", "--drain-timeout", "--log-level", "--help", "--speed-profile"}
+LAUNCHER_OWN |= {"--pair"}  # built from the launcher's own layout (one per pair)
 
 
 def test_every_router_setting_is_a_launcher_flag() -> None:

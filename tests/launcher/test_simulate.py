@@ -8,7 +8,8 @@ from pathlib import Path
 
 import httpx
 import openai
-from launcher_run import launched
+import pytest
+from launcher_run import launched, router_takes_pairs, sim_serves_pairs
 
 MODEL = "dynspec-sim"
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
@@ -111,3 +112,38 @@ async def test_router_settings_given_to_the_launcher_reach_the_router(tmp_path: 
         )
         await client.close()
         assert "admin-secret" not in run.out + run.err
+
+
+@pytest.mark.skipif(
+    not (router_takes_pairs() and sim_serves_pairs()),
+    reason="needs dynspec-sim --pair and the router's --pair flag",
+)
+async def test_simulated_pairs_serve_through_the_router_and_stop_clean(tmp_path: Path) -> None:
+    argv = [
+        "--simulate",
+        "--layout",
+        "paired",
+        "--gpus",
+        "0-1",
+        "--tp",
+        "1",
+        "--drain-timeout",
+        "5",
+    ]
+    with launched(tmp_path, *argv, fake=False) as (run, ports):
+        await asyncio.to_thread(run.wait_for, r"\[dynspec\] policy threshold", 90)
+        out = run.out
+        assert "[pair0 sim] healthy after" in out and "[pair1 sim] healthy after" in out
+        client = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{ports['router']}/v1",
+            api_key="unused",
+            max_retries=0,
+            timeout=60.0,
+        )
+        results = await asyncio.gather(*(stream(client, 32) for _ in range(4)))
+        assert all(text and finish == "length" for _, text, finish in results), results
+        await client.close()
+        run.send(signal.SIGINT)
+        assert await asyncio.to_thread(run.wait, 60) == 130
+        assert run.leftovers() == []
+        assert len(run.seen) >= 3  # two simulator processes and the router

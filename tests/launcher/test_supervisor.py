@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 import httpx
-from launcher_run import launched
+import pytest
+from launcher_run import launched, router_takes_pairs
 
 SHORT = ["--kill-grace", "1", "--drain-timeout", "2"]
 
@@ -153,6 +154,7 @@ def test_hangup_stops_everything_too(tmp_path: Path) -> None:
         assert run.leftovers() == []
 
 
+@pytest.mark.skipif(not router_takes_pairs(), reason="needs the router's --pair flag")
 def test_one_gpu_starts_the_baseline_only_after_the_eagle_server_is_healthy(
     tmp_path: Path,
 ) -> None:
