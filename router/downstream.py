@@ -280,12 +280,17 @@ class RelayProtocol(HttpToolsProtocol):
         self._header_timer = None
         if self.transport.is_closing():
             return
+        if not self._answerable():
+            # A pipelined head behind a response still being written: it waits its turn (and
+            # closing now would cut that response).
+            self._header_timer = self.loop.call_later(self.limits.header_timeout, self._header_late)
+            return
         self._timed_out(
             "header", f"request head not complete within {self.limits.header_timeout:g}s"
         )
         error = RequestTimeout("the request head was not sent in time")
         # A connection that sent nothing gets no answer, only the close.
-        self._end(error if self._head_size > 0 and self._answerable() else None)
+        self._end(error if self._head_size > 0 else None)
 
     def _body_late(self) -> None:
         self._body_timer = None
