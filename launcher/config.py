@@ -108,6 +108,31 @@ ROUTER_SETTINGS = (
         1.0,
         "seconds between the router's polls of each server's /metrics for its speed (0: off)",
     ),
+    # -- the router's client limits and timeouts (router/downstream.py) --
+    RouterSetting(
+        "--max-header-bytes",
+        positive_int,
+        32 * 1024,
+        "largest request head the router accepts (each line at most 8 KiB, 100 headers; over: 431)",
+    ),
+    RouterSetting(
+        "--client-header-timeout",
+        positive_float,
+        10.0,
+        "seconds a client has to send its request head to the router",
+    ),
+    RouterSetting(
+        "--client-body-timeout",
+        positive_float,
+        60.0,
+        "seconds a client has to send its whole request body to the router (else 408)",
+    ),
+    RouterSetting(
+        "--keep-alive-timeout",
+        positive_float,
+        5.0,
+        "seconds an idle kept-alive client connection to the router stays open",
+    ),
 )
 
 
