@@ -138,9 +138,11 @@ async def test_half_sent_request_lines_are_closed_after_the_header_timeout(rp: R
     timeout, and other requests are answered meanwhile."""
     before = rp.metric("dynspec_client_timeouts_total", kind="header")
     n = 400
-    conns = [await asyncio.open_connection("127.0.0.1", _port(rp)) for _ in range(n)]
-    for _, writer in conns:
-        writer.write(b"POST /v1/chat/compl")
+    conns = []
+    for _ in range(n):
+        reader, writer = await asyncio.open_connection("127.0.0.1", _port(rp))
+        writer.write(b"POST /v1/chat/compl")  # at once: the timeout runs from the connection
+        conns.append((reader, writer))
     await asyncio.gather(*(w.drain() for _, w in conns))
     async with httpx.AsyncClient(timeout=5) as client:
         r = await client.post(rp.url + CHAT, json={"messages": MESSAGES})
