@@ -241,7 +241,11 @@ def build_parser() -> FlagParser:
             r.add_argument(setting.flag, action="store_true", help=setting.help)
         else:
             r.add_argument(
-                setting.flag, type=setting.type, default=setting.default, help=setting.help
+                setting.flag,
+                type=setting.type,
+                default=setting.default,
+                choices=setting.choices,
+                help=setting.help,
             )
     r.add_argument(
         "--speed-profile",

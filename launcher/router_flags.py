@@ -5,7 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dynspec.common.cli import non_negative_float, non_negative_int, positive_float
+from dynspec.common.cli import (
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 
 MIB = 1024 * 1024
 
@@ -18,6 +23,8 @@ class RouterSetting:
     help: str
     # An on/off flag (no value): passed to the router, bare, when on.
     switch: bool = False
+    # The values it may take, where the router lists them (argparse's choices).
+    choices: tuple[str, ...] | None = None
 
 
 # Router settings the launcher passes through as they are: each is a launcher flag and TOML key of
@@ -76,5 +83,45 @@ ROUTER_SETTINGS = (
         non_negative_float,
         1.0,
         "seconds between the router's polls of each server's /metrics for its speed (0: off)",
+    ),
+    # -- the router's client limits and timeouts (router/downstream.py) --
+    RouterSetting(
+        "--max-header-bytes",
+        positive_int,
+        32 * 1024,
+        "largest request head the router accepts (each line at most 8 KiB, 100 headers; over: 431)",
+    ),
+    RouterSetting(
+        "--client-header-timeout",
+        positive_float,
+        10.0,
+        "seconds a client has to send its request head to the router",
+    ),
+    RouterSetting(
+        "--client-body-timeout",
+        positive_float,
+        60.0,
+        "seconds a client has to send its whole request body to the router (else 408)",
+    ),
+    RouterSetting(
+        "--keep-alive-timeout",
+        positive_float,
+        5.0,
+        "seconds an idle kept-alive client connection to the router stays open",
+    ),
+    # -- the shared load signal (router/loadsignal.py) --
+    RouterSetting(
+        "--load-signal",
+        str,
+        "local",
+        "the load compared with the threshold: 'local' (this router's own requests) or "
+        "'servers' (each server's running + queued, so several routers agree)",
+        choices=("local", "servers"),
+    ),
+    RouterSetting(
+        "--load-interval",
+        positive_float,
+        0.25,
+        "with --load-signal servers: seconds between two reads of each server's load",
     ),
 )

@@ -25,7 +25,7 @@ import uvicorn
 from dynspec.common.cli import configure_logging, run_main
 from dynspec.router.app import create_app
 from dynspec.router.config import PROG, RouterConfig, build_parser, config_from_args
-from dynspec.router.downstream import RelayProtocol
+from dynspec.router.downstream import relay_protocol
 
 logger = logging.getLogger(__name__)
 
@@ -82,12 +82,19 @@ def serve(config: RouterConfig) -> int:
             config.port,
         )
     app = create_app(config)
+    # uvicorn's httptools protocol with the client limits and timeouts, plus (unless switched
+    # off) the relay's shortcut for streamed chunks.
+    protocol = relay_protocol(
+        config.client_limits(),
+        direct_relay=config.direct_relay,
+        on_timeout=app.metrics.client_timeout,
+    )
     server = uvicorn.Server(
         uvicorn.Config(
             app,
-            # uvicorn's httptools protocol, plus (unless switched off) the relay's shortcut for
-            # streamed chunks.
-            http=RelayProtocol if config.direct_relay else "httptools",
+            http=protocol,
+            # uvicorn types it int; its timer takes any number of seconds.
+            timeout_keep_alive=config.keep_alive_timeout,  # type: ignore[arg-type]
             lifespan="on",
             access_log=False,
             log_config=None,

@@ -17,7 +17,9 @@ from dynspec.common.cli import (
     non_negative_float,
     non_negative_int,
     positive_float,
+    positive_int,
 )
+from dynspec.router.downstream import MAX_LINE_BYTES, ClientLimits
 from dynspec.router.loadsignal import SIGNALS
 from dynspec.router.policy import POLICIES, PoolName
 from dynspec.router.pool import validate_settings
@@ -56,6 +58,20 @@ class RouterConfig:
     # --- the shared load signal (router/loadsignal.py) ---
     load_signal: str = "local"
     load_interval: float = 0.25
+    # -- client limits and timeouts (router/downstream.py) --
+    max_header_bytes: int = 32 * 1024
+    client_header_timeout: float = 10.0
+    client_body_timeout: float = 60.0
+    keep_alive_timeout: float = 5.0
+    # -- end client limits --
+
+    def client_limits(self) -> ClientLimits:
+        return ClientLimits(
+            max_header_bytes=self.max_header_bytes,
+            max_line_bytes=min(MAX_LINE_BYTES, self.max_header_bytes),
+            header_timeout=self.client_header_timeout,
+            body_timeout=self.client_body_timeout,
+        )
 
     def servers(self) -> list[tuple[str, PoolName]]:
         eagle: list[tuple[str, PoolName]] = [(u, "eagle") for u in self.eagle_urls]
@@ -80,6 +96,10 @@ class RouterConfig:
             f"speed_profile_path={self.speed_profile_path!r}, "
             f"metrics_interval={self.metrics_interval}, "
             f"load_signal={self.load_signal!r}, load_interval={self.load_interval})"
+            f"max_header_bytes={self.max_header_bytes}, "
+            f"client_header_timeout={self.client_header_timeout}, "
+            f"client_body_timeout={self.client_body_timeout}, "
+            f"keep_alive_timeout={self.keep_alive_timeout})"
         )
 
     def tls(self) -> ssl.SSLContext | None:
@@ -245,6 +265,39 @@ def build_parser() -> FlagParser:
         "queued, gen_throughput, accept length); 0 turns polling off",
     )
     add_load_signal(p)
+    # -- client limits and timeouts (router/downstream.py) --
+    p.add_argument(
+        "--max-header-bytes",
+        type=positive_int,
+        default=32 * 1024,
+        metavar="N",
+        help="largest request head (request line and headers together) accepted; each line "
+        "is also capped at 8 KiB and the headers at 100 (nginx's and Envoy's defaults); "
+        "over any of them gets 431",
+    )
+    p.add_argument(
+        "--client-header-timeout",
+        type=positive_float,
+        default=10.0,
+        metavar="S",
+        help="seconds a client has to send its request head, from connecting (or, on a "
+        "kept-alive connection, from its first byte); then the connection is closed",
+    )
+    p.add_argument(
+        "--client-body-timeout",
+        type=positive_float,
+        default=60.0,
+        metavar="S",
+        help="seconds a client has to send its whole request body after the head, else 408",
+    )
+    p.add_argument(
+        "--keep-alive-timeout",
+        type=positive_float,
+        default=5.0,
+        metavar="S",
+        help="seconds an idle kept-alive client connection stays open",
+    )
+    # -- end client limits --
     add_log_level(p)
     return p
 
@@ -328,6 +381,11 @@ def config_from_args(ns: argparse.Namespace) -> RouterConfig:
         metrics_interval=ns.metrics_interval,
         load_signal=ns.load_signal,
         load_interval=ns.load_interval,
+        # -- client limits and timeouts --
+        max_header_bytes=ns.max_header_bytes,
+        client_header_timeout=ns.client_header_timeout,
+        client_body_timeout=ns.client_body_timeout,
+        keep_alive_timeout=ns.keep_alive_timeout,
     )
 
 

@@ -107,3 +107,19 @@ class GatewayTimeout(RouterError):
     status = 504
     type = "server_error"
     code = "upstream_timeout"
+
+
+class RequestTimeout(RouterError):
+    """408: the client did not send its request (head or body) in time."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class HeadersTooLarge(RouterError):
+    """431: the request line or headers are over the limits."""
+
+    status = 431
+    type = "invalid_request_error"
+    code = "request_header_fields_too_large"

@@ -19,6 +19,7 @@ from dynspec.router.policy import POOLS, PoolName
 from dynspec.router.pool import Pools
 
 UPSTREAM_ERROR_KINDS = ("connect", "timeout", "status", "protocol")
+CLIENT_TIMEOUT_KINDS = ("header", "body", "idle")
 # The status recorded for a client that left before its response ended (as nginx does).
 CLIENT_CLOSED = 499
 
@@ -152,6 +153,15 @@ class RouterMetrics:
             ["pool"],
             registry=registry,
         )
+        # -- client timeouts (router/downstream.py) --
+        self.client_timeouts = Counter(
+            "dynspec_client_timeouts",
+            "Client connections closed for being too slow: header, body, idle",
+            ["kind"],
+            registry=registry,
+        )
+        self._timeouts = {k: self.client_timeouts.labels(k) for k in CLIENT_TIMEOUT_KINDS}
+        # -- end client timeouts --
         # Children resolved once: a label lookup per request is a dict lookup, not a lock + hash.
         for to in POOLS:
             self.mode_switches.labels(to)
@@ -190,6 +200,9 @@ class RouterMetrics:
 
     def upstream_error(self, pool: PoolName, kind: str) -> None:
         self._errors[pool, kind].inc()
+
+    def client_timeout(self, kind: str) -> None:
+        self._timeouts[kind].inc()
 
     def client_disconnect(self, pool: PoolName) -> None:
         self._disconnects[pool].inc()

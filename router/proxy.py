@@ -31,7 +31,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from dynspec.router.downstream import RAW_BODY, RawBody
+from dynspec.router.downstream import ABORT, RAW_BODY, RawBody
 from dynspec.router.errors import (
     BadGateway,
     GatewayTimeout,
@@ -83,6 +83,7 @@ class _Request:
     """One request's state, kept outside the coroutine so a cancellation cannot lose it."""
 
     __slots__ = (
+        "abort",
         "body",
         "client_gone",
         "code",
@@ -137,6 +138,9 @@ class _Request:
         self.timed_out = False
         self.task: asyncio.Task[Any] | None = None
         self.raw: RawBody | None = None
+        # Ends the client's connection without a proper end (downstream.ABORT); None under
+        # another server, where returning mid-response does the same.
+        self.abort: Callable[[], None] | None = None
 
 
 class Proxy:
@@ -245,8 +249,11 @@ class Proxy:
         req.stream = stream
         req.strip = strip
         extensions = scope.get("extensions")
-        if stream and extensions and RAW_BODY in extensions:
-            req.raw = extensions[RAW_BODY]["body"]
+        if extensions:
+            if stream and RAW_BODY in extensions:
+                req.raw = extensions[RAW_BODY]["body"]
+            if ABORT in extensions:
+                req.abort = extensions[ABORT]["abort"]
         await self._relay(req, receive, send)
 
     # -- upstream side -----------------------------------------------------------------------------
@@ -324,6 +331,11 @@ class Proxy:
             filt = req.filter
             prompt_tokens, output_tokens = filt.usage if filt is not None else (None, None)
             ttft = filt.ttft if filt is not None else None
+            if filt is not None and filt.bad_usage:
+                self.metrics.upstream_error(lease.pool, "protocol")
+                logger.warning(
+                    "%s: %s sent a token count that is not one (ignored)", req.rid, lease.server.url
+                )
             self.metrics.finished(
                 lease.pool,
                 req.code,
@@ -351,6 +363,8 @@ class Proxy:
         )
         if req.started:
             # Mid-response: end the connection without a proper end (see _respond).
+            if req.abort is not None:
+                req.abort()
             return
         req.code = GatewayTimeout.status
         exc = GatewayTimeout("the server did not answer in time")
@@ -393,6 +407,8 @@ class Proxy:
                 # end, so it sees a broken response, not a short one that looks complete.
                 self.metrics.upstream_error(pool, "protocol")
                 logger.warning("%s: %s failed mid-response: %s", req.rid, req.lease.server.url, exc)
+                if req.abort is not None:
+                    req.abort()
         finally:
             # An unfinished response closes its connection (not back to the pool), which is how
             # SGLang learns that the request was abandoned and aborts it.

@@ -35,12 +35,13 @@ _NO_USAGE: Usage = (None, None)
 class RelayFilter:
     """The interface and the results; ``start`` is the request's arrival (``perf_counter``)."""
 
-    __slots__ = ("_start", "_ttft", "_usage")
+    __slots__ = ("_bad_usage", "_start", "_ttft", "_usage")
 
     def __init__(self, start: float) -> None:
         self._start = start
         self._ttft: float | None = None
         self._usage: Usage = _NO_USAGE
+        self._bad_usage = False
 
     @property
     def ttft(self) -> float | None:
@@ -51,6 +52,11 @@ class RelayFilter:
     def usage(self) -> Usage:
         """(prompt tokens, completion tokens), each None where the body did not say."""
         return self._usage
+
+    @property
+    def bad_usage(self) -> bool:
+        """The body held a token count that is not one (ignored; a protocol error to count)."""
+        return self._bad_usage
 
     def feed(self, data: bytes) -> bytes:
         return data
@@ -79,7 +85,7 @@ class EventStream(RelayFilter):
     def finish(self, data: bytes = b"") -> bytes:
         if data:
             self.feed(data)
-        self._usage = usage_in(self._prev + self._last)
+        self._usage, self._bad_usage = usage_in(self._prev + self._last)
         return data
 
 
@@ -117,9 +123,10 @@ class StrippedEventStream(RelayFilter):
 
     def _events(self, data: bytes) -> bytes:
         if may_hold_usage_event(data):
-            data, usage = strip_usage_events(data)
+            data, usage, bad = strip_usage_events(data)
             if usage is not None:
                 self._usage = usage
+            self._bad_usage = self._bad_usage or bad
         if self._ttft is None and has_token(data):
             self._ttft = time.perf_counter() - self._start
         return data
@@ -146,7 +153,7 @@ class Body(RelayFilter):
         if data:
             self.feed(data)
         if self._ok:
-            self._usage = usage_in(b"".join(self._kept))
+            self._usage, self._bad_usage = usage_in(b"".join(self._kept))
         return data
 
 

@@ -27,6 +27,8 @@ through the router untouched):
   x-fake-split: 1         write each SSE event in three pieces, each its own HTTP chunk
   x-fake-delay: S         seconds between two writes of a stream (default 0.005)
   x-fake-die-after: K     close the connection before the K-th event, mid-body
+  x-fake-prompt-tokens: T the usage's prompt_tokens is the JSON text T, as given (a 5,000-digit
+                          number, -1, 1e9: what a broken server might send)
 GET /fake/last returns the headers (lower-cased) and body of the last completion request.
 GET /v1/loads answers what the last POST /fake/loads sent (its body, and the status in its
 x-fake-status header, default 200); before any, SGLang's shape with zero counts.
@@ -49,8 +51,20 @@ from typing import Any
 WORKER = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
 
 
+PROMPT_TOKENS = 7  # stands for the x-fake-prompt-tokens text in the usage, replaced when sent
+_SPLICE = threading.local()  # .text: the request's x-fake-prompt-tokens (one thread a request)
+
+
+def _dumps(obj: Any) -> bytes:
+    raw = json.dumps(obj, separators=(",", ":")).encode()
+    text = getattr(_SPLICE, "text", b"")
+    if text:
+        raw = raw.replace(b'"prompt_tokens":%d' % PROMPT_TOKENS, b'"prompt_tokens":' + text)
+    return raw
+
+
 def _event(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + _dumps(obj) + b"\n\n"
 
 
 def _wait_for_file(path: Path) -> None:
@@ -97,7 +111,7 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def _send_json(self, status: int, obj: Any, extra: dict[str, str] | None = None) -> None:
-        body = json.dumps(obj).encode()
+        body = _dumps(obj)
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -142,6 +156,7 @@ class Handler(BaseHTTPRequestHandler):
         with self.lock:
             Handler.last_request = {"headers": headers, "body": req}
         time.sleep(float(headers.get("x-fake-sleep-first", "0")))
+        _SPLICE.text = headers.get("x-fake-prompt-tokens", "").encode()
         if "x-fake-status" in headers:
             status = int(headers["x-fake-status"])
             error = {"object": "error", "message": "fake failure", "type": "X", "code": status}
@@ -149,7 +164,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         chat = self.path == "/v1/chat/completions"
         n = int(req.get("max_tokens", 4))
-        usage = {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": 7 + n}
+        usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": n, "total_tokens": 7 + n}
         if not req.get("stream"):
             text = "".join(f"t{i} " for i in range(n))
             choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}

@@ -301,6 +301,7 @@ def test_router_setting_checks_and_defaults_are_the_routers(setting: RouterSetti
         assert isinstance(action, argparse._StoreTrueAction)
     else:
         assert (action.type or str) is setting.type
+        assert tuple(action.choices or ()) == (setting.choices or ())
 
 
 def test_router_switch_and_file_reach_the_router_command() -> None:

@@ -161,3 +161,30 @@ def test_speed_profile_errors_are_one_line_exit_2(tmp_path: Path) -> None:
         ["--eagle-url", "http://e:1", "--speed-profile", str(tmp_path / "eagle.json")], {}
     )
     assert cfg.speed_profile is not None and set(cfg.speed_profile.modes) == {"eagle"}
+
+
+def test_client_limits_from_flags_and_environment() -> None:
+    from dynspec.router.downstream import ClientLimits
+
+    cfg = parse_config(["--eagle-url", "http://e:1"], {})
+    assert cfg.client_limits() == ClientLimits()
+    assert (cfg.max_header_bytes, cfg.keep_alive_timeout) == (32 * 1024, 5.0)
+    assert (cfg.client_header_timeout, cfg.client_body_timeout) == (10.0, 60.0)
+    env = {"DYNSPEC_CLIENT_HEADER_TIMEOUT": "1.5", "DYNSPEC_KEEP_ALIVE_TIMEOUT": "2"}
+    argv = ["--eagle-url", "http://e:1", "--max-header-bytes", "4096", "--client-body-timeout", "3"]
+    limits = parse_config(argv, env).client_limits()
+    # A head cap below one line's caps the lines too.
+    assert (limits.max_header_bytes, limits.max_line_bytes) == (4096, 4096)
+    assert (limits.header_timeout, limits.body_timeout) == (1.5, 3.0)
+    assert parse_config(["--eagle-url", "http://e:1"], env).keep_alive_timeout == 2.0
+    assert "max_header_bytes=32768" in repr(cfg)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--max-header-bytes", "0"], ["--client-header-timeout", "0"], ["--keep-alive-timeout", "-1"]],
+)
+def test_client_limits_must_be_positive(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_config(["--eagle-url", "http://e:1", *argv], {})
+    assert exc.value.code == 2

@@ -98,3 +98,25 @@ def test_relay_filter_picks_by_response() -> None:
         StrippedEventStream
     )
     assert type(relay_filter(0.0, status=500, event_stream=False, strip=False)) is Body
+
+
+def test_junk_counts_are_flagged_and_every_byte_passes() -> None:
+    """A 5,000-digit prompt_tokens: each filter passes the stream on whole (the stripped one
+    without the usage chunk), ignores the count and flags it; good counts are not flagged."""
+    junk = USAGE.replace(b"7", b"9" * 5000)
+    stream = ROLE + b"".join(TOKENS) + junk + DONE
+    pieces = [stream[i : i + 50] for i in range(0, len(stream), 50)]
+    # The plain stream reads its usage from its last two pieces: the server's usage event is one.
+    events = [ROLE, *TOKENS, junk, DONE]
+    plain = EventStream(time.perf_counter())
+    assert run(plain, events, last_in_hand=True) == stream
+    assert plain.usage == (None, 3) and plain.bad_usage
+    stripped = StrippedEventStream(time.perf_counter())
+    assert run(stripped, pieces, last_in_hand=False) == stream.replace(junk, b"")
+    assert stripped.usage == (None, 3) and stripped.bad_usage
+    body = Body(time.perf_counter(), ok=True)
+    assert run(body, [junk], last_in_hand=True) == junk
+    assert body.bad_usage
+    good = EventStream(time.perf_counter())
+    run(good, [STREAM], last_in_hand=True)
+    assert good.usage == (7, 3) and not good.bad_usage

@@ -38,14 +38,21 @@ def test_has_token(data: bytes, token: bool) -> None:
 
 
 def test_strip_usage_keeps_everything_else() -> None:
-    kept, usage = strip_usage_events(TOKEN + USAGE + DONE)
+    kept, usage, bad = strip_usage_events(TOKEN + USAGE + DONE)
     assert kept == TOKEN + DONE
-    assert usage == (7, 3)
-    kept, usage = strip_usage_events(USAGE)
-    assert (kept, usage) == (b"", (7, 3))
+    assert usage == (7, 3) and not bad
+    assert strip_usage_events(USAGE) == (b"", (7, 3), False)
     # Text that merely mentions "choices":[] is an escaped string, never an event of its own.
     tricky = b'data: {"choices":[{"delta":{"content":"\\"choices\\":[]"}}]}\n\n'
-    assert strip_usage_events(tricky) == (tricky, None)
+    assert strip_usage_events(tricky) == (tricky, None, False)
+
+
+@pytest.mark.parametrize("value", [b"9" * 400, b"9" * 5000, b"-1", b"1e3", b"2.5", b'"7"'])
+def test_strip_usage_drops_a_usage_chunk_with_junk_counts(value: bytes) -> None:
+    junk = b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":%s,"completion_tokens":3}}\n\n'
+    kept, usage, bad = strip_usage_events(TOKEN + junk % value + DONE)
+    assert kept == TOKEN + DONE  # dropped all the same (orjson refuses the 400 digits)
+    assert usage == (None, 3) and bad
 
 
 def test_usage_in_ignores_generated_text() -> None:
@@ -55,12 +62,33 @@ def test_usage_in_ignores_generated_text() -> None:
             "usage": {"prompt_tokens": 11, "completion_tokens": 5},
         }
     )
-    assert usage_in(body) == (11, 5)
-    assert usage_in(TOKEN) == (None, None)
+    assert usage_in(body) == ((11, 5), False)
+    assert usage_in(TOKEN) == ((None, None), False)
     native = b'data: {"text":"a b","meta_info":{"prompt_tokens":9,"completion_tokens":2}}\n\n'
-    assert usage_in(native + DONE) == (9, 2)
+    assert usage_in(native + DONE) == ((9, 2), False)
     responses = b'data: {"response":{"usage":{"input_tokens":4,"output_tokens":6}}}\n\n'
-    assert usage_in(responses) == (4, 6)
+    assert usage_in(responses) == ((4, 6), False)
+
+
+@pytest.mark.parametrize(
+    "value, count, bad",
+    [
+        (b"0", 0, False),
+        (b"%d" % (1 << 53), 1 << 53, False),
+        (b"null", None, False),
+        (b"%d" % ((1 << 53) + 1), None, True),
+        (b"9" * 400, None, True),
+        (b"9" * 5000, None, True),
+        (b"-4", None, True),
+        (b"4.0", None, True),
+        (b"1e9", None, True),
+        (b'"4"', None, True),
+        (b"\xd9\xa3", None, True),  # a digit to str.isdigit, not to JSON
+    ],
+)
+def test_usage_counts_are_bounded(value: bytes, count: int | None, bad: bool) -> None:
+    body = b'{"usage":{"prompt_tokens":%s,"completion_tokens":2}}' % value
+    assert usage_in(body) == ((count, 2), bad)
 
 
 CHAT, COMPLETIONS, GENERATE, RESPONSES = (
