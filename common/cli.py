@@ -137,12 +137,16 @@ class FlagParser(argparse.ArgumentParser):
             else:
                 file.write(message)
 
-    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
-        action = super().add_argument(*args, **kwargs)
-        opt = _long_option(action)
-        if opt is not None and action.help is not argparse.SUPPRESS and opt != "--help":
-            action.help = f"{action.help or ''} [env {env_name(opt)}]".strip()
-        return action
+    def format_help(self) -> str:
+        # Each flag's help names its variable, added here rather than in add_argument so that flags
+        # added through argument groups (which bypass the parser's add_argument) get it too.
+        for action in self._actions:
+            opt = _long_option(action)
+            if opt is None or opt == "--help" or action.help is argparse.SUPPRESS:
+                continue
+            if "[env " not in (action.help or ""):
+                action.help = f"{action.help or ''} [env {env_name(opt)}]".strip()
+        return super().format_help()
 
     def _convert(self, action: argparse.Action, raw: object, source: str) -> object:
         opt = _long_option(action) or action.dest

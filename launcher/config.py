@@ -305,12 +305,6 @@ def build_parser() -> FlagParser:
     p.add_argument(
         "--progress-every", type=non_negative_float, default=10.0, help=argparse.SUPPRESS
     )
-    # FlagParser names each flag's variable in its help, but argument groups add their flags
-    # without passing through it.
-    for action in p._actions:
-        long = [o for o in action.option_strings if o.startswith("--") and o != "--help"]
-        if long and action.help not in (None, argparse.SUPPRESS) and "[env " not in action.help:
-            action.help = f"{action.help} [env {env_name(long[0])}]"
     return p
 
 

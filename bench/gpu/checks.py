@@ -1,6 +1,7 @@
 """Functional checks of dynspec-router in front of two real SGLang servers.
 
-Each check asserts what the router promises (INTERFACE.md) against what the servers really send:
+Each check asserts what the router promises (the README's "HTTP surface" and metric names)
+against what the servers really send:
 streams end in ``[DONE]``, usage is injected for the router's own accounting and stripped again
 when the client did not ask for it, completions and ``/v1/models`` pass through, a client that
 leaves mid-stream makes SGLang stop the request, concurrent load crosses the threshold and uses
