@@ -137,7 +137,8 @@ def build_parser() -> FlagParser:
         description=(
             "Load-aware router in front of an EAGLE-3 pool and a baseline pool of SGLang servers: "
             "light load goes to EAGLE-3 (lower latency), heavy load to the baseline (more "
-            "throughput). OpenAI-compatible: POST /v1/chat/completions and /v1/completions. "
+            "throughput). OpenAI-compatible: POST /v1/chat/completions, /v1/completions, "
+            "/v1/responses and SGLang's /generate are routed. "
             "Policies: 'threshold' switches pools at a load threshold; 'balance' sends each "
             "request to the server with the lowest predicted time per output token, from speed "
             "curves learned online (and seeded by --speed-profile)."

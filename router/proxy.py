@@ -1,4 +1,5 @@
-"""The streaming relay: a bare ASGI handler for POST /v1/chat/completions and /v1/completions.
+"""The streaming relay: a bare ASGI handler for the generation paths (``request.PROXY_PATHS``:
+POST /v1/chat/completions, /v1/completions, /v1/responses and SGLang's native /generate).
 
 Why bare ASGI and our own client: measured with ``dynspec-bench overhead``, FastAPI's response
 machinery costs a third of the throughput at 256 concurrent streams, httpx's transport collapses
