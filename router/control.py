@@ -191,6 +191,7 @@ def status_of(pools: Pools, learner: SpeedLearner | None = None) -> dict[str, An
         "policy": pools.policy.name,
         "threshold": pools.settings.threshold,
         "hysteresis": pools.settings.hysteresis,
+        "threshold_auto": pools.auto,
         "mode": pools.mode,
         "active_pool": active,
         "load": pools.load,
@@ -209,10 +210,25 @@ def status_of(pools: Pools, learner: SpeedLearner | None = None) -> dict[str, An
                 "pool": s.pool,
                 "healthy": s.healthy,
                 "in_flight": s.in_flight,
-                # A server drains while its pool does and it still holds requests.
-                "draining": s.in_flight > 0 and pools.draining(s.pool),
+                # A server drains while it is inactive (or drained) and still holds requests.
+                "draining": pools.server_draining(s),
                 **(learner.status(s.url, s.in_flight) if learner is not None else {}),
             }
             for s in pools.servers
+        ],
+        # With --pair: each pair's state (the server entries above are in pair order).
+        "pairs": [
+            {
+                "index": p.index,
+                "eagle_url": p.eagle.url,
+                "baseline_url": p.baseline.url,
+                "load": p.load,
+                "mode": p.mode,
+                "active_pool": p.active_pool(pools.drained),
+                "threshold": p.settings.threshold,
+                "hysteresis": p.settings.hysteresis,
+                "switches": p.switches,
+            }
+            for p in pools.pairs
         ],
     }
