@@ -34,6 +34,7 @@ def pv(
     index: int,
     e: ServerView,
     b: ServerView,
+    *,
     mode: str = "eagle",
     threshold: int = 8,
     hysteresis: int = 2,
@@ -180,7 +181,7 @@ def test_pools_with_pairs_switch_each_pair_by_its_own_load() -> None:
     pools.on_switch = lambda to, pair: switched.append((to, pair.label if pair else None))
     leases = [pools.acquire() for _ in range(6)]
     # Alternating by least load: 0,1,0,1 to EAGLE (loads 1,1,2,2), then pair 0 at load 3 > 2.
-    assert [(l.pair.index if l.pair else None, l.pool) for l in leases] == [
+    assert [(x.pair.index if x.pair else None, x.pool) for x in leases] == [
         (0, "eagle"), (1, "eagle"), (0, "eagle"), (1, "eagle"), (0, "baseline"), (1, "baseline"),
     ]  # fmt: skip
     assert switched == [("baseline", "0"), ("baseline", "1")]
@@ -309,6 +310,7 @@ def test_pair_usage_errors_are_one_line_exit_2(argv: list[str], says: str) -> No
         capture_output=True,
         text=True,
         timeout=30,
+        check=False,
         env={"PATH": "/usr/bin:/bin"},
     )
     assert r.returncode == 2, r.stderr
