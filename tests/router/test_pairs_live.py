@@ -142,3 +142,16 @@ def test_balance_sends_light_load_back_to_an_eagle_server_idle_for_90_simulated_
             assert streak == 5, (
                 f"light load not back on EAGLE within 10 s\n{rp.log.read_text()[-3000:]}"
             )
+
+
+def test_threshold_auto_starts_from_the_profile_s_crossover(tmp_path: Path) -> None:
+    profile = str(
+        Path(__file__).resolve().parents[2] / "launcher/sim/profiles/h200-8b-accept4.json"
+    )
+    with sim(tmp_path, "eagle", speed=SPEED) as e0, sim(tmp_path, "baseline", speed=SPEED) as b0:
+        args = ["--pair", f"{e0},{b0}", "--threshold", "auto", "--speed-profile", profile]
+        with router(tmp_path, *args, "--metrics-interval", "0") as rp:
+            st = rp.status()
+            # EAGLE's predicted TPOT is no worse than the baseline's up to load 30 in that profile.
+            assert st["threshold_auto"] is True and st["pairs"][0]["threshold"] == 30
+            assert rp.metric("dynspec_threshold", pair="0") == 30
