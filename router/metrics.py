@@ -103,14 +103,20 @@ def _threshold_and_pairs(pools: Pools) -> Iterator[Metric]:
     mode = GaugeMetricFamily(
         "dynspec_pair_mode", "1 for the pair's current mode, else 0", labels=["pair", "pool"]
     )
+    # Not in INTERFACE.md's table: what the "pair down" alert reads (0: the pair serves nothing).
+    up = GaugeMetricFamily(
+        "dynspec_pair_servers_up", "Healthy servers of the pair (0, 1 or 2)", labels=["pair"]
+    )
     for p in pools.pairs:
         threshold.add_metric([p.label], p.settings.threshold)
         load.add_metric([p.label], p.load)
+        up.add_metric([p.label], int(p.eagle.healthy) + int(p.baseline.healthy))
         for pool in POOLS:
             mode.add_metric([p.label, pool], 1 if p.mode == pool else 0)
     yield threshold
     yield load
     yield mode
+    yield up
 
 
 USUAL_CODES = (200, 400, 499, 500, 502, 503, 504)
