@@ -187,10 +187,12 @@ def status_of(pools: Pools, learner: SpeedLearner | None = None) -> dict[str, An
     """The router's state. Under ``balance`` (no modes) ``mode`` and ``active_pool`` name the pool
     the last request went to, and a pool is ``draining`` only when an operator drained it."""
     active = pools.active_pool()
+    # With pairs each has its own (in ``pairs``); the top-level figures are pair 0's.
+    settings = pools.pairs[0].settings if pools.pairs else pools.settings
     return {
         "policy": pools.policy.name,
-        "threshold": pools.settings.threshold,
-        "hysteresis": pools.settings.hysteresis,
+        "threshold": settings.threshold,
+        "hysteresis": settings.hysteresis,
         "threshold_auto": pools.auto,
         "mode": pools.mode,
         "active_pool": active,

@@ -33,8 +33,9 @@ class ServerView:
     accepting: bool = True
     # The server's predicted speed by load (``balance``); None: no estimate (the neutral curve).
     curve: SpeedCurve | None = None
-    # True when a probe may go to it: nothing learned of its speed for ``PROBE_AFTER_S``, nothing
-    # in flight on it, and no other probe in flight (``pool.Pools`` decides; False: never probe).
+    # True when a probe may go to it: nothing learned of its speed for ``PROBE_AFTER_S`` (or no
+    # request for ``PROBE_AFTER_REQUESTS``), nothing in flight on it, and no other probe in flight
+    # (``pool.Pools`` decides; False: never probe).
     stale: bool = False
 
 

@@ -42,8 +42,10 @@ logger = logging.getLogger(__name__)
 
 # --threshold auto: the threshold is derived again at most this often (router seconds).
 AUTO_EVERY_S = 2.0
-# A server with nothing learned of its speed for this long (router seconds) gets a probe.
+# A server with nothing learned of its speed for this long (router seconds), or that got none of
+# the last PROBE_AFTER_REQUESTS routed requests, gets a probe (at light load).
 PROBE_AFTER_S = 30.0
+PROBE_AFTER_REQUESTS = 200
 
 
 class Lease:
@@ -211,6 +213,7 @@ class Pools:
         if self.on_route is not None:
             self.on_route(server.pool, reason)
         server.account(now, 1)
+        server.routed = self.seq
         self.load += 1
         return Lease(self, server, now, pair, probe)
 
@@ -245,7 +248,9 @@ class Pools:
 
     def _stale(self, s: Server, now: float) -> bool:
         speed = s.speed
-        return speed is not None and s.in_flight == 0 and now - speed.seen >= PROBE_AFTER_S
+        if speed is None or s.in_flight > 0:
+            return False
+        return now - speed.seen >= PROBE_AFTER_S or self.seq - s.routed >= PROBE_AFTER_REQUESTS
 
     def _view(self, s: Server, now: float, probes: bool = False) -> ServerView:
         stale = probes and self._stale(s, now)

@@ -35,6 +35,7 @@ class Server:
         "mate",
         "poll_warned",
         "pool",
+        "routed",
         "speed",
         "url",
     )
@@ -48,6 +49,8 @@ class Server:
         self.failures = 0
         self.down_reason = ""
         self.in_flight = 0
+        # The router's request count (``Pools.seq``) when it last got a request.
+        self.routed = 0
         # The integral of in_flight over time (request-seconds) up to ``changed`` (the clock's
         # time of the last count change).
         self.area = 0.0

@@ -20,7 +20,7 @@ from dynspec.router.policy import (
     choose_pair,
     derive_threshold,
 )
-from dynspec.router.pool import PROBE_AFTER_S, Pools
+from dynspec.router.pool import PROBE_AFTER_REQUESTS, PROBE_AFTER_S, Pools
 from dynspec.router.speed import BUCKETS, NEUTRAL_CURVE, SpeedCurve
 
 E0, B0, E1, B1 = "http://e0:1", "http://b0:1", "http://e1:1", "http://b1:1"
@@ -255,6 +255,20 @@ def test_a_stale_other_server_gets_one_probe_at_light_load() -> None:
     for lease in (probe, other, third):
         lease.release()
     assert not pools.pairs[0].probing
+
+
+def test_a_server_left_out_of_many_requests_gets_a_probe() -> None:
+    pools = pair_pools(auto=True)
+    SpeedLearner(pools.servers)
+    pools.pairs[1].eagle.healthy = pools.pairs[1].baseline.healthy = False
+    reasons = []
+    for _ in range(PROBE_AFTER_REQUESTS):
+        lease = pools.acquire()
+        reasons.append((lease.pool, lease.probe))
+        lease.release()
+    # Idle pair, one at a time: EAGLE every time until the baseline has missed enough of them.
+    assert reasons[:-1] == [("eagle", False)] * (PROBE_AFTER_REQUESTS - 1)
+    assert reasons[-1] == ("baseline", True)
 
 
 # -- flags -----------------------------------------------------------------------------------------
