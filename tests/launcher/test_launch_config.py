@@ -289,6 +289,8 @@ def _router_actions() -> dict[str, argparse.Action]:
 # Router flags that are launcher flags of their own (the launcher builds on them or sets them).
 LAUNCHER_OWN = {"--eagle-url", "--baseline-url", "--host", "--port", "--policy", "--threshold"}
 LAUNCHER_OWN |= {"--hysteresis", "--drain-timeout", "--log-level", "--help", "--speed-profile"}
+# The paired layout gives the router one --pair per GPU set itself (issue 16).
+LAUNCHER_OWN |= {"--pair"}
 
 
 def test_every_router_setting_is_a_launcher_flag() -> None:
