@@ -4,7 +4,8 @@ A ``Server`` owns everything known of one server: its health (and the failed che
 lead to it), its in-flight count and the integral of that count over time, its speed (the
 learner's ``ServerSpeed``, which holds the running limit and the curve) and what the metrics
 poller has learned about what it exports. The health checker, the poller, the learner and the
-proxy hold references to these records; nothing else keeps per-server state keyed by URL.
+proxy hold references to these records (the learner keeps a URL index of its ``ServerSpeed``s for
+its URL-taking entry points; the upstream client its connection pools per origin).
 
 A ``Pair`` is two servers that share GPUs (``--pair EAGLE_URL,BASELINE_URL``): its load is the
 requests in flight on both, and it has its own mode and threshold, switched as the ``threshold``
