@@ -177,6 +177,8 @@ def check_pairs(ns: argparse.Namespace) -> tuple[tuple[str, str], ...]:
         )
     seen: set[str] = set()
     for pair in pairs:
+        if pair[0] == pair[1]:
+            raise UsageError(f"--pair: a pair needs two different servers ({pair[0]})")
         for url in pair:
             if url in seen:
                 what = "a pair is given twice" if pairs.count(pair) > 1 else "a URL is in two pairs"

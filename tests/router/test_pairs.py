@@ -315,6 +315,7 @@ def test_pair_semantic_errors(argv: list[str]) -> None:
         (["--pair", f"{E0},{B0}", "--pair", f"{E0},{B0}"], "twice"),
         (["--pair", f"{E0},{B0}", "--pair", f"{E1},{B0}"], "two pairs"),
         (["--pair", f"{E0},{B0}", "--policy", "balance"], "split"),
+        (["--pair", f"{E0},{E0}/"], "two different"),
         (["--pair", f"{E0},{B0}", "--threshold", "often"], "auto"),
     ],
 )
