@@ -112,6 +112,9 @@ def test_a_dead_pair_server_and_its_pair_serves_from_the_other(tmp_path: Path) -
             st = rp.status()
             assert st["pairs"][0]["mode"] == "eagle" and st["pairs"][0]["active_pool"] == "baseline"
             assert rp.get("/health").status_code == 200
+            # The pair's active server (its baseline now) passes its own /health_generate.
+            r = httpx.get(rp.url + "/health_generate", timeout=30)
+            assert r.status_code == 200 and r.json()["pool"] == "baseline", r.text
 
 
 def test_balance_sends_light_load_back_to_an_eagle_server_idle_for_90_simulated_s(
