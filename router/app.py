@@ -26,7 +26,6 @@ from dynspec.router.pool import Pools
 from dynspec.router.proxy import send_error
 from dynspec.router.request import PROXY_PATHS
 from dynspec.router.runtime import Runtime
-from dynspec.router.speed import SpeedCurve
 
 
 class RouterApp:
@@ -95,15 +94,16 @@ def create_app(
         threshold=config.threshold,
         hysteresis=config.hysteresis,
         max_concurrency=config.max_concurrency,
+        pairs=config.pairs,
+        auto=config.threshold_auto,
     )
     metrics = RouterMetrics(registry, pools)
     pools.on_switch = metrics.switched
     pools.on_route = metrics.routed
-
-    def publish(url: str, curve: SpeedCurve) -> None:
-        pools.server(url).curve = curve
-
-    # Learned under every policy: ``balance`` routes by the curves; under ``threshold`` they are
-    # shown in /status and /metrics (what the speed of each server is at the loads it serves).
-    learner = SpeedLearner(config.servers(), config.speed_profile, publish=publish)
+    # Learned under every policy: ``balance`` routes by the curves, ``--threshold auto`` derives
+    # thresholds from them; otherwise they are shown in /status and /metrics. Each server record
+    # gets its ServerSpeed.
+    learner = SpeedLearner(pools.servers, config.speed_profile)
+    if config.threshold_auto:
+        pools.derive()
     return RouterApp(config, pools, learner, metrics, registry)

@@ -73,7 +73,18 @@ class RouterConfig:
             body_timeout=self.client_body_timeout,
         )
 
+    # -- pairs and the learned threshold (issue 16) --
+    # (eagle URL, baseline URL) per --pair, in the order given; empty: the pools layout.
+    pairs: tuple[tuple[str, str], ...] = ()
+    # --threshold auto: ``threshold`` is the starting value, then derived from the speed curves.
+    threshold_auto: bool = False
+
     def servers(self) -> list[tuple[str, PoolName]]:
+        if self.pairs:
+            out: list[tuple[str, PoolName]] = []
+            for e, b in self.pairs:
+                out += [(e, "eagle"), (b, "baseline")]
+            return out
         eagle: list[tuple[str, PoolName]] = [(u, "eagle") for u in self.eagle_urls]
         baseline: list[tuple[str, PoolName]] = [(u, "baseline") for u in self.baseline_urls]
         return eagle + baseline
@@ -95,11 +106,12 @@ class RouterConfig:
             f"direct_relay={self.direct_relay}, log_level={self.log_level!r}, "
             f"speed_profile_path={self.speed_profile_path!r}, "
             f"metrics_interval={self.metrics_interval}, "
-            f"load_signal={self.load_signal!r}, load_interval={self.load_interval})"
+            f"load_signal={self.load_signal!r}, load_interval={self.load_interval}, "
             f"max_header_bytes={self.max_header_bytes}, "
             f"client_header_timeout={self.client_header_timeout}, "
             f"client_body_timeout={self.client_body_timeout}, "
-            f"keep_alive_timeout={self.keep_alive_timeout})"
+            f"keep_alive_timeout={self.keep_alive_timeout}, "
+            f"pairs={self.pairs!r}, threshold_auto={self.threshold_auto})"
         )
 
     def tls(self) -> ssl.SSLContext | None:
@@ -129,6 +141,76 @@ def parse_urls(text: str) -> tuple[str, ...]:
             raise argparse.ArgumentTypeError(f"a server URL takes no query: {raw.strip()!r}")
         urls.append(url)
     return tuple(urls)
+
+
+# -- pairs and the learned threshold (issue 16) ----------------------------------------------------
+
+AUTO_START = 8
+
+
+def parse_pairs(text: str) -> tuple[tuple[str, str], ...]:
+    """``EAGLE_URL,BASELINE_URL`` entries, separated by whitespace or ';' (DYNSPEC_PAIR may hold
+    several)."""
+    pairs: list[tuple[str, str]] = []
+    for entry in text.replace(";", " ").split():
+        urls = parse_urls(entry)
+        if len(urls) != 2 or len(entry.split(",")) != 2:
+            raise argparse.ArgumentTypeError(
+                f"a pair is exactly two URLs, EAGLE_URL,BASELINE_URL: {entry!r}"
+            )
+        pairs.append((urls[0], urls[1]))
+    if not pairs:
+        raise argparse.ArgumentTypeError("a pair is exactly two URLs, EAGLE_URL,BASELINE_URL")
+    return tuple(pairs)
+
+
+class _PairsAction(argparse.Action):
+    """Repeatable ``--pair``: the command line's replace the environment's (a tuple default)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        current = getattr(namespace, self.dest, None)
+        if not isinstance(current, list):
+            current = []
+            setattr(namespace, self.dest, current)
+        current.extend(values)  # type: ignore[arg-type]
+
+
+def parse_threshold(text: str) -> int | str:
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer or 'auto': {text!r}") from None
+
+
+def check_pairs(ns: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """The --pair flags, checked; a ``UsageError`` for each way they can be wrong."""
+    pairs: tuple[tuple[str, str], ...] = tuple(ns.pair or ())
+    if not pairs:
+        return ()
+    if ns.eagle_url or ns.baseline_url:
+        raise UsageError("--pair cannot be used with --eagle-url/--baseline-url: use one layout")
+    if ns.policy == "balance":
+        raise UsageError(
+            "--policy balance is for the split layout (--eagle-url/--baseline-url), not --pair"
+        )
+    seen: set[str] = set()
+    for pair in pairs:
+        if pair[0] == pair[1]:
+            raise UsageError(f"--pair: a pair needs two different servers ({pair[0]})")
+        for url in pair:
+            if url in seen:
+                what = "a pair is given twice" if pairs.count(pair) > 1 else "a URL is in two pairs"
+                raise UsageError(f"--pair: {what} ({url})")
+            seen.add(url)
+    return pairs
 
 
 def build_parser() -> FlagParser:
@@ -165,10 +247,21 @@ def build_parser() -> FlagParser:
     )
     p.add_argument(
         "--threshold",
-        type=int,
+        type=parse_threshold,
         default=8,
         help="in eagle mode, a request whose load (in flight, counting it) exceeds this "
-        "switches to the baseline pool",
+        "switches to the baseline pool; 'auto': the largest load at which EAGLE's predicted "
+        "time per output token is no worse than the baseline's, from the speed curves",
+    )
+    p.add_argument(
+        "--pair",
+        type=parse_pairs,
+        action=_PairsAction,
+        default=(),
+        metavar="EAGLE_URL,BASELINE_URL",
+        help="an EAGLE-3 and a baseline server that share GPUs (repeatable; DYNSPEC_PAIR: "
+        "entries separated by spaces or ';'): each pair has its own mode, switched by its own "
+        "load; a new request goes to the least loaded pair. Not with --eagle-url/--baseline-url",
     )
     p.add_argument(
         "--hysteresis",
@@ -330,14 +423,25 @@ def _key(value: str | None) -> str | None:
 
 
 def config_from_args(ns: argparse.Namespace) -> RouterConfig:
+    pairs = check_pairs(ns)
     eagle: tuple[str, ...] = tuple(ns.eagle_url)
     baseline: tuple[str, ...] = tuple(ns.baseline_url)
+    if pairs:
+        eagle = tuple(e for e, _ in pairs)
+        baseline = tuple(b for _, b in pairs)
     if not eagle and not baseline:
-        raise UsageError("give at least one server: --eagle-url and/or --baseline-url")
+        raise UsageError("give at least one server: --eagle-url and/or --baseline-url, or --pair")
+    auto = ns.threshold == "auto"
+    threshold: int = AUTO_START if auto else ns.threshold
+    if auto and ns.hysteresis >= 0:
+        # Clamped below each learned threshold; the start value needs it below too.
+        hysteresis_checked = min(ns.hysteresis, threshold - 1)
+    else:
+        hysteresis_checked = ns.hysteresis
     dupes = set(eagle) & set(baseline)
     if dupes or len(set(eagle)) != len(eagle) or len(set(baseline)) != len(baseline):
         raise UsageError("a server URL appears twice")
-    reason = validate_settings(ns.threshold, ns.hysteresis)
+    reason = validate_settings(threshold, hysteresis_checked)
     if reason is not None:
         raise UsageError(reason)
     if not 0 <= ns.port <= 65535:
@@ -361,7 +465,7 @@ def config_from_args(ns: argparse.Namespace) -> RouterConfig:
         eagle_urls=eagle,
         baseline_urls=baseline,
         policy=ns.policy,
-        threshold=ns.threshold,
+        threshold=threshold,
         hysteresis=ns.hysteresis,
         host=ns.host,
         port=ns.port,
@@ -387,6 +491,8 @@ def config_from_args(ns: argparse.Namespace) -> RouterConfig:
         client_header_timeout=ns.client_header_timeout,
         client_body_timeout=ns.client_body_timeout,
         keep_alive_timeout=ns.keep_alive_timeout,
+        pairs=pairs,
+        threshold_auto=auto,
     )
 
 

@@ -187,10 +187,13 @@ def status_of(pools: Pools, learner: SpeedLearner | None = None) -> dict[str, An
     """The router's state. Under ``balance`` (no modes) ``mode`` and ``active_pool`` name the pool
     the last request went to, and a pool is ``draining`` only when an operator drained it."""
     active = pools.active_pool()
+    # With pairs each has its own (in ``pairs``); the top-level figures are pair 0's.
+    settings = pools.pairs[0].settings if pools.pairs else pools.settings
     return {
         "policy": pools.policy.name,
-        "threshold": pools.settings.threshold,
-        "hysteresis": pools.settings.hysteresis,
+        "threshold": settings.threshold,
+        "hysteresis": settings.hysteresis,
+        "threshold_auto": pools.auto,
         "mode": pools.mode,
         "active_pool": active,
         "load": pools.load,
@@ -209,10 +212,25 @@ def status_of(pools: Pools, learner: SpeedLearner | None = None) -> dict[str, An
                 "pool": s.pool,
                 "healthy": s.healthy,
                 "in_flight": s.in_flight,
-                # A server drains while its pool does and it still holds requests.
-                "draining": s.in_flight > 0 and pools.draining(s.pool),
+                # A server drains while it is inactive (or drained) and still holds requests.
+                "draining": pools.server_draining(s),
                 **(learner.status(s.url, s.in_flight) if learner is not None else {}),
             }
             for s in pools.servers
+        ],
+        # With --pair: each pair's state (the server entries above are in pair order).
+        "pairs": [
+            {
+                "index": p.index,
+                "eagle_url": p.eagle.url,
+                "baseline_url": p.baseline.url,
+                "load": p.load,
+                "mode": p.mode,
+                "active_pool": p.active_pool(pools.drained),
+                "threshold": p.settings.threshold,
+                "hysteresis": p.settings.hysteresis,
+                "switches": p.switches,
+            }
+            for p in pools.pairs
         ],
     }

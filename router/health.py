@@ -13,6 +13,7 @@ import enum
 import logging
 
 from dynspec.router.pool import Pools
+from dynspec.router.server import Server
 from dynspec.router.upstream import Client, ConnectError, UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -27,23 +28,21 @@ class Probe(enum.Enum):
 
 
 class HealthTracker:
-    """Turns probe results into up/down decisions; pure, so the rule is tested on its own."""
+    """Turns probe results into up/down decisions, counting failures on the server's record."""
 
     def __init__(self, failures_to_down: int = FAILURES_TO_DOWN) -> None:
         self.failures_to_down = failures_to_down
-        self._failures: dict[str, int] = {}
 
-    def verdict(self, url: str, probe: Probe) -> bool | None:
+    def verdict(self, server: Server, probe: Probe) -> bool | None:
         """True: mark up; False: mark down; None: no change yet."""
         if probe is Probe.OK:
-            self._failures[url] = 0
+            server.failures = 0
             return True
         if probe is Probe.REFUSED:
-            self._failures[url] = self.failures_to_down
+            server.failures = self.failures_to_down
             return False
-        n = self._failures.get(url, 0) + 1
-        self._failures[url] = n
-        return False if n >= self.failures_to_down else None
+        server.failures += 1
+        return False if server.failures >= self.failures_to_down else None
 
 
 class HealthChecker:
@@ -60,66 +59,64 @@ class HealthChecker:
         self.timeout = min(max(interval, 1.0), 5.0)
         self.headers = headers
         self.tracker = HealthTracker()
-        # Why each server's last check failed, for the log line that marks it down.
-        self.reasons: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def probe(self, url: str) -> Probe:
+    async def probe(self, server: Server) -> Probe:
+        url = server.url
         try:
             status, _ = await asyncio.wait_for(
                 self.client.get(url, "/health", self.headers), self.timeout
             )
         except ConnectError as exc:
-            self.reasons[url] = str(exc)
+            server.down_reason = str(exc)
             return Probe.REFUSED if exc.refused else Probe.FAILED
         except UpstreamError as exc:
-            self.reasons[url] = str(exc)
+            server.down_reason = str(exc)
             return Probe.FAILED
         except asyncio.TimeoutError:
-            self.reasons[url] = f"no answer within {self.timeout:g}s"
+            server.down_reason = f"no answer within {self.timeout:g}s"
             return Probe.FAILED
         if status != 200:
-            self.reasons[url] = f"/health answered {status}"
+            server.down_reason = f"/health answered {status}"
             return Probe.FAILED
         return Probe.OK
 
-    def apply(self, url: str, probe: Probe) -> None:
-        verdict = self.tracker.verdict(url, probe)
+    def apply(self, server: Server, probe: Probe) -> None:
+        verdict = self.tracker.verdict(server, probe)
         if verdict is None:
             return
-        if self.pools.set_healthy(url, verdict):
-            server = self.pools.server(url)
+        if self.pools.mark(server, verdict):
             if verdict:
-                logger.info("server %s (%s) is up", url, server.pool)
+                logger.info("server %s (%s) is up", server.url, server.pool)
             else:
-                reason = self.reasons.get(url, probe.value)
-                logger.warning("server %s (%s) is down: %s", url, server.pool, reason)
+                reason = server.down_reason or probe.value
+                logger.warning("server %s (%s) is down: %s", server.url, server.pool, reason)
 
-    def refused(self, url: str) -> None:
-        """A request found nothing listening at ``url``: down at once, no need to wait for a
+    def refused(self, server: Server) -> None:
+        """A request found nothing listening at ``server``: down at once, no need to wait for a
         probe."""
-        self.apply(url, Probe.REFUSED)
+        self.apply(server, Probe.REFUSED)
 
-    async def check_once(self, url: str) -> None:
-        self.apply(url, await self.probe(url))
+    async def check_once(self, server: Server) -> None:
+        self.apply(server, await self.probe(server))
 
     async def check_all(self) -> None:
-        await asyncio.gather(*(self.check_once(s.url) for s in self.pools.servers))
+        await asyncio.gather(*(self.check_once(s) for s in self.pools.servers))
         for server in self.pools.servers:
             if not server.healthy:
-                reason = self.reasons.get(server.url, "no answer yet")
+                reason = server.down_reason or "no answer yet"
                 logger.warning("server %s (%s) is not up: %s", server.url, server.pool, reason)
 
-    async def _loop(self, url: str) -> None:
+    async def _loop(self, server: Server) -> None:
         while True:
             await asyncio.sleep(self.interval)
             try:
-                await self.check_once(url)
+                await self.check_once(server)
             except Exception:
-                logger.exception("health check of %s failed unexpectedly", url)
+                logger.exception("health check of %s failed unexpectedly", server.url)
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._loop(s.url)) for s in self.pools.servers]
+        self._tasks = [asyncio.create_task(self._loop(s)) for s in self.pools.servers]
 
     async def stop(self) -> None:
         for t in self._tasks:

@@ -7,9 +7,13 @@ Two sources feed it, both O(1) per observation:
   running + queued, the limit it runs at (queue > 0), and EAGLE's accept length.
 
 The curves are rebuilt from the buckets (``speed.build_curve``, O(buckets) per server) at most
-every ``REBUILD_S`` when observations arrive, never per routed request, and published through
-``publish`` (which puts them on the ``pool.Server`` objects the routing snapshot reads). The time
-comes from the clock passed in, so tests feed observations at chosen times and read the curves.
+every ``REBUILD_S`` when observations arrive, never per routed request. Each server's
+``ServerSpeed`` hangs on its ``server.Server`` record, where the routing snapshot reads the curve.
+
+Observations made while a server's pair-mate was busy are not its speed alone: the proxy does not
+report such a finished request, and a poll is not learned while the mate has requests in flight.
+The time comes from the clock passed in, so tests feed observations at chosen times and read the
+curves.
 
 The two sources run on different clocks when a server's time is not real time (a simulator at
 ``--speed 2``): the server's figures are scaled by the ratio of the two where they overlap. A
@@ -23,9 +27,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from dynspec.router.speed import (
-    HALF_LIFE_S,
+    KEEP,
     NEUTRAL_CURVE,
     BucketSet,
     SpeedCurve,
@@ -36,6 +41,9 @@ from dynspec.router.speed import (
     neutral_prior,
     prior_scale,
 )
+
+if TYPE_CHECKING:
+    from dynspec.router.server import Server
 
 logger = logging.getLogger(__name__)
 
@@ -59,21 +67,38 @@ class ServerSpeed:
         "prior",
         "ratio",
         "scale",
+        "seeded",
+        "seen",
+        "server",
         "url",
     )
 
     def __init__(
-        self, url: str, pool: str, prior: tuple[float, ...], limit: int | None, half_life: float
+        self,
+        url: str,
+        pool: str,
+        prior: tuple[float, ...],
+        limit: int | None,
+        keep: float,
+        *,
+        seeded: bool = False,
+        now: float = 0.0,
     ) -> None:
         self.url = url
         self.pool = pool
         self.prior = prior
+        # True when the prior came from a --speed-profile (it says something before any data).
+        self.seeded = seeded
+        # The learner's time of the last observation (or of its start): what a probe waits on.
+        self.seen = now
+        # The server's record, when the learner was built from records (the live router).
+        self.server: Server | None = None
         self.limit_profile = limit
         # From the server itself (/get_server_info), and from polls that saw a queue.
         self.limit_reported: int | None = None
         self.limit_seen: int | None = None
-        self.direct = BucketSet(half_life)
-        self.polled = BucketSet(half_life)
+        self.direct = BucketSet(keep)
+        self.polled = BucketSet(keep)
         self.ratio = 1.0  # router-clock TPOT / server-clock TPOT
         self.scale: float | None = None  # measured level over the prior's
         self.accept_length: float | None = None
@@ -91,26 +116,33 @@ class ServerSpeed:
 class SpeedLearner:
     def __init__(
         self,
-        servers: Sequence[tuple[str, str]],
+        servers: Sequence[Server | tuple[str, str]],
         profile: SpeedProfile | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
-        publish: Callable[[str, SpeedCurve], None] | None = None,
-        half_life: float = HALF_LIFE_S,
+        keep: float = KEEP,
         rebuild_s: float = REBUILD_S,
     ) -> None:
+        """``servers``: the router's records (each gets its ``speed``), or (url, pool) pairs."""
         self.clock = clock
-        self.publish = publish
         self.rebuild_s = rebuild_s
         self.profile = profile
+        # An index for the URL-keyed entry points; the state itself is on each ServerSpeed.
         self.servers: dict[str, ServerSpeed] = {}
-        for url, pool in servers:
-            if profile is not None and pool in profile.modes:
+        now = clock()
+        for entry in servers:
+            url, pool = entry if isinstance(entry, tuple) else (entry.url, entry.pool)
+            seeded = profile is not None and pool in profile.modes
+            if profile is not None and seeded:
                 mode = profile.modes[pool]
                 prior, limit = mode.prior, mode.limit
             else:
                 prior, limit = neutral_prior(), None
-            self.servers[url] = ServerSpeed(url, pool, prior, limit, half_life)
+            speed = ServerSpeed(url, pool, prior, limit, keep, seeded=seeded, now=now)
+            if not isinstance(entry, tuple):
+                speed.server = entry
+                entry.speed = speed
+            self.servers[url] = speed
         self._built = float("-inf")
         self._dirty = False
         self.rebuild()
@@ -134,6 +166,7 @@ class SpeedLearner:
         now = self.clock()
         tpot = (duration - ttft) / (output_tokens - 1)
         speed.direct.add(mean_in_flight, tpot, now, speed.prior)
+        speed.seen = now
         self._changed(now)
 
     def polled(
@@ -160,9 +193,13 @@ class SpeedLearner:
                 speed.limit_seen = n
         if gen_throughput is None or gen_throughput <= 0:
             return
+        record = speed.server
+        if record is not None and record.mate is not None and record.mate.in_flight > 0:
+            return  # the pair-mate runs too: not this server's speed alone
         now = self.clock()
         load = running + (queued or 0.0)
         speed.polled.add(load, running / gen_throughput, now, speed.prior)
+        speed.seen = now
         self._changed(now)
 
     def set_limit(self, url: str, limit: int | None) -> None:
@@ -209,8 +246,6 @@ class SpeedLearner:
                 # ratio if one was measured, else the prior as it is.
                 scale = borrowed if borrowed is not None else speed.ratio
             speed.curve = build_curve(data[speed.url], speed.prior, scale, speed.limit)
-            if self.publish is not None:
-                self.publish(speed.url, speed.curve)
 
     def curve(self, url: str) -> SpeedCurve:
         speed = self.servers.get(url)

@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from dynspec.router.policy import POOLS, PoolName
 from dynspec.router.pool import Pools
+from dynspec.router.server import Pair
 
 UPSTREAM_ERROR_KINDS = ("connect", "timeout", "status", "protocol")
 CLIENT_TIMEOUT_KINDS = ("header", "body", "idle")
@@ -79,12 +80,44 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             "dynspec_load", "Requests in flight over all servers", value=pools.load
         )
-        yield GaugeMetricFamily(
-            "dynspec_threshold", "Current threshold", value=pools.settings.threshold
-        )
+        yield from _threshold_and_pairs(pools)
         yield active
         yield draining
         yield up
+
+
+# -- pairs (issue 16): with --pair, dynspec_threshold carries the pair's index -------------------
+
+
+def _threshold_and_pairs(pools: Pools) -> Iterator[Metric]:
+    if not pools.pairs:
+        yield GaugeMetricFamily(
+            "dynspec_threshold", "Current threshold", value=pools.settings.threshold
+        )
+        return
+    threshold = GaugeMetricFamily(
+        "dynspec_threshold", "Current threshold of each pair", labels=["pair"]
+    )
+    load = GaugeMetricFamily(
+        "dynspec_pair_load", "Requests in flight on the pair's two servers", labels=["pair"]
+    )
+    mode = GaugeMetricFamily(
+        "dynspec_pair_mode", "1 for the pair's current mode, else 0", labels=["pair", "pool"]
+    )
+    # Not in INTERFACE.md's table: what the "pair down" alert reads (0: the pair serves nothing).
+    up = GaugeMetricFamily(
+        "dynspec_pair_servers_up", "Healthy servers of the pair (0, 1 or 2)", labels=["pair"]
+    )
+    for p in pools.pairs:
+        threshold.add_metric([p.label], p.settings.threshold)
+        load.add_metric([p.label], p.load)
+        up.add_metric([p.label], int(p.eagle.healthy) + int(p.baseline.healthy))
+        for pool in POOLS:
+            mode.add_metric([p.label, pool], 1 if p.mode == pool else 0)
+    yield threshold
+    yield load
+    yield mode
+    yield up
 
 
 USUAL_CODES = (200, 400, 499, 500, 502, 503, 504)
@@ -99,8 +132,12 @@ class RouterMetrics:
             ["pool", "code"],
             registry=registry,
         )
+        # With pairs each switch is counted for its pair too (``pair`` = the pair's index).
         self.mode_switches = Counter(
-            "dynspec_mode_switches", "Mode switches", ["to"], registry=registry
+            "dynspec_mode_switches",
+            "Mode switches",
+            ["pair", "to"] if pools.pairs else ["to"],
+            registry=registry,
         )
         self.ttft = Histogram(
             "dynspec_time_to_first_token_seconds",
@@ -164,7 +201,11 @@ class RouterMetrics:
         # -- end client timeouts --
         # Children resolved once: a label lookup per request is a dict lookup, not a lock + hash.
         for to in POOLS:
-            self.mode_switches.labels(to)
+            if pools.pairs:
+                for p in pools.pairs:
+                    self.mode_switches.labels(p.label, to)
+            else:
+                self.mode_switches.labels(to)
         self._ttft = {p: self.ttft.labels(p) for p in POOLS}
         self._duration = {p: self.duration.labels(p) for p in POOLS}
         self._tpot = {p: self.tpot.labels(p) for p in POOLS}
@@ -195,8 +236,11 @@ class RouterMetrics:
     def poll_error(self, server: str) -> None:
         self.poll_errors.labels(server).inc()
 
-    def switched(self, to: PoolName) -> None:
-        self.mode_switches.labels(to).inc()
+    def switched(self, to: PoolName, pair: Pair | None = None) -> None:
+        if pair is None:
+            self.mode_switches.labels(to).inc()
+        else:
+            self.mode_switches.labels(pair.label, to).inc()
 
     def upstream_error(self, pool: PoolName, kind: str) -> None:
         self._errors[pool, kind].inc()

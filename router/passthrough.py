@@ -135,8 +135,9 @@ class Passthrough:
         return _answer(err.status, orjson.dumps(data), None)
 
     async def health_generate(self) -> Response:
+        # With pairs: each pair's active server; 200 when any of them passes.
         active = self.pools.active_pool()
-        servers = [s for s in self.pools.servers if s.healthy and s.pool == active]
+        servers = self.pools.active_servers()
         if not servers:
             raise NoServer("no healthy server in the active pool")
         timeout = min(self.timeout, HEALTH_GENERATE_TIMEOUT)

@@ -33,6 +33,10 @@ class ServerView:
     accepting: bool = True
     # The server's predicted speed by load (``balance``); None: no estimate (the neutral curve).
     curve: SpeedCurve | None = None
+    # True when a probe may go to it: nothing learned of its speed for ``PROBE_AFTER_S`` (or no
+    # request for ``PROBE_AFTER_REQUESTS``), nothing in flight on it, and no other probe in flight
+    # (``pool.Pools`` decides; False: never probe).
+    stale: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,17 +85,30 @@ def least_in_flight(
     return best
 
 
+def probe_load(threshold: int) -> int:
+    """The largest load (counting the new request) at which a probe may go out: light load."""
+    return max(1, threshold // 4)
+
+
+def _probe(servers: Sequence[ServerView], exclude: frozenset[str]) -> ServerView | None:
+    for s in servers:
+        if s.stale and s.healthy and s.accepting and s.url not in exclude:
+            return s
+    return None
+
+
 class ThresholdPolicy(Policy):
     """Two modes with hysteresis: EAGLE while the load is light, baseline while it is heavy.
 
     In ``eagle`` mode a request whose load exceeds ``threshold`` switches to ``baseline``; in
     ``baseline`` mode a request whose load is at or below ``threshold - hysteresis`` switches back.
     The request goes to the least in-flight server of the mode's pool; a pool with no server that
-    can take it is skipped, whatever the load.
+    can take it is skipped, whatever the load. At light load (``probe_load``) a stale server of
+    the other pool (``ServerView.stale``) gets the request instead, reason ``probe``.
     """
 
     name = "threshold"
-    reasons = ("mode", "fallback")
+    reasons = ("mode", "fallback", "probe")
 
     def choose(self, snapshot: Snapshot, exclude: frozenset[str] = frozenset()) -> Choice:
         mode = snapshot.mode
@@ -99,6 +116,11 @@ class ThresholdPolicy(Policy):
             mode = "baseline"
         elif mode == "baseline" and snapshot.load <= snapshot.threshold - snapshot.hysteresis:
             mode = "eagle"
+        if snapshot.load <= probe_load(snapshot.threshold):
+            other = other_pool(mode)
+            probe = _probe([s for s in snapshot.servers if s.pool == other], exclude)
+            if probe is not None:
+                return Choice(server=probe, mode=mode, reason="probe")
         server = least_in_flight(snapshot.servers, mode, exclude)
         if server is not None:
             return Choice(server=server, mode=mode, reason="mode")
@@ -147,11 +169,15 @@ class BalancePolicy(Policy):
     (their curves grow with the queue), with the reason ``full``. Both pools serve at every load;
     only operator drains stop a pool.
 
-    Reasons: ``only`` (one candidate), ``fastest``, ``tie``, ``explore``, ``full``.
+    At light load (``probe_load`` of the threshold) a stale server (``ServerView.stale``: nothing
+    learned of it for a while) gets the request whatever its prediction, reason ``probe``, so an
+    estimate that may be out of date is measured again.
+
+    Reasons: ``only`` (one candidate), ``fastest``, ``tie``, ``explore``, ``full``, ``probe``.
     """
 
     name = "balance"
-    reasons = ("only", "fastest", "tie", "explore", "full")
+    reasons = ("only", "fastest", "tie", "explore", "full", "probe")
     switches_modes = False
 
     def choose(self, snapshot: Snapshot, exclude: frozenset[str] = frozenset()) -> Choice:
@@ -170,6 +196,10 @@ class BalancePolicy(Policy):
         candidates = open_ or full
         if not candidates:
             return Choice(server=None, mode=snapshot.mode)
+        if len(candidates) > 1 and snapshot.load <= probe_load(snapshot.threshold):
+            probe = _probe([e[2] for e in candidates], exclude)
+            if probe is not None:
+                return Choice(probe, probe.pool, "probe")
         if len(candidates) == 1:
             server = candidates[0][2]
             return Choice(server, server.pool, "only" if open_ else "full")
@@ -181,6 +211,93 @@ class BalancePolicy(Policy):
         server = winner[2]
         reason = "full" if not open_ else ("tie" if tie else "fastest")
         return Choice(server, server.pool, reason)
+
+
+# -- pairs -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PairView:
+    index: int
+    eagle: ServerView
+    baseline: ServerView
+    # Requests in flight on both servers (not counting the one being routed).
+    load: int
+    mode: PoolName
+    threshold: int
+    hysteresis: int
+
+    def server(self, pool: PoolName) -> ServerView:
+        return self.eagle if pool == "eagle" else self.baseline
+
+
+@dataclass(frozen=True, slots=True)
+class PairChoice:
+    # None when no pair has a server that can take the request.
+    pair: int | None
+    server: ServerView | None
+    # The chosen pair's mode afterwards.
+    mode: PoolName = "eagle"
+    reason: str = ""
+
+
+PAIR_REASONS = ThresholdPolicy.reasons
+
+
+def _can_take(s: ServerView, exclude: frozenset[str]) -> bool:
+    return s.healthy and s.accepting and s.url not in exclude
+
+
+def choose_pair(pairs: Sequence[PairView], exclude: frozenset[str] = frozenset()) -> PairChoice:
+    """The pair with the least load (ties: the order given) among those with a server that can
+    take the request, then that pair's server as ``ThresholdPolicy`` picks a pool's: its mode is
+    switched by its own load (counting this request) with its own threshold and hysteresis; the
+    mode's server, else the other one (``fallback``); a stale other server at light load
+    (``probe``)."""
+    best: PairView | None = None
+    for p in pairs:
+        if not (_can_take(p.eagle, exclude) or _can_take(p.baseline, exclude)):
+            continue
+        if best is None or p.load < best.load:
+            best = p
+    if best is None:
+        return PairChoice(None, None)
+    load = best.load + 1
+    mode = best.mode
+    if mode == "eagle" and load > best.threshold:
+        mode = "baseline"
+    elif mode == "baseline" and load <= best.threshold - best.hysteresis:
+        mode = "eagle"
+    other = best.server(other_pool(mode))
+    if load <= probe_load(best.threshold) and other.stale and _can_take(other, exclude):
+        return PairChoice(best.index, other, mode, "probe")
+    server = best.server(mode)
+    if _can_take(server, exclude):
+        return PairChoice(best.index, server, mode, "mode")
+    return PairChoice(best.index, other, mode, "fallback")
+
+
+# -- the learned threshold -------------------------------------------------------------------------
+
+AUTO_MIN = 1
+AUTO_MAX = 512
+
+
+def derive_threshold(
+    eagle: SpeedCurve, baseline: SpeedCurve, eagle_servers: int = 1, baseline_servers: int = 1
+) -> int:
+    """The largest load up to which EAGLE's predicted TPOT is no worse than the baseline's.
+
+    Load ``L`` is spread evenly over each pool's servers (one each in a pair). The crossover is the
+    first load where EAGLE is predicted slower: the threshold is the load just below it (at least
+    ``AUTO_MIN``), or ``AUTO_MAX`` when EAGLE is never slower up to it.
+    """
+    for load in range(AUTO_MIN, AUTO_MAX + 1):
+        e = eagle.at(-(-load // eagle_servers))
+        b = baseline.at(-(-load // baseline_servers))
+        if e > b:
+            return max(AUTO_MIN, load - 1)
+    return AUTO_MAX
 
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (ThresholdPolicy, BalancePolicy)}

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from dynspec.router.learning import SpeedLearner
+from dynspec.router.server import Server
 from dynspec.router.upstream import Client, UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -117,10 +118,12 @@ def parse_running_limit(body: bytes) -> int | None:
 
 
 class MetricsPoller:
+    """Polls each server record's ``/metrics``; what it learns of a server is kept on the record."""
+
     def __init__(
         self,
         learner: SpeedLearner,
-        servers: Sequence[str],
+        servers: Sequence[Server],
         client: Client,
         *,
         interval: float,
@@ -134,13 +137,12 @@ class MetricsPoller:
         self.timeout = min(max(interval, 1.0), 5.0)
         self.headers = headers
         self.on_error = on_error
-        self._warned: set[str] = set()
-        self._limit_known: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def poll_once(self, url: str) -> None:
-        if url not in self._limit_known:
-            await self._read_limit(url)
+    async def poll_once(self, server: Server) -> None:
+        url = server.url
+        if not server.limit_asked:
+            await self._read_limit(server)
         try:
             code, body = await asyncio.wait_for(
                 self.client.get(url, "/metrics", self.headers), self.timeout
@@ -148,7 +150,7 @@ class MetricsPoller:
         except (UpstreamError, asyncio.TimeoutError):
             return  # down or slow: the health checker says so
         if code != 200:
-            self._warn_once(url, f"/metrics answered {code}")
+            self._warn_once(server, f"/metrics answered {code}")
             return
         try:
             sample = parse_metrics(body.decode("utf-8", "replace"))
@@ -158,7 +160,7 @@ class MetricsPoller:
             logger.debug("%s/metrics skipped: %s", url, exc)
             return
         if not sample.has_speed:
-            self._warn_once(url, "/metrics has no sglang:num_running_reqs/gen_throughput")
+            self._warn_once(server, "/metrics has no sglang:num_running_reqs/gen_throughput")
         self.learner.polled(
             url,
             running=sample.running,
@@ -167,7 +169,8 @@ class MetricsPoller:
             accept_length=sample.accept_length,
         )
 
-    async def _read_limit(self, url: str) -> None:
+    async def _read_limit(self, server: Server) -> None:
+        url = server.url
         try:
             code, body = await asyncio.wait_for(
                 self.client.get(url, "/get_server_info", self.headers), self.timeout
@@ -175,30 +178,32 @@ class MetricsPoller:
         except (UpstreamError, asyncio.TimeoutError):
             return
         # Asked once per server whatever the answer: a server that does not say will not later.
-        self._limit_known.add(url)
+        server.limit_asked = True
         limit = parse_running_limit(body) if code == 200 else None
         if limit is not None:
             self.learner.set_limit(url, limit)
             logger.info("server %s runs at most %d requests at once", url, limit)
 
-    def _warn_once(self, url: str, why: str) -> None:
-        if url in self._warned:
+    def _warn_once(self, server: Server, why: str) -> None:
+        if server.poll_warned:
             return
-        self._warned.add(url)
-        logger.warning("server %s: %s; its speed is learned from finished requests only", url, why)
+        server.poll_warned = True
+        logger.warning(
+            "server %s: %s; its speed is learned from finished requests only", server.url, why
+        )
 
-    async def _loop(self, url: str) -> None:
+    async def _loop(self, server: Server) -> None:
         while True:
             try:
-                await self.poll_once(url)
+                await self.poll_once(server)
                 self.learner.refresh()
             except Exception:
-                logger.exception("metrics poll of %s failed unexpectedly", url)
+                logger.exception("metrics poll of %s failed unexpectedly", server.url)
             await asyncio.sleep(self.interval)
 
     def start(self) -> None:
         if self.interval > 0:
-            self._tasks = [asyncio.create_task(self._loop(u)) for u in self.servers]
+            self._tasks = [asyncio.create_task(self._loop(s)) for s in self.servers]
 
     async def stop(self) -> None:
         for t in self._tasks:

@@ -1,13 +1,19 @@
-"""The servers, their in-flight counts and the routing mode: the only code that changes them.
+"""The servers, their in-flight counts and the routing modes: the only code that changes them.
 
 Every request that reaches a server holds a ``Lease``; releasing it is the one way a count goes
 down, and releasing twice is harmless, so the proxy releases in ``finally`` whatever happened
 (success, upstream error, timeout, client gone, server dead mid-stream, cancellation).
 Everything here is synchronous and runs on the one event loop, so no lock is needed.
 
-Each server also keeps the running integral of its in-flight count over time, updated on every
+Each server keeps the running integral of its in-flight count over time, updated on every
 acquire and release (O(1)): a lease reads it at both ends, which gives the server's mean in-flight
-count over that request's life, the load a finished request's speed is learned against.
+count over that request's life, the load a finished request's speed is learned against; and the
+pair-mate's, which says whether the request ran alone on the pair's GPUs.
+
+Two layouts: pools (``--eagle-url``/``--baseline-url``: one mode for all, chosen by the policy)
+and pairs (``--pair``: one mode and threshold per pair, ``policy.choose_pair``). With
+``--threshold auto`` each threshold is derived from the speed curves (``policy.derive_threshold``)
+at most every ``AUTO_EVERY_S``.
 """
 
 from __future__ import annotations
@@ -15,44 +21,65 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from dynspec.router.errors import NoServer, Overloaded
-from dynspec.router.policy import POOLS, Policy, PoolName, ServerView, Snapshot, other_pool
-from dynspec.router.speed import SpeedCurve
+from dynspec.router.policy import (
+    AUTO_MAX,
+    AUTO_MIN,
+    POOLS,
+    PairView,
+    Policy,
+    PoolName,
+    ServerView,
+    Snapshot,
+    choose_pair,
+    derive_threshold,
+    other_pool,
+)
+from dynspec.router.server import Pair, Server, Thresholds, validate_settings
 
 logger = logging.getLogger(__name__)
 
-
-class Server:
-    __slots__ = ("area", "changed", "curve", "healthy", "in_flight", "pool", "url")
-
-    def __init__(self, url: str, pool: PoolName) -> None:
-        self.url = url
-        self.pool: PoolName = pool
-        # Unknown until the first health check answers; the router starts with every server down.
-        self.healthy = False
-        self.in_flight = 0
-        # The integral of in_flight over time (request-seconds) up to ``changed`` (the clock's
-        # time of the last count change).
-        self.area = 0.0
-        self.changed = 0.0
-        # Set by the speed learner whenever it rebuilds the server's curve.
-        self.curve: SpeedCurve | None = None
+# --threshold auto: the threshold is derived again at most this often (router seconds).
+AUTO_EVERY_S = 2.0
+# A server with nothing learned of its speed for this long (router seconds), or that got none of
+# the last PROBE_AFTER_REQUESTS routed requests, gets a probe (at light load).
+PROBE_AFTER_S = 30.0
+PROBE_AFTER_REQUESTS = 200
 
 
 class Lease:
-    __slots__ = ("_area", "_pools", "_released", "_since", "mean_in_flight", "server")
+    __slots__ = (
+        "_area",
+        "_mate_area",
+        "_pools",
+        "_released",
+        "_since",
+        "alone",
+        "mean_in_flight",
+        "pair",
+        "probe",
+        "server",
+    )
 
-    def __init__(self, pools: Pools, server: Server, now: float) -> None:
+    def __init__(
+        self, pools: Pools, server: Server, now: float, pair: Pair | None, probe: bool
+    ) -> None:
         self._pools = pools
         self.server = server
+        self.pair = pair
+        self.probe = probe
         self._released = False
         self._area = server.area
+        mate = server.mate
+        self._mate_area = mate.area_at(now) if mate is not None else 0.0
         self._since = now
         # The server's mean in-flight count over the lease's life (this request included),
         # known once the lease is released.
         self.mean_in_flight = 0.0
+        # False when the pair-mate had requests in flight during this one (known at release):
+        # its speed then is not the server's speed alone.
+        self.alone = True
 
     @property
     def pool(self) -> PoolName:
@@ -63,29 +90,14 @@ class Lease:
             return
         self._released = True
         server = self.server
-        now = self._pools._release(server)
+        now = self._pools._release(self)
         elapsed = now - self._since
         self.mean_in_flight = (
             (server.area - self._area) / elapsed if elapsed > 0 else float(server.in_flight + 1)
         )
-
-
-@dataclass(frozen=True, slots=True)
-class Thresholds:
-    threshold: int
-    hysteresis: int
-
-
-def validate_settings(threshold: int, hysteresis: int) -> str | None:
-    """Why a threshold/hysteresis pair is unusable, or None."""
-    if threshold < 1:
-        return "threshold must be at least 1"
-    if hysteresis < 0:
-        return "hysteresis must not be negative"
-    if hysteresis >= threshold:
-        # Switching back needs load <= threshold - hysteresis, and load counts the new request.
-        return "hysteresis must be smaller than threshold"
-    return None
+        mate = server.mate
+        if mate is not None:
+            self.alone = mate.area_at(now) - self._mate_area <= 0 and mate.in_flight == 0
 
 
 class Pools:
@@ -97,21 +109,31 @@ class Pools:
         threshold: int,
         hysteresis: int,
         max_concurrency: int = 0,
-        on_switch: Callable[[PoolName], None] | None = None,
+        pairs: Sequence[tuple[str, str]] = (),
+        auto: bool = False,
+        on_switch: Callable[[PoolName, Pair | None], None] | None = None,
         on_route: Callable[[PoolName, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.servers: tuple[Server, ...] = tuple(Server(url, pool) for url, pool in servers)
-        self._by_url = {s.url: s for s in self.servers}
+        by_url = {s.url: s for s in self.servers}
         self.policy = policy
-        self.settings = Thresholds(threshold, hysteresis)
+        self.settings = Thresholds(threshold, min(hysteresis, max(threshold - 1, 0)))
+        # The configured hysteresis: --threshold auto clamps it below each derived threshold.
+        self.hysteresis = hysteresis
+        self.auto = auto
+        self.derived_at = float("-inf")
         self.max_concurrency = max_concurrency
-        self.mode: PoolName = "eagle"
+        self._mode: PoolName = "eagle"
         self.load = 0
         self.drained: set[PoolName] = set()
         self.on_switch = on_switch
         self.on_route = on_route
         self.clock = clock
+        self.probing = False
+        self.pairs: tuple[Pair, ...] = tuple(
+            Pair(i, by_url[e], by_url[b], self.settings) for i, (e, b) in enumerate(pairs)
+        )
         # Requests routed so far (each acquire, retries included): the policy's exploration count.
         self.seq = 0
         now = clock()
@@ -125,56 +147,155 @@ class Pools:
         if limit and self.max_concurrency and self.load >= self.max_concurrency:
             raise Overloaded(f"the router already has {self.load} requests in flight")
         self.seq += 1
+        now = self.clock()
+        if self.auto:
+            self.derive(now)
+        if self.pairs:
+            return self._acquire_pair(exclude, now)
         snapshot = Snapshot(
-            servers=self.views(),
+            servers=self.views(now, probes=not self.probing and self._probes()),
             load=self.load + 1,
-            mode=self.mode,
+            mode=self._mode,
             threshold=self.settings.threshold,
             hysteresis=self.settings.hysteresis,
             seq=self.seq,
         )
         choice = self.policy.choose(snapshot, exclude)
-        if choice.mode != self.mode:
+        if choice.mode != self._mode:
             if self.policy.switches_modes:
-                logger.info(
-                    "mode %s -> %s at load %d (threshold %d, hysteresis %d)",
-                    self.mode,
-                    choice.mode,
-                    snapshot.load,
-                    snapshot.threshold,
-                    snapshot.hysteresis,
-                )
+                self._log_switch("mode", self._mode, choice.mode, snapshot.load, self.settings)
                 if self.on_switch is not None:
-                    self.on_switch(choice.mode)
-            self.mode = choice.mode
+                    self.on_switch(choice.mode, None)
+            self._mode = choice.mode
         if choice.server is None:
             raise NoServer("no healthy server can take the request")
-        server = self._by_url[choice.server.url]
-        if self.on_route is not None:
-            self.on_route(server.pool, choice.reason)
-        now = self.clock()
-        server.area += server.in_flight * (now - server.changed)
-        server.changed = now
-        server.in_flight += 1
-        self.load += 1
-        return Lease(self, server, now)
+        server = next(s for s in self.servers if s.url == choice.server.url)
+        probe = choice.reason == "probe"
+        if probe:
+            self.probing = True
+        return self._lease(server, choice.reason, now, None, probe)
 
-    def _release(self, server: Server) -> float:
+    def _acquire_pair(self, exclude: frozenset[str], now: float) -> Lease:
+        probes = self._probes()
+        views = tuple(
+            PairView(
+                p.index,
+                self._view(p.eagle, now, probes and not p.probing),
+                self._view(p.baseline, now, probes and not p.probing),
+                p.load,
+                p.mode,
+                p.settings.threshold,
+                p.settings.hysteresis,
+            )
+            for p in self.pairs
+        )
+        choice = choose_pair(views, exclude)
+        if choice.pair is None or choice.server is None:
+            raise NoServer("no pair has a healthy server that can take the request")
+        pair = self.pairs[choice.pair]
+        if choice.mode != pair.mode:
+            self._log_switch(
+                f"pair {pair.index}", pair.mode, choice.mode, pair.load + 1, pair.settings
+            )
+            pair.switches += 1
+            pair.mode = choice.mode
+            if self.on_switch is not None:
+                self.on_switch(choice.mode, pair)
+        server = pair.server(choice.server.pool)
+        probe = choice.reason == "probe"
+        if probe:
+            pair.probing = True
+        return self._lease(server, choice.reason, now, pair, probe)
+
+    def _lease(
+        self, server: Server, reason: str, now: float, pair: Pair | None, probe: bool
+    ) -> Lease:
+        if self.on_route is not None:
+            self.on_route(server.pool, reason)
+        server.account(now, 1)
+        server.routed = self.seq
+        self.load += 1
+        return Lease(self, server, now, pair, probe)
+
+    def _release(self, lease: Lease) -> float:
         now = self.clock()
-        server.area += server.in_flight * (now - server.changed)
-        server.changed = now
-        server.in_flight -= 1
+        lease.server.account(now, -1)
         self.load -= 1
+        if lease.probe:
+            if lease.pair is not None:
+                lease.pair.probing = False
+            else:
+                self.probing = False
         return now
 
-    # -- views ------------------------------------------------------------------------------------
-
-    def views(self) -> tuple[ServerView, ...]:
-        drained = self.drained
-        return tuple(
-            ServerView(s.url, s.pool, s.healthy, s.in_flight, s.pool not in drained, s.curve)
-            for s in self.servers
+    @staticmethod
+    def _log_switch(what: str, old: str, new: str, load: int, settings: Thresholds) -> None:
+        logger.info(
+            "%s %s -> %s at load %d (threshold %d, hysteresis %d)",
+            what,
+            old,
+            new,
+            load,
+            settings.threshold,
+            settings.hysteresis,
         )
+
+    # -- probes and the learned threshold ----------------------------------------------------------
+
+    def _probes(self) -> bool:
+        """Probes go out under ``balance`` always, under ``threshold`` with ``--threshold auto``."""
+        return self.auto or not self.policy.switches_modes
+
+    def _stale(self, s: Server, now: float) -> bool:
+        speed = s.speed
+        if speed is None or s.in_flight > 0:
+            return False
+        return now - speed.seen >= PROBE_AFTER_S or self.seq - s.routed >= PROBE_AFTER_REQUESTS
+
+    def _view(self, s: Server, now: float, probes: bool = False) -> ServerView:
+        stale = probes and self._stale(s, now)
+        return ServerView(
+            s.url, s.pool, s.healthy, s.in_flight, s.pool not in self.drained, s.curve, stale
+        )
+
+    def views(self, now: float | None = None, *, probes: bool = False) -> tuple[ServerView, ...]:
+        now = self.clock() if now is None else now
+        return tuple(self._view(s, now, probes) for s in self.servers)
+
+    def _auto_settings(self, derived: int, current: Thresholds) -> Thresholds | None:
+        """The new settings for a derived threshold, or None to keep the current ones: a change
+        of one hysteresis step or less (at least 1) is not made, so the threshold does not
+        flicker with every new observation."""
+        derived = min(max(derived, AUTO_MIN), AUTO_MAX)
+        if abs(derived - current.threshold) <= max(self.hysteresis, 1):
+            return None
+        return Thresholds(derived, min(self.hysteresis, derived - 1))
+
+    def derive(self, now: float | None = None) -> None:
+        """Derive each threshold again from the curves (at most every ``AUTO_EVERY_S``)."""
+        now = self.clock() if now is None else now
+        if now - self.derived_at < AUTO_EVERY_S:
+            return
+        self.derived_at = now
+        if self.pairs:
+            for p in self.pairs:
+                if not (_measured(p.eagle) and _measured(p.baseline)):
+                    continue
+                new = self._auto_settings(_derived([p.eagle], [p.baseline]), p.settings)
+                if new is not None:
+                    logger.info("pair %d: threshold %d (learned)", p.index, new.threshold)
+                    p.settings = new
+            return
+        eagle = [s for s in self.servers if s.pool == "eagle"]
+        baseline = [s for s in self.servers if s.pool == "baseline"]
+        if not eagle or not baseline or not all(_measured(s) for s in eagle[:1] + baseline[:1]):
+            return
+        new = self._auto_settings(_derived(eagle, baseline), self.settings)
+        if new is not None:
+            logger.info("threshold %d (learned)", new.threshold)
+            self.settings = new
+
+    # -- views ------------------------------------------------------------------------------------
 
     def in_flight(self, pool: PoolName) -> int:
         return sum(s.in_flight for s in self.servers if s.pool == pool)
@@ -182,20 +303,56 @@ class Pools:
     def can_take(self, pool: PoolName) -> bool:
         return pool not in self.drained and any(s.healthy for s in self.servers if s.pool == pool)
 
+    @property
+    def mode(self) -> PoolName:
+        """The pools' mode; with pairs, the mode most pairs are in (a tie: pair 0's)."""
+        if not self.pairs:
+            return self._mode
+        return _most([p.mode for p in self.pairs])
+
+    @mode.setter
+    def mode(self, value: PoolName) -> None:
+        self._mode = value
+
     def active_pool(self) -> PoolName:
         """The pool new requests go to now: the mode's, unless it cannot take any.
 
         Under a policy without modes (``balance``) the mode is the pool the last request went to.
+        With pairs: the active pool of most pairs (a tie: pair 0's).
         """
-        if not self.can_take(self.mode) and self.can_take(other_pool(self.mode)):
-            return other_pool(self.mode)
-        return self.mode
+        if self.pairs:
+            return _most([p.active_pool(self.drained) for p in self.pairs])
+        if not self.can_take(self._mode) and self.can_take(other_pool(self._mode)):
+            return other_pool(self._mode)
+        return self._mode
+
+    def active_servers(self) -> list[Server]:
+        """The healthy servers new requests go to: the active pool's, or each pair's active one."""
+        if self.pairs:
+            servers = [p.server(p.active_pool(self.drained)) for p in self.pairs]
+            return [s for s in servers if s.healthy]
+        active = self.active_pool()
+        return [s for s in self.servers if s.healthy and s.pool == active]
+
+    def server_draining(self, s: Server) -> bool:
+        """Inactive (or drained) with requests still in flight."""
+        if s.in_flight == 0:
+            return False
+        if s.pool in self.drained:
+            return True
+        if s.mate is not None:
+            pair = next(p for p in self.pairs if p.eagle is s or p.baseline is s)
+            return s.pool != pair.active_pool(self.drained)
+        return self.policy.switches_modes and s.pool != self.active_pool()
 
     def draining(self, pool: PoolName) -> bool:
         """Inactive (or drained by an operator) with requests still in flight.
 
-        Under a policy without modes no pool is inactive: only an operator's drain counts.
+        Under a policy without modes no pool is inactive: only an operator's drain counts. With
+        pairs: one of the pool's servers is inactive in its pair and still holds requests.
         """
+        if self.pairs:
+            return any(self.server_draining(s) for s in self.servers if s.pool == pool)
         inactive = pool in self.drained or (
             self.policy.switches_modes and pool != self.active_pool()
         )
@@ -205,23 +362,33 @@ class Pools:
         return any(s.healthy for s in self.servers)
 
     def server(self, url: str) -> Server:
-        return self._by_url[url]
+        return next(s for s in self.servers if s.url == url)
 
     # -- operator and health controls --------------------------------------------------------------
 
-    def set_healthy(self, url: str, healthy: bool) -> bool:
+    @staticmethod
+    def mark(server: Server, healthy: bool) -> bool:
         """Mark a server up or down; True when that changed its state."""
-        server = self._by_url[url]
         if server.healthy == healthy:
             return False
         server.healthy = healthy
         return True
 
+    def set_healthy(self, url: str, healthy: bool) -> bool:
+        return self.mark(self.server(url), healthy)
+
     def set_settings(self, threshold: int, hysteresis: int) -> None:
+        """The operator's threshold, for the pools and every pair; turns --threshold auto off."""
         reason = validate_settings(threshold, hysteresis)
         if reason is not None:
             raise ValueError(reason)
         self.settings = Thresholds(threshold, hysteresis)
+        self.hysteresis = hysteresis
+        for p in self.pairs:
+            p.settings = self.settings
+        if self.auto:
+            logger.info("threshold set by an operator: no longer learned")
+        self.auto = False
         logger.info("threshold %d, hysteresis %d", threshold, hysteresis)
 
     def drain(self, pool: PoolName) -> None:
@@ -233,4 +400,25 @@ class Pools:
         logger.info("pool %s resumed", pool)
 
 
-__all__ = ["POOLS", "Lease", "Pools", "Server", "Thresholds", "validate_settings"]
+def _most(pools: list[PoolName]) -> PoolName:
+    eagle = sum(1 for p in pools if p == "eagle")
+    baseline = len(pools) - eagle
+    if eagle == baseline:
+        return pools[0]
+    return "eagle" if eagle > baseline else "baseline"
+
+
+def _measured(s: Server) -> bool:
+    """Whether the server's curve says something: seeded by a profile, or some data of its own."""
+    speed = s.speed
+    return speed is not None and (speed.seeded or speed.scale is not None)
+
+
+def _derived(eagle: Sequence[Server], baseline: Sequence[Server]) -> int:
+    e, b = eagle[0].curve, baseline[0].curve
+    if e is None or b is None:
+        return AUTO_MIN
+    return derive_threshold(e, b, len(eagle), len(baseline))
+
+
+__all__ = ["POOLS", "Lease", "Pair", "Pools", "Server", "Thresholds", "validate_settings"]

@@ -52,6 +52,7 @@ from dynspec.router.request import (
     prepare,
     read_body,
 )
+from dynspec.router.server import Server
 from dynspec.router.upstream import Client, ConnectError, Response, UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ class Proxy:
         backend_api_key: str | None,
         max_body_bytes: int,
         request_timeout: float,
-        on_refused: Callable[[str], None] | None = None,
+        on_refused: Callable[[Server], None] | None = None,
         on_finish: FinishHook | None = None,
     ) -> None:
         self.pools = pools
@@ -273,7 +274,7 @@ class Proxy:
                 self.metrics.upstream_error(server.pool, "connect")
                 logger.warning("%s: cannot reach %s: %s", req.rid, server.url, exc)
                 if exc.refused and self.on_refused is not None:
-                    self.on_refused(server.url)
+                    self.on_refused(server)
                 tried.add(server.url)
                 if len(tried) > 1:
                     raise BadGateway("no server could be reached") from None
@@ -345,7 +346,8 @@ class Proxy:
                 prompt_tokens=prompt_tokens,
                 output_tokens=output_tokens,
             )
-            if req.code == 200 and self.on_finish is not None:
+            # Learned only when the request ran alone on its GPUs (no pair-mate busy meanwhile).
+            if req.code == 200 and self.on_finish is not None and lease.alone:
                 url = lease.server.url
                 self.on_finish(url, lease.mean_in_flight, duration, ttft, output_tokens)
             logger.debug(

@@ -65,7 +65,7 @@ class Runtime:
         # Feeds the speed learner from each server's /metrics (off with --metrics-interval 0).
         self.poller = MetricsPoller(
             learner,
-            [s.url for s in pools.servers],
+            pools.servers,
             self.client,
             interval=config.metrics_interval,
             headers=self.backend_headers,
@@ -78,13 +78,17 @@ class Runtime:
         for service in self.services:
             service.start()
         config = self.config
+        servers = (
+            "pairs " + " ".join(f"{e},{b}" for e, b in config.pairs)
+            if config.pairs
+            else f"eagle {','.join(config.eagle_urls) or '-'}, "
+            f"baseline {','.join(config.baseline_urls) or '-'}"
+        )
         logger.info(
-            "routing %s: eagle %s, baseline %s, threshold %d, hysteresis %d, speed profile %s, "
-            "metrics poll %s",
+            "routing %s: %s, threshold %s, hysteresis %d, speed profile %s, metrics poll %s",
             config.policy,
-            ",".join(config.eagle_urls) or "-",
-            ",".join(config.baseline_urls) or "-",
-            config.threshold,
+            servers,
+            "auto" if config.threshold_auto else config.threshold,
             config.hysteresis,
             config.speed_profile_path or "none (neutral start)",
             f"every {config.metrics_interval:g}s" if config.metrics_interval > 0 else "off",

@@ -7,9 +7,10 @@ between two buckets is interpolated in log-load, beyond the last one it grows li
 and past the server's running limit it grows at least linearly too (a queued request waits for a
 running one to end; the TPOT measured by the server does not show that wait).
 
-``BucketSet`` keeps one source of observations as exponentially time-decayed weighted means per
-bucket; ``build_curve`` combines the sources with a prior (a profile's curve, or a neutral one)
-and makes the result monotone. Nothing here does I/O or reads a clock: the time is an argument.
+``BucketSet`` keeps one source of observations as weighted means per bucket, older observations
+weighed down by newer ones (never by wall time); ``build_curve`` combines the sources with a prior
+(a profile's curve, or a neutral one) and makes the result monotone. Nothing here does I/O or
+reads a clock.
 
 The profile reader reads the simulator's profile format (``dynspec-sim --profile``, written by
 ``dynspec-bench profile``) on its own, since the router imports nothing from the launcher: per
@@ -30,9 +31,11 @@ BUCKETS: tuple[int, ...] = (
 _LOGS: tuple[float, ...] = tuple(math.log(b) for b in BUCKETS)
 _LAST = BUCKETS[-1]
 
-# An observation loses half its weight in this many seconds: a changed workload (longer prompts,
-# lower acceptance) takes over a bucket that keeps being visited within about a minute.
-HALF_LIFE_S = 15.0
+# Each new observation in a bucket multiplies the weight of the older ones there by this: an
+# estimate follows a changed workload within a few dozen observations (about as fast as a 15 s
+# half-life at one poll a second did), and never decays to the prior just because its server got
+# no traffic for a while (wall time alone changes nothing). A full bucket weighs about 33.
+KEEP = 0.97
 # The prior counts as this many observations: data wins as soon as there is a little of it.
 PRIOR_WEIGHT = 1.0
 # Without a profile both pools start from this one curve, so ties (and EAGLE) win until data
@@ -104,46 +107,43 @@ def _shares(load: float) -> tuple[tuple[int, float], ...]:
 
 
 class BucketSet:
-    """Time-decayed weighted means of TPOT per load bucket, for one server and one source."""
+    """Weighted means of TPOT per load bucket, for one server and one source; each observation
+    multiplies the weight of the bucket's older ones by ``keep`` (to the power of its share)."""
 
-    __slots__ = ("half_life", "sums", "times", "weights")
+    __slots__ = ("keep", "sums", "weights")
 
-    def __init__(self, half_life: float = HALF_LIFE_S) -> None:
+    def __init__(self, keep: float = KEEP) -> None:
         n = len(BUCKETS)
-        self.half_life = half_life
+        self.keep = keep
         self.weights = [0.0] * n
         self.sums = [0.0] * n
-        self.times = [0.0] * n
 
     def add(
         self,
         load: float,
         tpot: float,
-        now: float,
+        now: float = 0.0,
         shape: Sequence[float] | None = None,
         weight: float = 1.0,
     ) -> None:
         """One observation; between two buckets it counts for both, each share moved to its
-        bucket's load along ``shape`` (TPOT per bucket, the prior) when one is given."""
+        bucket's load along ``shape`` (TPOT per bucket, the prior) when one is given. ``now`` is
+        not used: the weights do not depend on time."""
         shares = _shares(load)
         at_load = sum(share * shape[i] for i, share in shares) if shape is not None else 0.0
         for i, share in shares:
-            decay = 0.5 ** ((now - self.times[i]) / self.half_life) if self.weights[i] else 0.0
+            decay = self.keep**share
             value = tpot * shape[i] / at_load if shape is not None and at_load > 0 else tpot
             w = share * weight
             self.weights[i] = self.weights[i] * decay + w
             self.sums[i] = self.sums[i] * decay + w * value
-            self.times[i] = now
 
-    def read(self, now: float) -> list[tuple[float, float]]:
-        """``(weight, mean)`` per bucket at time ``now``; weight 0 where nothing was seen."""
-        out: list[tuple[float, float]] = []
-        for w, s, t in zip(self.weights, self.sums, self.times, strict=True):
-            if w <= 0:
-                out.append((0.0, 0.0))
-            else:
-                out.append((w * 0.5 ** ((now - t) / self.half_life), s / w))
-        return out
+    def read(self, now: float = 0.0) -> list[tuple[float, float]]:
+        """``(weight, mean)`` per bucket; weight 0 where nothing was seen."""
+        return [
+            (w, s / w) if w > 0 else (0.0, 0.0)
+            for w, s in zip(self.weights, self.sums, strict=True)
+        ]
 
 
 # -- combining sources -----------------------------------------------------------------------------

@@ -137,7 +137,13 @@ def test_panel_queries_filter_by_variables_and_use_rate_interval() -> None:
         assert '$instance"' in q.expr, q.where
         for window in re.findall(r"\b(?:rate|increase)\([^\[]*\[([^\]]*)\]", q.expr):
             assert window in ("$__rate_interval", "$__range"), (q.where, window)
-        unpooled = ("dynspec_mode_switches", "dynspec_load", "dynspec_threshold")
+        # Series without a pool label (the pair ones: per pair, not per pool).
+        unpooled = (
+            "dynspec_mode_switches",
+            "dynspec_load",
+            "dynspec_threshold",
+            "dynspec_pair_load",
+        )
         if not any(name in q.expr for name in unpooled):
             assert 'pool=~"$pool"' in q.expr, q.where
 

@@ -4,9 +4,10 @@ One stack per module: two ``dynspec-sim`` servers (eagle, baseline), a ``dynspec
 threshold in front of them, and, where the ``prometheus`` binary exists, a real Prometheus scraping
 all three every second with the shipped alert rules loaded. Traffic ramps from 1 to 6 concurrent
 streams and back, so the router switches to the baseline pool and back to eagle; one server fails
-a few requests with 500 and one client leaves mid-stream. Then every dashboard query runs through
-Prometheus's HTTP API, and every metric name the dashboard and alerts use is looked up in the
-router's and the servers' own ``/metrics``.
+a few requests with 500 and one client leaves mid-stream. A second router holds the same two
+servers as one ``--pair`` and gets a burst past its threshold, so the per-pair panels have data.
+Then every dashboard query runs through Prometheus's HTTP API, and every metric name the dashboard
+and alerts use is looked up in the routers' and the servers' own ``/metrics``.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ EMPTY_FOR_POOL = {("Speculative accept length", "baseline")}
 @dataclass
 class Stack:
     router: str
+    pair_router: str
     servers: dict[str, str]  # pool -> base URL
     logs: Path
     prometheus: str | None = None
@@ -118,10 +120,13 @@ def _prometheus_config(stack: Stack, prom_rules: Path) -> dict[str, Any]:
     cfg["rule_files"] = [str(prom_rules)]
     ports = {
         "127.0.0.1:8000": stack.router,
+        "pair": stack.pair_router,
         "127.0.0.1:30001": stack.servers["eagle"],
         "127.0.0.1:30002": stack.servers["baseline"],
     }
     for job in cfg["scrape_configs"]:
+        if job["job_name"] == "dynspec-router":
+            job["static_configs"].append({"targets": ["pair"]})
         for sc in job["static_configs"]:
             sc["targets"] = [ports[t].removeprefix("http://") for t in sc["targets"]]
             for t in sc["targets"]:
@@ -178,8 +183,9 @@ def _prometheus_has_router_count(stack: Stack, code: str | None = None) -> bool:
     it is now, and that count is not zero: a scrape came after them."""
     labels = {} if code is None else {"code": code}
     finished = _sample_value(_metrics(stack.router), "dynspec_requests", **labels)
-    selector = "" if code is None else f'{{code="{code}"}}'
-    got = _instant(stack, f"sum(dynspec_requests_total{selector})")
+    instance = stack.router.removeprefix("http://")
+    selector = f'instance="{instance}"' + ("" if code is None else f',code="{code}"')
+    got = _instant(stack, f"sum(dynspec_requests_total{{{selector}}})")
     return finished > 0 and got != [] and float(got[0]["value"][1]) == finished
 
 
@@ -212,14 +218,34 @@ def _faults(stack: Stack, client: openai.OpenAI) -> None:
     stream.close()
 
 
+def _pair_burst(stack: Stack) -> None:
+    """Streams at once through the pair router, twice: its one pair goes past its threshold."""
+    pair_client = openai.OpenAI(
+        base_url=stack.pair_router + "/v1", api_key="unused", max_retries=0, timeout=30
+    )
+    with pair_client:
+        for _ in range(2):
+            threads = [
+                threading.Thread(target=_stream, args=(pair_client, MAX_TOKENS))
+                for _ in range(2 * THRESHOLD + 2)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+                assert not t.is_alive(), "a pair stream did not finish"
+    assert _sample_value(_metrics(stack.pair_router), "dynspec_mode_switches", to="baseline") >= 1
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("deploy-live")
     logs = work / "logs"
     logs.mkdir()
-    ports = {"router": free_port(), "eagle": free_port(), "baseline": free_port()}
+    ports = {p: free_port() for p in ("router", "pair_router", "eagle", "baseline")}
     st = Stack(
         router=f"http://127.0.0.1:{ports['router']}",
+        pair_router=f"http://127.0.0.1:{ports['pair_router']}",
         servers={p: f"http://127.0.0.1:{ports[p]}" for p in POOLS},
         logs=logs,
     )
@@ -238,6 +264,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         argv += ["--hysteresis", str(HYSTERESIS), "--health-interval", "0.5"]
         argv += ["--log-level", "warning"]
         es.enter_context(running(argv, st.router + "/health", 60, log=logs / "router.log"))
+        # The same two servers as one pair, behind a router of their own.
+        argv = [sys.executable, "-m", "dynspec.router", "--host", "127.0.0.1"]
+        argv += ["--port", str(ports["pair_router"])]
+        argv += ["--pair", f"{st.servers['eagle']},{st.servers['baseline']}"]
+        argv += ["--threshold", str(THRESHOLD), "--hysteresis", str(HYSTERESIS)]
+        argv += ["--health-interval", "0.5", "--log-level", "warning"]
+        es.enter_context(
+            running(argv, st.pair_router + "/health", 60, log=logs / "pair-router.log")
+        )
         _wait(
             "the router sees both servers healthy",
             lambda: _sample_value(_metrics(st.router), "dynspec_server_up") == 2,
@@ -255,7 +290,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             argv = [binary, f"--config.file={cfg_file}", f"--storage.tsdb.path={work / 'tsdb'}"]
             argv += [f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"]
             es.enter_context(running(argv, st.prometheus + "/-/ready", 60, log=logs / "prom.log"))
-            _wait("Prometheus scrapes all targets", lambda: _targets_up(st.prometheus, 3), 30, logs)
+            _wait("Prometheus scrapes all targets", lambda: _targets_up(st.prometheus, 4), 30, logs)
 
         client = openai.OpenAI(
             base_url=st.router + "/v1", api_key="unused", max_retries=0, timeout=30
@@ -263,11 +298,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         with client:
             _ramp(st, client)
             _faults(st, client)
+        _pair_burst(st)
 
         # Every request has ended (none left in flight), and Prometheus has scraped the end state.
         _wait(
-            "the router has nothing in flight",
-            lambda: _sample_value(_metrics(st.router), "dynspec_load") == 0,
+            "the routers have nothing in flight",
+            lambda: (
+                _sample_value(_metrics(st.router), "dynspec_load") == 0
+                and _sample_value(_metrics(st.pair_router), "dynspec_load") == 0
+            ),
             30,
             logs,
         )
@@ -326,7 +365,7 @@ def test_traffic_crossed_the_threshold(stack: Stack) -> None:
 def _exported(stack: Stack) -> dict[str, tuple[str, str]]:
     """Every sample name the router and servers export -> (family, type)."""
     out: dict[str, tuple[str, str]] = {}
-    for url in (stack.router, *stack.servers.values()):
+    for url in (stack.router, stack.pair_router, *stack.servers.values()):
         for fam in _metrics(url).values():
             for s in fam.samples:
                 out[s.name] = (fam.name, fam.type)
@@ -412,6 +451,10 @@ def test_panels_show_what_happened(stack: Stack) -> None:
         for r in _instant(stack, "dynspec_mode_switches_total")
     }
     assert switches.get("baseline", 0) >= 1 and switches.get("eagle", 0) >= 1, switches
+    [pair_threshold] = _by_title("Pair threshold")
+    assert [float(r["value"][1]) for r in _instant(stack, pair_threshold)] == [THRESHOLD]
+    [pair_mode] = _by_title("Pair mode")
+    assert {r["metric"]["pool"] for r in _instant(stack, pair_mode)} == set(POOLS)
     [ratio] = _by_title("5xx ratio")
     value = float(_instant(stack, ratio)[0]["value"][1])
     assert 0 < value < 1 and not math.isnan(value), value

@@ -16,6 +16,7 @@ from dynspec.router.poller import (
     parse_metrics,
     parse_running_limit,
 )
+from dynspec.router.server import Server
 from dynspec.router.upstream import Client
 
 # As SGLang 0.5.23 writes them (prometheus-client text), two data-parallel ranks, with a
@@ -146,16 +147,17 @@ async def test_poll_rounds_feed_the_learner_count_errors_and_warn_once(
     bad, bad_url = await _serve({"/metrics": (200, b"<html>oops</html>")})
     bare, bare_url = await _serve({"/metrics": (200, b"up 1\n")})
     errors: list[str] = []
-    lr = SpeedLearner([(good_url, "eagle"), (bad_url, "baseline"), (bare_url, "baseline")])
+    records = [
+        Server(good_url, "eagle"), Server(bad_url, "baseline"), Server(bare_url, "baseline")
+    ]  # fmt: skip
+    lr = SpeedLearner(records)
     client = Client(connect_timeout=2.0)
-    poller = MetricsPoller(
-        lr, [good_url, bad_url, bare_url], client, interval=1.0, on_error=errors.append
-    )
+    poller = MetricsPoller(lr, records, client, interval=1.0, on_error=errors.append)
     try:
         with caplog.at_level(logging.WARNING, logger="dynspec.router.poller"):
             for _ in range(3):
-                for url in (good_url, bad_url, bare_url):
-                    await poller.poll_once(url)
+                for record in records:
+                    await poller.poll_once(record)
         lr.rebuild()
     finally:
         client.close()

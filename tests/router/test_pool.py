@@ -7,7 +7,7 @@ import pytest
 from dynspec.router.errors import NoServer, Overloaded
 from dynspec.router.health import HealthTracker, Probe
 from dynspec.router.policy import BalancePolicy, ThresholdPolicy
-from dynspec.router.pool import Pools, validate_settings
+from dynspec.router.pool import Pools, Server, validate_settings
 
 
 def make(max_concurrency: int = 0, threshold: int = 2, hysteresis: int = 1) -> Pools:
@@ -35,7 +35,7 @@ def test_release_twice_counts_once() -> None:
 def test_least_in_flight_spreads_and_mode_switches_with_callback() -> None:
     switched: list[str] = []
     pools = make()
-    pools.on_switch = switched.append
+    pools.on_switch = lambda to, pair: switched.append(to)
     a, b = pools.acquire(), pools.acquire()
     assert {a.server.url, b.server.url} == {"http://e1", "http://e2"}
     c = pools.acquire()  # load 3 > threshold 2
@@ -109,7 +109,8 @@ HEALTH_CASES = [
 @pytest.mark.parametrize(("probes", "verdicts"), HEALTH_CASES)
 def test_health_tracker(probes: list[Probe], verdicts: list[bool | None]) -> None:
     tracker = HealthTracker(failures_to_down=3)
-    assert [tracker.verdict("http://s", p) for p in probes] == verdicts
+    record = Server("http://s", "eagle")
+    assert [tracker.verdict(record, p) for p in probes] == verdicts
 
 
 def test_mean_in_flight_over_a_lease() -> None:
@@ -140,7 +141,7 @@ def test_balance_records_the_last_pool_without_switches() -> None:
         BalancePolicy(),
         threshold=2,
         hysteresis=1,
-        on_switch=switched.append,
+        on_switch=lambda to, pair: switched.append(to),
         on_route=lambda pool, reason: routed.append((pool, reason)),
     )
     for s in pools.servers:

@@ -1,0 +1,332 @@
+"""Pairs (``--pair``) and the learned threshold as tables and in-process state: the pure pair
+policy, the threshold derived from two curves, the flags, and ``Pools`` with pairs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from dynspec.common.cli import UsageError
+from dynspec.router.config import parse_config
+from dynspec.router.learning import SpeedLearner
+from dynspec.router.policy import (
+    AUTO_MAX,
+    PairChoice,
+    PairView,
+    ServerView,
+    ThresholdPolicy,
+    choose_pair,
+    derive_threshold,
+)
+from dynspec.router.pool import PROBE_AFTER_REQUESTS, PROBE_AFTER_S, Pools
+from dynspec.router.speed import BUCKETS, NEUTRAL_CURVE, SpeedCurve
+
+E0, B0, E1, B1 = "http://e0:1", "http://b0:1", "http://e1:1", "http://b1:1"
+
+
+def sv(url: str, pool: str, up: bool = True, n: int = 0, stale: bool = False) -> ServerView:
+    return ServerView(url, pool, up, n, True, None, stale)  # type: ignore[arg-type]
+
+
+def pv(
+    index: int,
+    e: ServerView,
+    b: ServerView,
+    *,
+    mode: str = "eagle",
+    threshold: int = 8,
+    hysteresis: int = 2,
+) -> PairView:
+    return PairView(index, e, b, e.in_flight + b.in_flight, mode, threshold, hysteresis)  # type: ignore[arg-type]
+
+
+def two(e0n: int = 0, b0n: int = 0, e1n: int = 0, b1n: int = 0, **kw: object) -> list[PairView]:
+    return [
+        pv(0, sv(E0, "eagle", n=e0n), sv(B0, "baseline", n=b0n), **kw),  # type: ignore[arg-type]
+        pv(1, sv(E1, "eagle", n=e1n), sv(B1, "baseline", n=b1n), **kw),  # type: ignore[arg-type]
+    ]
+
+
+# (case, pairs, excluded, (pair, server, mode, reason))
+CASES: list[tuple[str, list[PairView], frozenset[str], tuple[int | None, str | None, str, str]]] = [
+    ("idle: first pair, eagle", two(), frozenset(), (0, E0, "eagle", "mode")),
+    ("least load wins", two(e0n=2, e1n=1), frozenset(), (1, E1, "eagle", "mode")),
+    ("tie goes to the order given", two(e0n=1, e1n=1), frozenset(), (0, E0, "eagle", "mode")),
+    (
+        "pair load counts both servers",
+        two(e0n=1, b0n=2, e1n=2),
+        frozenset(),
+        (1, E1, "eagle", "mode"),
+    ),
+    (
+        "load over threshold switches the pair",
+        two(e0n=8, e1n=9),
+        frozenset(),
+        (0, B0, "baseline", "mode"),
+    ),
+    ("at threshold stays", two(e0n=7, e1n=9), frozenset(), (0, E0, "eagle", "mode")),
+    (
+        "baseline mode inside the band stays",
+        two(b0n=6, b1n=9, mode="baseline"),
+        frozenset(),
+        (0, B0, "baseline", "mode"),
+    ),
+    (
+        "baseline mode at threshold - hysteresis goes back",
+        two(b0n=5, b1n=9, mode="baseline"),
+        frozenset(),
+        (0, E0, "eagle", "mode"),
+    ),
+    (
+        "mode server down: the other one",
+        [pv(0, sv(E0, "eagle", up=False), sv(B0, "baseline"))],
+        frozenset(),
+        (0, B0, "eagle", "fallback"),
+    ),
+    (
+        "excluded mode server: the other one",
+        [pv(0, sv(E0, "eagle"), sv(B0, "baseline"))],
+        frozenset({E0}),
+        (0, B0, "eagle", "fallback"),
+    ),
+    (
+        "a pair with neither is skipped, whatever its load",
+        [
+            pv(0, sv(E0, "eagle", up=False), sv(B0, "baseline", up=False)),
+            pv(1, sv(E1, "eagle", n=5), sv(B1, "baseline")),
+        ],
+        frozenset(),
+        (1, E1, "eagle", "mode"),
+    ),
+    (
+        "none: no server",
+        [pv(0, sv(E0, "eagle", up=False), sv(B0, "baseline", up=False))],
+        frozenset(),
+        (None, None, "eagle", ""),
+    ),
+    (
+        "light load and a stale other server: one probe",
+        [pv(0, sv(E0, "eagle"), sv(B0, "baseline", stale=True))],
+        frozenset(),
+        (0, B0, "eagle", "probe"),
+    ),
+    (
+        "not light: no probe",
+        [pv(0, sv(E0, "eagle", n=3), sv(B0, "baseline", stale=True))],
+        frozenset(),
+        (0, E0, "eagle", "mode"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "pairs", "exclude", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_choose_pair(
+    case: str,
+    pairs: list[PairView],
+    exclude: frozenset[str],
+    expected: tuple[int | None, str | None, str, str],
+) -> None:
+    choice = choose_pair(pairs, exclude)
+    assert isinstance(choice, PairChoice)
+    url = choice.server.url if choice.server else None
+    assert (choice.pair, url, choice.mode, choice.reason) == expected, case
+
+
+def test_pair_reasons_are_the_threshold_policy_s() -> None:
+    assert {"mode", "fallback", "probe"} <= set(ThresholdPolicy.reasons)
+
+
+# -- the learned threshold -------------------------------------------------------------------------
+
+
+def curve(f: object) -> SpeedCurve:
+    return SpeedCurve(tuple(f(b) for b in BUCKETS))  # type: ignore[operator]
+
+
+def test_derive_threshold_is_the_last_load_before_eagle_is_slower() -> None:
+    # EAGLE: 10 ms alone, +2 ms per request; baseline: 20 ms alone, +1 ms: equal at load 11.
+    eagle = curve(lambda b: 0.010 + 0.002 * (b - 1))
+    baseline = curve(lambda b: 0.020 + 0.001 * (b - 1))
+    t = derive_threshold(eagle, baseline)
+    assert eagle.at(t) <= baseline.at(t) and eagle.at(t + 1) > baseline.at(t + 1)
+    assert 10 <= t <= 12
+    # Two servers per pool: the load is spread, the crossover moves out.
+    assert derive_threshold(eagle, baseline, 2, 2) >= 2 * t - 1
+    # EAGLE never slower: the top; always slower: the bottom.
+    assert derive_threshold(NEUTRAL_CURVE, NEUTRAL_CURVE) == AUTO_MAX
+    assert derive_threshold(baseline, eagle) == 1
+
+
+def pair_pools(auto: bool = False, clock: list[float] | None = None) -> Pools:
+    now = clock if clock is not None else [0.0]
+    pools = Pools(
+        [(E0, "eagle"), (B0, "baseline"), (E1, "eagle"), (B1, "baseline")],
+        ThresholdPolicy(),
+        threshold=2,
+        hysteresis=1,
+        pairs=[(E0, B0), (E1, B1)],
+        auto=auto,
+        clock=lambda: now[0],
+    )
+    for s in pools.servers:
+        s.healthy = True
+    return pools
+
+
+def test_pools_with_pairs_switch_each_pair_by_its_own_load() -> None:
+    switched: list[tuple[str, str | None]] = []
+    pools = pair_pools()
+    pools.on_switch = lambda to, pair: switched.append((to, pair.label if pair else None))
+    leases = [pools.acquire() for _ in range(6)]
+    # Alternating by least load: 0,1,0,1 to EAGLE (loads 1,1,2,2), then pair 0 at load 3 > 2.
+    assert [(x.pair.index if x.pair else None, x.pool) for x in leases] == [
+        (0, "eagle"), (1, "eagle"), (0, "eagle"), (1, "eagle"), (0, "baseline"), (1, "baseline"),
+    ]  # fmt: skip
+    assert switched == [("baseline", "0"), ("baseline", "1")]
+    assert [p.load for p in pools.pairs] == [3, 3] and pools.load == 6
+    assert pools.mode == "baseline" and pools.active_pool() == "baseline"
+    # Pair 0's EAGLE server still holds two: it drains.
+    assert pools.server_draining(pools.pairs[0].eagle) and pools.draining("eagle")
+    for lease in leases:
+        lease.release()
+    assert pools.load == 0 and not pools.draining("eagle")
+    # Drain applies to that pool's server in every pair.
+    pools.drain("eagle")
+    lease = pools.acquire()
+    assert lease.pool == "baseline"
+    lease.release()
+
+
+def test_a_lease_knows_whether_its_pair_mate_ran_meanwhile() -> None:
+    now = [0.0]
+    pools = pair_pools(clock=now)
+    pools.settings = pools.pairs[0].settings  # threshold 2
+    a = pools.acquire()  # pair 0 eagle
+    now[0] = 1.0
+    a.release()
+    assert a.alone
+    # Pair 0 again (both idle: the first), then over its threshold to its baseline server.
+    pools.pairs[1].eagle.healthy = pools.pairs[1].baseline.healthy = False
+    x, y, z = pools.acquire(), pools.acquire(), pools.acquire()
+    assert (x.pool, y.pool, z.pool) == ("eagle", "eagle", "baseline")
+    now[0] = 2.0
+    for lease in (x, y, z):
+        lease.release()
+    assert not x.alone and not z.alone
+
+
+def test_threshold_auto_learns_per_pair_and_an_operator_turns_it_off() -> None:
+    now = [0.0]
+    pools = pair_pools(auto=True, clock=now)
+    lr = SpeedLearner(pools.servers, clock=lambda: now[0])
+    # Nothing measured: the start value stays.
+    pools.derive()
+    assert [p.settings.threshold for p in pools.pairs] == [2, 2]
+    # Pair 0 measured: EAGLE 10 ms, baseline 30 ms at load 1 (the neutral shape scaled).
+    for _ in range(20):
+        lr.finished(E0, 1, duration=1.0, ttft=0.0, output_tokens=101)
+        lr.finished(B0, 1, duration=3.0, ttft=0.0, output_tokens=101)
+    lr.rebuild()
+    pools.derive()  # within AUTO_EVERY_S of the last: not yet
+    assert pools.pairs[0].settings.threshold == 2
+    now[0] = 3.0
+    pools.derive()
+    p0 = pools.pairs[0].settings
+    assert p0.threshold > 2 and p0.hysteresis == 1
+    assert pools.pairs[1].settings.threshold == 2  # not measured
+    pools.set_settings(5, 1)
+    assert not pools.auto and all(p.settings.threshold == 5 for p in pools.pairs)
+
+
+def test_a_stale_other_server_gets_one_probe_at_light_load() -> None:
+    now = [0.0]
+    pools = pair_pools(auto=True, clock=now)
+    SpeedLearner(pools.servers, clock=lambda: now[0])
+    now[0] = PROBE_AFTER_S + 1
+    probe = pools.acquire()
+    assert probe.probe and probe.pool == "baseline" and probe.pair is pools.pairs[0]
+    # Pair 1 probes too (its own); pair 0's next request goes to its mode's server.
+    other = pools.acquire()
+    assert other.probe and other.pair is pools.pairs[1]
+    third = pools.acquire()
+    assert not third.probe and third.pool == "eagle"
+    for lease in (probe, other, third):
+        lease.release()
+    assert not pools.pairs[0].probing
+
+
+def test_a_server_left_out_of_many_requests_gets_a_probe() -> None:
+    pools = pair_pools(auto=True)
+    SpeedLearner(pools.servers)
+    pools.pairs[1].eagle.healthy = pools.pairs[1].baseline.healthy = False
+    reasons = []
+    for _ in range(PROBE_AFTER_REQUESTS):
+        lease = pools.acquire()
+        reasons.append((lease.pool, lease.probe))
+        lease.release()
+    # Idle pair, one at a time: EAGLE every time until the baseline has missed enough of them.
+    assert reasons[:-1] == [("eagle", False)] * (PROBE_AFTER_REQUESTS - 1)
+    assert reasons[-1] == ("baseline", True)
+
+
+# -- flags -----------------------------------------------------------------------------------------
+
+
+def test_pair_flags_environment_and_auto() -> None:
+    cfg = parse_config(["--pair", f"{E0},{B0}", "--pair", f"{E1},{B1}", "--threshold", "auto"], {})
+    assert cfg.pairs == ((E0, B0), (E1, B1)) and cfg.threshold_auto and cfg.threshold == 8
+    assert cfg.eagle_urls == (E0, E1) and cfg.baseline_urls == (B0, B1)
+    assert [u for u, _ in cfg.servers()] == [E0, B0, E1, B1]
+    env = {"DYNSPEC_PAIR": f"{E0},{B0}; {E1},{B1}", "DYNSPEC_THRESHOLD": "auto"}
+    cfg = parse_config([], env)
+    assert cfg.pairs == ((E0, B0), (E1, B1)) and cfg.threshold_auto
+    # The command line replaces the environment's pairs.
+    assert parse_config(["--pair", f"{E1},{B1}"], env).pairs == ((E1, B1),)
+    # --threshold auto with the split layout too.
+    assert parse_config(
+        ["--eagle-url", E0, "--baseline-url", B0, "--threshold", "auto"], {}
+    ).threshold_auto
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--pair", f"{E0},{B0}", "--eagle-url", E1],
+        ["--pair", f"{E0},{B0}", "--baseline-url", B1],
+        ["--pair", f"{E0},{B0}", "--pair", f"{E0},{B0}"],
+        ["--pair", f"{E0},{B0}", "--pair", f"{E0},{B1}"],
+        ["--pair", f"{E0},{B0}", "--policy", "balance"],
+    ],
+)
+def test_pair_semantic_errors(argv: list[str]) -> None:
+    with pytest.raises(UsageError):
+        parse_config(argv, {})
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--pair", f"{E0},{B0}", "--eagle-url", E1], "--eagle-url"),
+        (["--pair", "ftp://e:1,http://b:1"], "http(s)"),
+        (["--pair", E0], "exactly two"),
+        (["--pair", f"{E0},{B0},{E1}"], "exactly two"),
+        (["--pair", f"{E0},{B0}", "--pair", f"{E0},{B0}"], "twice"),
+        (["--pair", f"{E0},{B0}", "--pair", f"{E1},{B0}"], "two pairs"),
+        (["--pair", f"{E0},{B0}", "--policy", "balance"], "split"),
+        (["--pair", f"{E0},{E0}/"], "two different"),
+        (["--pair", f"{E0},{B0}", "--threshold", "often"], "auto"),
+    ],
+)
+def test_pair_usage_errors_are_one_line_exit_2(argv: list[str], says: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "dynspec.router", *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and says in r.stderr, r.stderr
