@@ -35,84 +35,13 @@ from dynspec.bench import harness, threshold
 from dynspec.bench.load import Target
 from dynspec.bench.report import Record
 from dynspec.bench.sweep import ProgressLine, SweepConfig, sweep
-from dynspec.bench.ways import EIGHT_WAYS, HOMOGENEOUS, OLD_NAMES, PAIRED
+from dynspec.bench.ways import EIGHT_WAYS, OLD_NAMES
 from dynspec.launcher.sim.profile import load_profile, shipped_profiles
 
 logger = logging.getLogger(__name__)
 
 WAYS = EIGHT_WAYS
 SINGLES = ("eagle", "baseline")
-
-
-@dataclass(frozen=True)
-class Servers:
-    """The simulated servers' URLs, by what they stand for (empty where no chosen way needs it)."""
-
-    eagle: tuple[str, ...] = ()
-    baseline: tuple[str, ...] = ()
-    pairs: tuple[tuple[str, str], ...] = ()  # (EAGLE URL, baseline URL) per shared-GPU pair
-    adaptive: tuple[str, ...] = ()
-
-
-def needs(way: str) -> dict[str, int]:
-    """How many servers of each kind (``Servers``' fields) a way uses (pure)."""
-    if way in ("split-threshold", "split-balance"):
-        return {"eagle": 1, "baseline": 1}
-    if way in PAIRED:
-        return {"pairs": 2}
-    if way in HOMOGENEOUS:
-        return {way[3:]: 2}
-    raise ValueError(f"unknown way {way!r} (known: {', '.join(WAYS)})")
-
-
-def router_flags(
-    way: str,
-    servers: Servers,
-    *,
-    threshold: int,
-    hysteresis: int,
-    speed_profile: Path | None = None,
-    metrics_interval: float | None = None,
-) -> list[str]:
-    """The ``dynspec-router`` server and policy flags of one way (pure)."""
-    way = OLD_NAMES.get(way, way)
-    e, b = servers.eagle, servers.baseline
-    if way == "split-threshold":
-        return harness.threshold_flags(e[:1], b[:1], threshold, hysteresis)
-    if way == "split-balance":
-        flags = ["--eagle-url", e[0], "--baseline-url", b[0], "--policy", "balance"]
-        if speed_profile is not None:
-            flags += ["--speed-profile", str(speed_profile)]
-        if metrics_interval is not None:
-            flags += ["--metrics-interval", repr(metrics_interval)]
-        return flags
-    if way in PAIRED:
-        if way == "paired-threshold" and threshold <= 0:
-            # The same "EAGLE never wins" rule: the pairs' baseline servers only.
-            return harness.threshold_flags([], [p[1] for p in servers.pairs], 0, 0)
-        flags = []
-        for pe, pb in servers.pairs:
-            flags += ["--pair", f"{pe},{pb}"]
-        if way == "paired-auto":
-            return [*flags, "--threshold", "auto"]
-        return [*flags, "--threshold", str(threshold), "--hysteresis", str(hysteresis)]
-    if way == "2x-eagle":
-        return ["--eagle-url", ",".join(e[:2])]
-    if way == "2x-baseline":
-        return ["--baseline-url", ",".join(b[:2])]
-    if way == "2x-adaptive":
-        # An adaptive-EAGLE server is an EAGLE server: one pool, no switching.
-        return ["--eagle-url", ",".join(servers.adaptive[:2])]
-    raise ValueError(f"unknown way {way!r} (known: {', '.join(WAYS)})")
-
-
-def healthy_needed(way: str, thr: int) -> int:
-    """How many healthy servers the way's router must see before its sweep (pure)."""
-    if way == "split-threshold":
-        return 2 if thr > 0 else 1
-    if way == "paired-threshold" and thr <= 0:
-        return 2
-    return 4 if way in PAIRED else 2
 
 
 def adaptive_profile(name: str) -> str | None:
@@ -181,10 +110,10 @@ def _start_servers(
     ways: Sequence[str],
     adaptive: str | None,
     singles: bool,
-) -> Servers:
+) -> harness.Servers:
     want: dict[str, int] = {"eagle": 1, "baseline": 1} if singles else {}
     for way in ways:
-        for kind, n in needs(way).items():
+        for kind, n in harness.needs(way).items():
             want[kind] = max(want.get(kind, 0), n)
     speed, wait = cfg.speed, cfg.startup_timeout
     got: dict[str, Any] = {}
@@ -225,7 +154,7 @@ def _start_servers(
         )
         for k in range(want.get("pairs", 0))
     )
-    return Servers(**got)
+    return harness.Servers(**got)
 
 
 def run(cfg: FourWayConfig, progress: ProgressLine | None = None) -> FourWayResult:
@@ -266,7 +195,7 @@ def run(cfg: FourWayConfig, progress: ProgressLine | None = None) -> FourWayResu
         profile_path = harness.router_profile(procs, prof, cfg.speed)
         targets: list[Target] = []
         for way in ways:
-            flags = router_flags(
+            flags = harness.way_flags(
                 way,
                 servers,
                 threshold=thr,
@@ -274,7 +203,7 @@ def run(cfg: FourWayConfig, progress: ProgressLine | None = None) -> FourWayResu
                 speed_profile=profile_path,
                 metrics_interval=cfg.metrics_interval,
             )
-            n = healthy_needed(way, thr)
+            n = harness.healthy_needed(way, thr)
             url, _ = harness.start_router(procs, f"router-{way}", flags, cfg.startup_timeout, n)
             targets.append(Target(way, url))
         rextra = {**scfg.extra, "threshold": thr, "hysteresis": hyst, "crossover": crossover}

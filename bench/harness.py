@@ -1,8 +1,9 @@
 """The one home of what every simulated experiment (envelope, eight GPUs, ramp) does around its
 load: start ``dynspec-sim`` servers (alone or as a shared-GPU pair) and ``dynspec-router``s on free
 loopback ports, wait until they are healthy, stop their process groups, write the router's
-``--speed-profile`` at the simulators' wall-clock speed, the router flags of a threshold run, and
-the run metadata (machine, code commit, command) every record carries.
+``--speed-profile`` at the simulators' wall-clock speed, plan the router flags of every way
+(the eight-GPU ways, the ramp's variants, and the threshold-0 rule, once), and the run metadata
+(machine, code commit, command) every record carries.
 
 The low-level child handling (process groups, readiness polling) is ``bench/procs.py``, which the
 tests use too.
@@ -21,16 +22,19 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from dynspec.bench.procs import Children, free_port, stop_group
+from dynspec.bench.ways import EIGHT_WAYS, HOMOGENEOUS, OLD_NAMES, PAIRED
 from dynspec.launcher.sim.profile import Profile
 
 __all__ = [
     "Children",
+    "Servers",
     "code_commit",
     "free_port",
     "load_average",
@@ -43,7 +47,9 @@ __all__ = [
     "start_sim",
     "stop_group",
     "threshold_flags",
+    "variant_flags",
     "wall_clock_profile",
+    "way_flags",
 ]
 
 
@@ -254,6 +260,105 @@ def threshold_flags(
         "--hysteresis",
         str(hysteresis),
     ]
+
+
+# ---- router flags per way (pure) --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Servers:
+    """The simulated servers' URLs, by what they stand for (empty where no chosen way needs it)."""
+
+    eagle: tuple[str, ...] = ()
+    baseline: tuple[str, ...] = ()
+    pairs: tuple[tuple[str, str], ...] = ()  # (EAGLE URL, baseline URL) per shared-GPU pair
+    adaptive: tuple[str, ...] = ()
+
+
+def needs(way: str) -> dict[str, int]:
+    """How many servers of each kind (``Servers``' fields) a way uses (pure)."""
+    if way in ("split-threshold", "split-balance"):
+        return {"eagle": 1, "baseline": 1}
+    if way in PAIRED:
+        return {"pairs": 2}
+    if way in HOMOGENEOUS:
+        return {way[3:]: 2}
+    raise ValueError(f"unknown way {way!r} (known: {', '.join(EIGHT_WAYS)})")
+
+
+def way_flags(
+    way: str,
+    servers: Servers,
+    *,
+    threshold: int,
+    hysteresis: int,
+    speed_profile: Path | None = None,
+    metrics_interval: float | None = None,
+) -> list[str]:
+    """The ``dynspec-router`` server and policy flags of one way (pure)."""
+    way = OLD_NAMES.get(way, way)
+    e, b = servers.eagle, servers.baseline
+    if way == "split-threshold":
+        return threshold_flags(e[:1], b[:1], threshold, hysteresis)
+    if way == "split-balance":
+        flags = ["--eagle-url", e[0], "--baseline-url", b[0], "--policy", "balance"]
+        if speed_profile is not None:
+            flags += ["--speed-profile", str(speed_profile)]
+        if metrics_interval is not None:
+            flags += ["--metrics-interval", repr(metrics_interval)]
+        return flags
+    if way in PAIRED:
+        if way == "paired-threshold" and threshold <= 0:
+            # The same "EAGLE never wins" rule: the pairs' baseline servers only.
+            return threshold_flags([], [p[1] for p in servers.pairs], 0, 0)
+        flags = []
+        for pe, pb in servers.pairs:
+            flags += ["--pair", f"{pe},{pb}"]
+        if way == "paired-auto":
+            return [*flags, "--threshold", "auto"]
+        return [*flags, "--threshold", str(threshold), "--hysteresis", str(hysteresis)]
+    if way == "2x-eagle":
+        return ["--eagle-url", ",".join(e[:2])]
+    if way == "2x-baseline":
+        return ["--baseline-url", ",".join(b[:2])]
+    if way == "2x-adaptive":
+        # An adaptive-EAGLE server is an EAGLE server: one pool, no switching.
+        return ["--eagle-url", ",".join(servers.adaptive[:2])]
+    raise ValueError(f"unknown way {way!r} (known: {', '.join(EIGHT_WAYS)})")
+
+
+def healthy_needed(way: str, thr: int) -> int:
+    """How many healthy servers the way's router must see before its sweep (pure)."""
+    if way == "split-threshold":
+        return 2 if thr > 0 else 1
+    if way == "paired-threshold" and thr <= 0:
+        return 2
+    return 4 if way in PAIRED else 2
+
+
+def variant_flags(
+    variant: str,
+    eagle: str,
+    baseline: str,
+    pair: tuple[str, str] | None,
+    *,
+    profile: Path,
+    metrics_interval: float | None = None,
+) -> list[str]:
+    """The router flags of one variant (pure): ``balance-*`` over the split servers,
+    ``paired-auto*`` over the shared-GPU pair with ``--threshold auto``; ``-profile`` and
+    ``-seeded`` add ``--speed-profile``."""
+    if variant.startswith("paired-auto"):
+        if pair is None:
+            raise ValueError(f"{variant} needs a pair")
+        flags = ["--pair", f"{pair[0]},{pair[1]}", "--threshold", "auto"]
+    else:
+        flags = ["--eagle-url", eagle, "--baseline-url", baseline, "--policy", "balance"]
+    if variant in ("balance-profile", "paired-auto-seeded"):
+        flags += ["--speed-profile", str(profile)]
+    if metrics_interval is not None:
+        flags += ["--metrics-interval", repr(metrics_interval)]
+    return flags
 
 
 def wall_clock_profile(profile: Profile, speed: float) -> Profile:

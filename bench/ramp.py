@@ -190,31 +190,6 @@ def records_of(
     return out
 
 
-def router_flags(
-    variant: str,
-    eagle: str,
-    baseline: str,
-    pair: tuple[str, str] | None,
-    *,
-    profile: Path,
-    metrics_interval: float | None = None,
-) -> list[str]:
-    """The router flags of one variant (pure): ``balance-*`` over the split servers,
-    ``paired-auto*`` over the shared-GPU pair with ``--threshold auto``; ``-profile`` and
-    ``-seeded`` add ``--speed-profile``."""
-    if variant.startswith("paired-auto"):
-        if pair is None:
-            raise ValueError(f"{variant} needs a pair")
-        flags = ["--pair", f"{pair[0]},{pair[1]}", "--threshold", "auto"]
-    else:
-        flags = ["--eagle-url", eagle, "--baseline-url", baseline, "--policy", "balance"]
-    if variant in ("balance-profile", "paired-auto-seeded"):
-        flags += ["--speed-profile", str(profile)]
-    if metrics_interval is not None:
-        flags += ["--metrics-interval", repr(metrics_interval)]
-    return flags
-
-
 async def _ramp(
     url: str,
     variant: str,
@@ -281,7 +256,7 @@ def run(cfg: RampConfig) -> list[Record]:
         )
         path = harness.router_profile(procs, prof, cfg.speed)
         for variant in cfg.variants:
-            flags = router_flags(
+            flags = harness.variant_flags(
                 variant, eagle, baseline, pair, profile=path, metrics_interval=cfg.metrics_interval
             )
             url, router = harness.start_router(

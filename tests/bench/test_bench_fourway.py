@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from dynspec.bench import fourway, fourway_report, harness, ways
-from dynspec.bench.fourway import Servers, router_flags
 from dynspec.bench.fourway_report import evaluate, verdict_lines, verdicts
+from dynspec.bench.harness import Servers
+from dynspec.bench.harness import way_flags as router_flags
 from dynspec.launcher.sim.profile import load_profile
 
 SERVERS = Servers(
@@ -86,16 +87,16 @@ def test_unknown_way_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown way"):
         router_flags("3x-eagle", SERVERS, threshold=1, hysteresis=0)
     with pytest.raises(ValueError, match="unknown way"):
-        fourway.needs("3x-eagle")
+        harness.needs("3x-eagle")
 
 
 def test_each_way_uses_eight_gpus_and_waits_for_all_its_servers() -> None:
     # Each simulated server stands for four GPUs; a pair simulator for four shared ones.
     for way in ways.EIGHT_WAYS:
-        assert sum(fourway.needs(way).values()) == 2, way
-    assert [fourway.healthy_needed(w, 7) for w in ways.EIGHT_WAYS] == [2, 2, 4, 4, 2, 2, 2]
-    assert fourway.healthy_needed("split-threshold", 0) == 1
-    assert fourway.healthy_needed("paired-threshold", 0) == 2
+        assert sum(harness.needs(way).values()) == 2, way
+    assert [harness.healthy_needed(w, 7) for w in ways.EIGHT_WAYS] == [2, 2, 4, 4, 2, 2, 2]
+    assert harness.healthy_needed("split-threshold", 0) == 1
+    assert harness.healthy_needed("paired-threshold", 0) == 2
 
 
 def test_ways_parse_old_names_in_the_run_order() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from utils import free_port, running
 
-from dynspec.bench import load, ramp, ramp_report
+from dynspec.bench import harness, load, ramp, ramp_report
 from dynspec.bench.load import Target
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -197,7 +197,7 @@ def test_paired_auto_is_held_to_five_percent_of_its_seeded_twin() -> None:
 )
 def test_router_flags_per_variant(variant: str, flags: str) -> None:
     interval = 0.5 if variant == "paired-auto" else None
-    got = ramp.router_flags(
+    got = harness.variant_flags(
         variant, "E", "B", ("PE", "PB"), profile=Path("/p"), metrics_interval=interval
     )
     assert got == flags.split()
