@@ -36,6 +36,13 @@ VS_BEST_TPOT = 1.05  # paired-auto p50 TPOT <= 1.05x the best's, C below the cro
 VS_SPLIT_GAIN = 1.3  # paired-auto tok/s >= 1.3x split-threshold's, C >= 2 x threshold
 SUBJECT = "paired-auto"
 
+WAY_TEXT = (
+    "`split-threshold` / `split-balance` = one EAGLE + one baseline server on GPUs of their own "
+    "(`split-balance` got the profile as `--speed-profile`, its tok/s x {speed:g}); "
+    "`paired-threshold` / `paired-auto` = two shared-GPU pairs behind `--pair` (`--threshold N` / "
+    "`--threshold auto`, no profile); `2x-*` = two servers of one kind in one pool."
+)
+
 GOALS = {
     "best": f"{SUBJECT} tok/s >= {VS_BEST_TPUT}x the best homogeneous pair's, every C",
     "tpot": f"{SUBJECT} p50 TPOT <= {VS_BEST_TPOT}x the best pair's, C below the crossover",
@@ -362,13 +369,9 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
         f"- Closed-loop clients, {_lengths(meta)}; per level {meta.get('requests_per_c', '?')} x "
         f"C measured requests (at least {meta.get('min_requests', '?')}) after C warm-up "
         f"requests; throughputs over the steady window; levels {','.join(map(str, levels))}.",
-        "- The ways: `split-threshold` / `split-balance` = one EAGLE + one baseline server on "
-        "GPUs of their own (`split-balance` got the profile as `--speed-profile`, its tok/s x "
-        f"{speed:g}); `paired-threshold` / `paired-auto` = two shared-GPU pairs behind "
-        "`--pair` (`--threshold N` / `--threshold auto`, no profile); `2x-eagle`, "
-        "`2x-baseline`"
-        + (f", `2x-adaptive` (profile `{adaptive}`'s eagle mode)" if adaptive else "")
-        + " = two servers of one kind in one pool.",
+        f"- Ways run: {', '.join(f'`{w}`' for w in ways)}. "
+        + WAY_TEXT.format(speed=speed)
+        + (f" `2x-adaptive` ran profile `{adaptive}`'s eagle mode." if adaptive else ""),
         _threshold_line(thr_rec, thr),
         *[f"- Not run: {n}." for n in not_run],
         *([runs] if runs else []),
