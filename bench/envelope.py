@@ -16,25 +16,19 @@ single server; near 1.00 means the simulator kept to its schedule and the client
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import json
 import logging
 import math
-import sys
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from dynspec.bench import report, threshold
+from dynspec.bench import harness, report, threshold
 from dynspec.bench.load import Target
-from dynspec.bench.procs import Children, free_port
 from dynspec.bench.report import Record, model_time
 from dynspec.bench.sweep import ProgressLine, SweepConfig, sweep
 from dynspec.launcher.sim.profile import Profile, load_profile
@@ -171,102 +165,32 @@ def schedule_table(records: Sequence[Record], profile: Profile) -> str:
     return "\n".join(lines) + "\n"
 
 
-@contextlib.contextmanager
-def processes() -> Iterator[Children]:
-    # The children get their settings from argv only: a DYNSPEC_* variable meant for another run
-    # (an API key, a port) must not leak into the experiment.
-    with Children(Path(tempfile.mkdtemp(prefix="dynspec-envelope-")), drop_env=("DYNSPEC_",)) as c:
-        yield c
-
-
-def _start_sim(procs: Children, cfg: EnvelopeConfig, mode: str) -> str:
-    port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "dynspec.launcher.sim",
-        "--port",
-        str(port),
-        "--host",
-        "127.0.0.1",
-        "--mode",
-        mode,
-        "--profile",
-        cfg.profile,
-        "--speed",
-        repr(cfg.speed),
-        "--seed",
-        str(cfg.seed),
-        "--log-level",
-        "warning",
-        *cfg.extra_sim_args,
-    ]
-    proc = procs.start(f"sim-{mode}", argv)
-    url = f"http://127.0.0.1:{port}"
-    procs.wait_ready(
-        proc, url + "/health_generate", cfg.startup_timeout, name=f"dynspec-sim {mode}"
-    )
-    return url
-
-
-def _start_router(
-    procs: Children, cfg: EnvelopeConfig, eagle: str, baseline: str, *, thr: int, hyst: int
-) -> str:
-    port = free_port()
-    # Threshold 0 is suggest-threshold's "EAGLE never wins": the router gets no EAGLE pool
-    # (its threshold policy needs --threshold >= 1, which would still send lone requests there).
-    pools = ["--baseline-url", baseline]
-    if thr > 0:
-        pools = ["--eagle-url", eagle, *pools, "--threshold", str(thr), "--hysteresis", str(hyst)]
-    argv = [
-        sys.executable,
-        "-m",
-        "dynspec.router",
-        *pools,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        *cfg.extra_router_args,
-    ]
-    proc = procs.start("router", argv)
-    url = f"http://127.0.0.1:{port}"
-    procs.wait_ready(proc, url + "/health", cfg.startup_timeout, name="dynspec-router")
-    # /health is 200 with one healthy server; the experiment needs both.
-    deadline = time.monotonic() + cfg.startup_timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            status = httpx.get(url + "/status", timeout=2.0).json()
-            servers = status.get("servers", [])
-            if servers and all(s.get("healthy") for s in servers):
-                return url
-        time.sleep(0.1)
-    raise RuntimeError(
-        f"dynspec-router does not see both servers healthy (log: {procs.logs.get(proc.pid)})"
-    )
-
-
 def run(cfg: EnvelopeConfig, progress: ProgressLine | None = None) -> EnvelopeResult:
     """Run the experiment; level records are appended to ``cfg.out`` as they finish."""
     import asyncio
 
     started = time.monotonic()
     extra = {
-        "simulated": True,
-        "profile": cfg.profile,
-        "speed": cfg.speed,
+        **harness.run_metadata(None, cfg.profile, cfg.speed, cfg.command),
         "requests_per_c": cfg.sweep.requests_per_c,
         "min_requests": cfg.sweep.min_requests,
-        "command": cfg.command,
-        "run_started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     scfg = dataclasses.replace(cfg.sweep, extra={**cfg.sweep.extra, **extra})
     cfg.out.write_text("", encoding="utf-8")
-    with processes() as procs:
-        eagle = _start_sim(procs, cfg, "eagle")
-        baseline = _start_sim(procs, cfg, "baseline")
+    with harness.processes() as procs:
+        eagle, baseline = (
+            harness.start_sim(
+                procs,
+                profile=cfg.profile,
+                speed=cfg.speed,
+                mode=mode,
+                name=f"sim-{mode}",
+                seed=cfg.seed,
+                timeout=cfg.startup_timeout,
+                extra=cfg.extra_sim_args,
+            )
+            for mode in ("eagle", "baseline")
+        )
         singles = [Target("eagle", eagle), Target("baseline", baseline)]
         records = asyncio.run(sweep(singles, scfg, cfg.out, progress))
         suggestion = threshold.suggest(
@@ -275,7 +199,10 @@ def run(cfg: EnvelopeConfig, progress: ProgressLine | None = None) -> EnvelopeRe
         )
         thr = suggestion.threshold if cfg.threshold is None else cfg.threshold
         hyst = suggestion.hysteresis if cfg.hysteresis is None else cfg.hysteresis
-        router = _start_router(procs, cfg, eagle, baseline, thr=thr, hyst=hyst)
+        flags = [*harness.threshold_flags([eagle], [baseline], thr, hyst), *cfg.extra_router_args]
+        router, _ = harness.start_router(
+            procs, "router", flags, cfg.startup_timeout, 2 if thr > 0 else 1
+        )
         rcfg = dataclasses.replace(scfg, extra={**scfg.extra, "threshold": thr, "hysteresis": hyst})
         records += asyncio.run(sweep([Target("routed", router)], rcfg, cfg.out, progress))
     result = EnvelopeResult(records, suggestion, thr, hyst, compare(records))

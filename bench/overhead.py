@@ -55,8 +55,18 @@ def _requests(text: str) -> dict[int, int]:
     return out
 
 
+DESCRIPTION = __doc__.split("\n")[0]
+
+
 def build_parser(prog: str = "python -m dynspec.bench.overhead") -> FlagParser:
-    p = FlagParser(prog=prog, description=__doc__.split("\n")[0])
+    p = FlagParser(prog=prog, description=DESCRIPTION)
+    add_arguments(p)
+    add_log_level(p)
+    return p
+
+
+def add_arguments(p: FlagParser) -> None:
+    """The flags of ``dynspec-bench overhead`` (and ``python -m dynspec.bench.overhead``)."""
     p.add_argument(
         "--targets",
         default="direct,floor,floor-asgi,dynspec,sglang",
@@ -108,8 +118,6 @@ def build_parser(prog: str = "python -m dynspec.bench.overhead") -> FlagParser:
     p.add_argument("--log-dir", default="", help="process logs (default: a temporary directory)")
     p.add_argument("--dynspec-args", default="", help="extra flags for dynspec-router, one string")
     p.add_argument("--sglang-args", default="", help="extra flags for SGLang's router, one string")
-    add_log_level(p)
-    return p
 
 
 def settings_from(args: argparse.Namespace) -> tuple[OverheadConfig, list[str]]:
@@ -164,31 +172,32 @@ def settings_from(args: argparse.Namespace) -> tuple[OverheadConfig, list[str]]:
     return s, skipped
 
 
+def run(args: argparse.Namespace) -> int:
+    if not Path("/proc/self/stat").exists():
+        raise RuntimeError("needs Linux /proc to measure router CPU")
+    s, skipped = settings_from(args)
+    for why in skipped:
+        log.warning("skipping %s", why)
+    log.info("process logs in %s", s.log_dir)
+    result = run_benchmark(s)
+    result["skipped"] = skipped
+    result["command"] = args.command_line
+    s.out.parent.mkdir(parents=True, exist_ok=True)
+    s.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    s.out.with_suffix(".md").write_text(markdown(result))
+    print(s.out.with_suffix(".md").read_text())
+    if not args.log_dir:
+        shutil.rmtree(s.log_dir, ignore_errors=True)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "python -m dynspec.bench.overhead") -> None:
     args = build_parser(prog).parse_layered(argv)
     configure_logging(args.log_level)
-
-    def body() -> None:
-        if not Path("/proc/self/stat").exists():
-            raise RuntimeError("needs Linux /proc to measure router CPU")
-        s, skipped = settings_from(args)
-        for why in skipped:
-            log.warning("skipping %s", why)
-        log.info("process logs in %s", s.log_dir)
-        result = run_benchmark(s)
-        result["skipped"] = skipped
-        result["command"] = " ".join(
-            shlex.quote(a)
-            for a in ["python", "-m", "dynspec.bench.overhead", *(argv or sys.argv[1:])]
-        )
-        s.out.parent.mkdir(parents=True, exist_ok=True)
-        s.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-        s.out.with_suffix(".md").write_text(markdown(result))
-        print(s.out.with_suffix(".md").read_text())
-        if not args.log_dir:
-            shutil.rmtree(s.log_dir, ignore_errors=True)
-
-    run_main(prog, body, args.log_level)
+    args.command_line = shlex.join(
+        ["python", "-m", "dynspec.bench.overhead", *(argv or sys.argv[1:])]
+    )
+    run_main(prog, lambda: run(args), args.log_level)
 
 
 if __name__ == "__main__":

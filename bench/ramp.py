@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -28,26 +27,17 @@ from typing import Any
 
 import aiohttp
 
-from dynspec.bench import load, metrics
-from dynspec.bench.envelope import processes
-from dynspec.bench.fourway import (
-    code_commit,
-    load_average,
-    machine,
-    router_profile,
-    start_router,
-    start_sim,
-)
+from dynspec.bench import harness, load, metrics
 from dynspec.bench.load import Prompt, Target
 from dynspec.bench.metrics import RequestTrace
-from dynspec.bench.procs import stop_group
-from dynspec.bench.report import Record, append_jsonl, model_time
+from dynspec.bench.report import Record, append_jsonl
+from dynspec.bench.ways import RAMP_PAIRS, RAMP_VARIANTS
 from dynspec.launcher.sim.profile import load_profile
 
 logger = logging.getLogger(__name__)
 
-VARIANTS = ("balance-learning", "balance-profile")
-WITHIN = 0.10  # the learning router's goal: within 10% of the seeded one after the first cycle
+VARIANTS = RAMP_VARIANTS
+PAIRS = RAMP_PAIRS  # (learning only, profile-seeded, goal: within this fraction after cycle 1)
 
 
 def schedule(peak: int, cycles: int) -> list[tuple[int, int]]:
@@ -70,7 +60,7 @@ class RampConfig:
     profile: str
     speed: float
     out: Path
-    peak: int = 128
+    peak: int = 256
     cycles: int = 2
     step_seconds: float = 10.0
     input_len: int = 256
@@ -79,6 +69,7 @@ class RampConfig:
     seed: int = 0
     variants: Sequence[str] = VARIANTS
     metrics_interval: float | None = None
+    sharing: str = "timeslice"
     startup_timeout: float = 60.0
     request_timeout: float = 600.0
     command: str = ""
@@ -199,17 +190,6 @@ def records_of(
     return out
 
 
-def _router_flags(
-    variant: str, eagle: str, baseline: str, cfg: RampConfig, prof: Path
-) -> list[str]:
-    flags = ["--eagle-url", eagle, "--baseline-url", baseline, "--policy", "balance"]
-    if variant == "balance-profile":
-        flags += ["--speed-profile", str(prof)]
-    if cfg.metrics_interval is not None:
-        flags += ["--metrics-interval", repr(cfg.metrics_interval)]
-    return flags
-
-
 async def _ramp(
     url: str,
     variant: str,
@@ -227,31 +207,28 @@ async def _ramp(
 
 
 def run(cfg: RampConfig) -> list[Record]:
-    """Run every variant on the same two servers, one after the other; records go to ``cfg.out``
-    as each variant ends."""
+    """Run every variant, one after the other, on the same servers (``balance-*`` on an EAGLE and
+    a baseline server of their own, ``paired-auto*`` on one shared-GPU pair); records go to
+    ``cfg.out`` as each variant ends."""
     prof = load_profile(cfg.profile)
     plan = schedule(cfg.peak, cfg.cycles)
     prompts = load.random_prompts(512, cfg.input_len, cfg.output_len, cfg.seed, cfg.range_ratio)
     extra: dict[str, Any] = {
-        "simulated": True,
-        "experiment": "ramp",
-        "profile": cfg.profile,
-        "speed": cfg.speed,
+        **harness.run_metadata("ramp", cfg.profile, cfg.speed, cfg.command),
         "step_seconds": cfg.step_seconds,
         "dataset_name": "random",
         "random_input_len": cfg.input_len,
         "random_output_len": cfg.output_len,
         "random_range_ratio": cfg.range_ratio,
-        "command": cfg.command,
-        "machine": machine(),
-        "code_commit": code_commit(),
-        "run_started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "sharing": cfg.sharing,
     }
     cfg.out.write_text("", encoding="utf-8")
     records: list[Record] = []
-    with processes() as procs:
+    split = any(v.startswith("balance") for v in cfg.variants)
+    paired = any(v.startswith("paired") for v in cfg.variants)
+    with harness.processes() as procs:
         eagle, baseline = (
-            start_sim(
+            harness.start_sim(
                 procs,
                 profile=cfg.profile,
                 speed=cfg.speed,
@@ -260,16 +237,35 @@ def run(cfg: RampConfig) -> list[Record]:
                 seed=cfg.seed,
                 timeout=cfg.startup_timeout,
             )
+            if split
+            else ""
             for mode in ("eagle", "baseline")
         )
-        path = router_profile(procs, prof, cfg.speed)
+        pair = (
+            harness.start_pair_sim(
+                procs,
+                profile=cfg.profile,
+                speed=cfg.speed,
+                sharing=cfg.sharing,
+                name="sim-pair",
+                seed=cfg.seed,
+                timeout=cfg.startup_timeout,
+            )
+            if paired
+            else None
+        )
+        path = harness.router_profile(procs, prof, cfg.speed)
         for variant in cfg.variants:
-            flags = _router_flags(variant, eagle, baseline, cfg, path)
-            url, router = start_router(procs, f"router-{variant}", flags, cfg.startup_timeout, 2)
-            load_before = load_average()
+            flags = harness.variant_flags(
+                variant, eagle, baseline, pair, profile=path, metrics_interval=cfg.metrics_interval
+            )
+            url, router = harness.start_router(
+                procs, f"router-{variant}", flags, cfg.startup_timeout, 2
+            )
+            load_before = harness.load_average()
 
             traces, windows = asyncio.run(_ramp(url, variant, cfg, prompts, plan))
-            stop_group(router)
+            harness.stop_group(router)
             stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
             more = {**extra, "loadavg_1m": load_before, "timestamp": stamp}
             recs = records_of(variant, plan, traces, windows, more)
@@ -277,250 +273,3 @@ def run(cfg: RampConfig) -> list[Record]:
                 append_jsonl(cfg.out, rec)
             records += recs
     return records
-
-
-# ---- evaluation (pure) -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StepRow:
-    step: int
-    cycle: int
-    c: int
-    start_s: float
-    tput: dict[str, float]
-    tpot: dict[str, float | None]
-
-    def ratio(self, which: str) -> float:
-        """learning / profile, of tok/s (``tput``) or p50 TPOT (``tpot``)."""
-        vals = self.tput if which == "tput" else self.tpot
-        a, b = vals.get(VARIANTS[0]), vals.get(VARIANTS[1])
-        if a is None or b is None or not b > 0:
-            return math.nan
-        return a / b
-
-
-def compare(records: Sequence[Record], scope: str = "step") -> list[StepRow]:
-    """Per step (or per cycle) where both variants ran: their tok/s and p50 TPOT."""
-    key = "step" if scope == "step" else "cycle"
-    by: dict[int, dict[str, Record]] = {}
-    for r in records:
-        if r.get("scope") == scope and r.get("target") in VARIANTS:
-            by.setdefault(int(r[key]), {})[str(r["target"])] = r
-    rows = []
-    for k in sorted(by):
-        pair = by[k]
-        if set(pair) != set(VARIANTS):
-            continue
-        any_rec = pair[VARIANTS[0]]
-        rows.append(
-            StepRow(
-                step=k if scope == "step" else -1,
-                cycle=int(any_rec["cycle"]),
-                c=int(any_rec["max_concurrency"]),
-                start_s=float(any_rec.get("step_start_s", 0.0)),
-                tput={v: float(pair[v]["output_throughput"]) for v in VARIANTS},
-                tpot={
-                    v: None
-                    if pair[v].get("median_tpot_ms") is None
-                    else float(pair[v]["median_tpot_ms"])
-                    for v in VARIANTS
-                },
-            )
-        )
-    return rows
-
-
-def within(row: StepRow) -> bool:
-    """The learning router's tok/s >= (1 - WITHIN) x and p50 TPOT <= (1 + WITHIN) x the seeded."""
-    tp, tpot = row.ratio("tput"), row.ratio("tpot")
-    return tp >= 1 - WITHIN and (math.isnan(tpot) or tpot <= 1 + WITHIN)
-
-
-def verdict(records: Sequence[Record]) -> tuple[bool | None, str]:
-    """After the first cycle: every later cycle's tok/s and p50 TPOT within 10% of the seeded."""
-    later = [r for r in compare(records, "cycle") if r.cycle >= 2]
-    if not later:
-        return None, "not evaluated: the run has no second cycle with both variants"
-    ok = all(within(r) for r in later)
-    parts = [
-        f"cycle {r.cycle}: tok/s {r.ratio('tput'):.3f}x, p50 TPOT {r.ratio('tpot'):.3f}x"
-        for r in later
-    ]
-    word = "MET" if ok else "MISSED"
-    return ok, f"{word} ({'; '.join(parts)}; learning-only / profile-seeded)"
-
-
-# ---- report ------------------------------------------------------------------------------------
-
-
-def _f(v: float | None, digits: int = 1) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
-
-
-def step_table(rows: Sequence[StepRow]) -> str:
-    a, b = VARIANTS
-    lines = [
-        f"| step | cycle | C | start s | {a} tok/s | {b} tok/s | tok/s ratio"
-        f" | {a} TPOT p50 ms | {b} TPOT p50 ms | TPOT ratio | within 10% |",
-        "|" + " --- |" * 11,
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r.step if r.step >= 0 else 'all'} | {r.cycle} | {r.c} | {r.start_s:.0f}"
-            f" | {_f(r.tput[a])} | {_f(r.tput[b])} | {_f(r.ratio('tput'), 3)}"
-            f" | {_f(r.tpot[a], 2)} | {_f(r.tpot[b], 2)} | {_f(r.ratio('tpot'), 3)}"
-            f" | {'yes' if within(r) else 'NO'} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def plot(records: Sequence[Record], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_tp, ax_tpot) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True)
-    steps = [r for r in records if r.get("scope") == "step"]
-    for variant in VARIANTS:
-        rows = sorted(
-            (r for r in steps if r.get("target") == variant), key=lambda r: int(r["step"])
-        )
-        if not rows:
-            continue
-        xs = [float(r["step_start_s"]) for r in rows]
-        ax_tp.step(xs, [float(r["output_throughput"]) for r in rows], where="post", label=variant)
-        pts = [
-            (x, r["median_tpot_ms"])
-            for x, r in zip(xs, rows, strict=True)
-            if r.get("median_tpot_ms")
-        ]
-        ax_tpot.plot([p[0] for p in pts], [float(p[1]) for p in pts], marker="o", label=variant)
-    first = sorted(
-        (r for r in steps if r.get("target") == VARIANTS[0]), key=lambda r: int(r["step"])
-    )
-    if first:
-        ax_c = ax_tp.twinx()
-        ax_c.step(
-            [float(r["step_start_s"]) for r in first],
-            [int(r["max_concurrency"]) for r in first],
-            where="post",
-            color="grey",
-            alpha=0.4,
-            label="concurrency",
-        )
-        ax_c.set_yscale("log", base=2)
-        ax_c.set_ylabel("concurrency (grey)")
-    ax_tp.set_ylabel("output tokens/s")
-    ax_tp.set_ylim(bottom=0)
-    ax_tpot.set_ylabel("p50 TPOT (ms)")
-    ax_tpot.set_yscale("log")
-    ax_tpot.set_xlabel("time since the ramp started (s, model time)")
-    for ax in (ax_tp, ax_tpot):
-        ax.grid(True, alpha=0.3)
-        ax.legend(loc="upper left")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
-    """Markdown and PNG next to ``out``, from its records alone."""
-    if not records:
-        raise ValueError(f"{out}: no steps")
-    meta = records[0]
-    speed = float(meta.get("speed", 1.0))
-    profile = load_profile(str(meta.get("profile", "demo")))
-    model = [model_time(r, speed) for r in records]
-    # step_start_s is a wall-clock offset too.
-    for r in model:
-        r["step_start_s"] = float(r.get("step_start_s", 0.0)) * speed
-    md, png = out.with_suffix(".md"), out.with_suffix(".png")
-    title = f"SIMULATED: load ramp, balance learning-only vs profile-seeded, profile {profile.name}"
-    plot(model, png, f"{title} (speed {speed:g})")
-    ok, text = verdict(model)
-    m = meta.get("machine") or {}
-    loads = [float(r["loadavg_1m"]) for r in records if r.get("loadavg_1m") is not None]
-    steps = compare(model, "step")
-    cycles = compare(model, "cycle")
-    step_s = float(meta.get("step_seconds", 0.0))
-    ran = sorted({str(r["target"]) for r in records})
-    lines = [
-        f"# {title}",
-        "",
-        "**SIMULATED.** An EAGLE and a baseline `dynspec-sim` (no GPU, no model) and, one after "
-        "the other on those same two servers, `dynspec-router --policy balance` without a "
-        "profile (`balance-learning`: it learns from its own requests and the servers' "
-        "`/metrics`) and with `--speed-profile` (`balance-profile`). Profile "
-        f"`{profile.name}`{' (ILLUSTRATIVE, not measured)' if profile.illustrative else ''}.",
-        "",
-        f"Command: `{meta.get('command') or 'dynspec-bench ramp --simulate'}`",
-        "",
-        f"- Machine: {m.get('cpus', '?')} CPUs ({m.get('cpu') or 'unknown CPU'}), "
-        f"{m.get('platform', '?')}, Python {m.get('python', '?')}; client, router and simulators "
-        "share it, and other work ran on it at the same time"
-        + (
-            f" (1-minute load average {min(loads):.1f}-{max(loads):.1f} at the variants' starts)."
-            if loads
-            else "."
-        ),
-        f"- Code: commit {meta.get('code_commit', 'unknown')}.",
-        f"- Closed-loop clients, random prompts, {meta.get('random_input_len')} input / "
-        f"{meta.get('random_output_len')} output tokens; concurrency stepped every "
-        f"{step_s:g} s wall-clock ({step_s * speed:g} s model time) through 1, 2, 4 ... "
-        f"{max(int(r['max_concurrency']) for r in records)} ... 2, 1, "
-        f"{max(int(r['cycle']) for r in records)} cycles. Going down, clients leave as their "
-        "request ends; after the last step the requests still in flight are cancelled.",
-        f"- Simulated time ran {speed:g}x wall-clock; figures in model time. The seeded router "
-        f"got the profile with its tok/s x {speed:g} (the simulators' wall-clock speed).",
-        f"- Variants run: {', '.join(ran)} (in the order of the command; the learning router "
-        "starts from nothing).",
-        "- Per step: output tok/s = tokens delivered inside the step's window / its length; "
-        "p50 TPOT and TTFT of the requests that finished inside it (requests that span steps "
-        "count in the step where they end).",
-        "",
-        "## SIMULATED: learning only within 10% of the profile-seeded run after the first cycle?",
-        "",
-        f"{'Goal ' + text if ok is not None else text}.",
-        "",
-        "Per cycle (all steps of the cycle together):",
-        "",
-        step_table(cycles),
-        "## SIMULATED: per step",
-        "",
-        step_table(steps),
-    ]
-    out_of = [r for r in steps if r.cycle >= 2 and not within(r)]
-    if out_of:
-        lines.append(
-            "Steps after the first cycle outside 10%: "
-            + ", ".join(f"{r.step} (C={r.c})" for r in out_of)
-            + "."
-        )
-        lines.append("")
-    share = []
-    for r in model:
-        if r.get("scope") == "cycle" and isinstance(r.get("backend_share"), dict):
-            share.append(
-                f"- {r['target']}, cycle {r['cycle']}: "
-                f"{100 * float(r['backend_share'].get('eagle', 0.0)):.0f}% of finished requests "
-                "on EAGLE."
-            )
-    if share:
-        lines += ["Where the requests went:", "", *share, ""]
-    lines.append(f"Profile source: {profile.source}")
-    md.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return md, png
-
-
-def summary(records: Sequence[Record]) -> str:
-    speed = float(records[0].get("speed", 1.0)) if records else 1.0
-    model = [model_time(r, speed) for r in records]
-    _, text = verdict(model)
-    return step_table(compare(model, "cycle")) + text + "\n"
-
-
-def is_ramp(records: Sequence[Record]) -> bool:
-    return any(r.get("experiment") == "ramp" for r in records)

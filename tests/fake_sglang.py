@@ -29,7 +29,9 @@ through the router untouched):
   x-fake-die-after: K     close the connection before the K-th event, mid-body
   x-fake-prompt-tokens: T the usage's prompt_tokens is the JSON text T, as given (a 5,000-digit
                           number, -1, 1e9: what a broken server might send)
-GET /fake/last returns the headers (lower-cased) and body of the last completion request.
+  x-fake-pad: P           P more characters ("x") after each token's text (bigger events)
+GET /fake/last returns the headers (lower-cased) and body of the last completion request;
+GET /fake/progress {"events": N}: the events the last stream has written so far.
 GET /v1/loads answers what the last POST /fake/loads sent (its body, and the status in its
 x-fake-status header, default 200); before any, SGLang's shape with zero counts.
 """
@@ -72,7 +74,9 @@ def _wait_for_file(path: Path) -> None:
         time.sleep(0.05)
 
 
-def stream_events(req: dict[str, Any], chat: bool, usage: dict[str, int]) -> list[bytes]:
+def stream_events(
+    req: dict[str, Any], chat: bool, usage: dict[str, int], pad: int = 0
+) -> list[bytes]:
     n = int(req.get("max_tokens", 4))
     events = []
     if chat:
@@ -85,7 +89,8 @@ def stream_events(req: dict[str, Any], chat: bool, usage: dict[str, int]) -> lis
             )
         )
     for i in range(n):
-        delta = {"delta": {"content": f"t{i} "}} if chat else {"text": f"t{i} "}
+        word = f"t{i} " + "x" * pad
+        delta = {"delta": {"content": word}} if chat else {"text": word}
         events.append(
             _event({"id": "x", "choices": [{"index": 0, **delta, "finish_reason": None}]})
         )
@@ -106,6 +111,7 @@ class Handler(BaseHTTPRequestHandler):
         b'{"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0}]}',
     )
     lock = threading.Lock()
+    events_written = 0  # by the last stream so far (GET /fake/progress)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -141,6 +147,8 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/fake/last":
             with self.lock:
                 self._send_json(200, self.last_request)
+        elif self.path == "/fake/progress":
+            self._send_json(200, {"events": Handler.events_written})
         else:
             self._send_json(404, {"error": "not found"})
 
@@ -183,8 +191,10 @@ class Handler(BaseHTTPRequestHandler):
         split = headers.get("x-fake-split") == "1"
         delay = float(headers.get("x-fake-delay", "0.005"))
         die_after = int(headers.get("x-fake-die-after", "-1"))
+        Handler.events_written = 0
         try:
-            for i, ev in enumerate(stream_events(req, chat, usage)):
+            pad = int(headers.get("x-fake-pad", "0"))
+            for i, ev in enumerate(stream_events(req, chat, usage, pad)):
                 if i == die_after:
                     # Mid-body, without the chunked terminator: a broken stream.
                     self.close_connection = True
@@ -194,6 +204,7 @@ class Handler(BaseHTTPRequestHandler):
                 for piece in pieces:
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
                     time.sleep(delay)
+                Handler.events_written = i + 1
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the reader went away (a timeout, a disconnect)

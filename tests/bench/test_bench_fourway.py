@@ -1,5 +1,5 @@
-"""Eight GPUs four ways: the router plan and the goal evaluation as tables, the report from its
-JSONL, and one short real run of every way (simulators and routers on loopback)."""
+"""Eight GPUs seven ways: the router plan per way, the goal evaluation as tables, the report
+from its JSONL, and short real runs of the split and the paired ways (loopback only)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,27 @@ from typing import Any
 
 import pytest
 
-from dynspec.bench import fourway
-from dynspec.bench.fourway import Servers, evaluate, router_flags, verdicts
+from dynspec.bench import fourway, fourway_report, harness, ways
+from dynspec.bench.fourway_report import evaluate, verdict_lines, verdicts
+from dynspec.bench.harness import Servers
+from dynspec.bench.harness import way_flags as router_flags
 from dynspec.launcher.sim.profile import load_profile
 
-SERVERS = Servers(eagle=("http://e1", "http://e2"), baseline=("http://b1", "http://b2"))
+SERVERS = Servers(
+    eagle=("http://e1", "http://e2"),
+    baseline=("http://b1", "http://b2"),
+    pairs=(("http://pe1", "http://pb1"), ("http://pe2", "http://pb2")),
+    adaptive=("http://a1", "http://a2"),
+)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PAIRS = "--pair http://pe1,http://pb1 --pair http://pe2,http://pb2"
 
 
 @pytest.mark.parametrize(
     ("way", "thr", "profile", "interval", "flags"),
     [
         (
-            "routed-threshold",
+            "split-threshold",
             7,
             None,
             None,
@@ -33,9 +41,11 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
             "--hysteresis 2",
         ),
         # suggest-threshold's "EAGLE never wins": the baseline server alone.
+        ("split-threshold", 0, None, None, "--baseline-url http://b1"),
+        # The old name plans the same router.
         ("routed-threshold", 0, None, None, "--baseline-url http://b1"),
         (
-            "routed-balance",
+            "split-balance",
             7,
             Path("/p.json"),
             None,
@@ -50,8 +60,13 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
             "--eagle-url http://e1 --baseline-url http://b1 --policy balance "
             "--metrics-interval 0.5",
         ),
+        ("paired-threshold", 7, None, None, f"{PAIRS} --threshold 7 --hysteresis 2"),
+        ("paired-threshold", 0, None, None, "--baseline-url http://pb1,http://pb2"),
+        # No profile, whatever the run has: auto learns from nothing.
+        ("paired-auto", 7, Path("/p.json"), 0.5, f"{PAIRS} --threshold auto"),
         ("2x-eagle", 7, Path("/p.json"), 0.5, "--eagle-url http://e1,http://e2"),
         ("2x-baseline", 0, None, None, "--baseline-url http://b1,http://b2"),
+        ("2x-adaptive", 7, None, None, "--eagle-url http://a1,http://a2"),
     ],
 )
 def test_router_flags(
@@ -71,11 +86,38 @@ def test_router_flags(
 def test_unknown_way_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown way"):
         router_flags("3x-eagle", SERVERS, threshold=1, hysteresis=0)
+    with pytest.raises(ValueError, match="unknown way"):
+        harness.needs("3x-eagle")
+
+
+def test_each_way_uses_eight_gpus_and_waits_for_all_its_servers() -> None:
+    # Each simulated server stands for four GPUs; a pair simulator for four shared ones.
+    for way in ways.EIGHT_WAYS:
+        assert sum(harness.needs(way).values()) == 2, way
+    assert [harness.healthy_needed(w, 7) for w in ways.EIGHT_WAYS] == [2, 2, 4, 4, 2, 2, 2]
+    assert harness.healthy_needed("split-threshold", 0) == 1
+    assert harness.healthy_needed("paired-threshold", 0) == 2
+
+
+def test_ways_parse_old_names_in_the_run_order() -> None:
+    assert ways.parse_ways("2x-eagle,routed-threshold") == ["split-threshold", "2x-eagle"]
+    with pytest.raises(Exception, match="expected some of"):
+        ways.parse_ways("3x-eagle")
+
+
+def test_the_adaptive_counterpart_of_a_profile() -> None:
+    assert fourway.adaptive_profile("h200-8b-accept4") == "h200-8b-adaptive"
+    assert fourway.adaptive_profile("h200-8b-adaptive") == "h200-8b-adaptive"
+    assert fourway.adaptive_profile("demo") is None
+    cfg = fourway.FourWayConfig(profile="demo", speed=1.0, sweep=None, out=Path("x"))  # type: ignore[arg-type]
+    run, adaptive, notes = fourway.plan_ways(cfg)
+    assert "2x-adaptive" not in run and adaptive is None
+    assert notes == ["2x-adaptive: profile demo has no adaptive counterpart"]
 
 
 def test_the_router_profile_runs_at_the_simulators_wall_clock_speed() -> None:
     demo = load_profile("demo")
-    fast = fourway.wall_clock_profile(demo, 4.0)
+    fast = harness.wall_clock_profile(demo, 4.0)
     for mode in ("eagle", "baseline"):
         m, f = demo.mode(mode), fast.mode(mode)
         assert [b for b, _ in f.throughput] == [b for b, _ in m.throughput]
@@ -84,38 +126,31 @@ def test_the_router_profile_runs_at_the_simulators_wall_clock_speed() -> None:
         assert f.step_time(8) == pytest.approx(m.step_time(8) / 4.0, rel=1e-3)
         assert f.prefill_time(256) == pytest.approx(m.prefill_time(256) / 4.0)
     assert "4x faster" in fast.source
-    assert fourway.wall_clock_profile(demo, 1.0) is demo
+    assert harness.wall_clock_profile(demo, 1.0) is demo
 
 
-def rec(way: str, c: int, tput: float, tpot: float, eagle: float | None = None) -> dict[str, Any]:
-    r: dict[str, Any] = {
-        "target": way,
-        "max_concurrency": c,
-        "output_throughput": tput,
-        "median_tpot_ms": tpot,
-    }
-    if eagle is not None:
-        r["backend_share"] = {"eagle": eagle, "baseline": 1 - eagle}
-    return r
+def rec(way: str, c: int, tput: float, tpot: float) -> dict[str, Any]:
+    return {"target": way, "max_concurrency": c, "output_throughput": tput, "median_tpot_ms": tpot}
 
 
-# (C, threshold, balance, 2x-eagle, 2x-baseline) tok/s, and (threshold, balance) p50 TPOT ms.
+# C: (split-threshold, paired-auto, 2x-eagle, 2x-baseline) tok/s, and paired-auto's p50 TPOT ms
+# (the pairs' TPOT is 1000 C / tok/s). Threshold 7: TPOT applies at C < 7, split at C >= 14.
 LEVELS = {
-    1: ((92.0, 91.0, 90.0, 47.0), (10.5, 10.9)),  # TPOT 1.038x: inside 1.05x
-    4: ((204.0, 198.0, 205.0, 160.0), (19.4, 20.7)),  # 0.97x thr; TPOT 1.067x: both missed
-    8: ((257.0, 300.0, 392.0, 314.0), (31.0, 28.0)),  # below 0.85x pair (0.765)
-    16: ((380.0, 480.0, 507.0, 518.0), (41.5, 35.0)),  # 1.26x thr: gain ok; pair 0.927 (< 0.95)
-    64: ((600.0, 740.0, 627.0, 1010.0), (104.0, 90.0)),  # 1.233x thr: gain missed; pair 0.733
-    128: ((602.0, 1150.0, 652.0, 1197.0), (206.0, 110.0)),  # everything met; pair 0.961
+    1: ((92.0, 91.0, 90.0, 47.0), 11.5),  # 1.011x 2x-eagle; TPOT 1.035x: both in
+    4: ((204.0, 180.0, 205.0, 160.0), 23.0),  # 0.878x; TPOT 1.179x: both missed
+    16: ((380.0, 510.0, 507.0, 518.0), 31.0),  # 0.985x 2x-baseline; 1.342x split
+    64: ((600.0, 740.0, 627.0, 1010.0), 86.0),  # 0.733x; 1.233x split: both missed
+    128: ((602.0, 1190.0, 652.0, 1197.0), 107.0),  # 0.994x; 1.977x split
 }
 
 
-def records(levels: dict[int, tuple[tuple[float, ...], tuple[float, float]]]) -> list[Any]:
+def records(levels: dict[int, tuple[tuple[float, ...], float]], old: bool = False) -> list[Any]:
+    split = "routed-threshold" if old else "split-threshold"
     out = []
-    for c, ((t, b, e2, b2), (tp_t, tp_b)) in levels.items():
+    for c, ((t, a, e2, b2), tp_a) in levels.items():
         out += [
-            rec("routed-threshold", c, t, tp_t, 1.0 if c <= 7 else 0.0),
-            rec("routed-balance", c, b, tp_b, 0.5),
+            rec(split, c, t, 1000 * c / t),
+            rec("paired-auto", c, a, tp_a),
             rec("2x-eagle", c, e2, 1000 * c / e2),
             rec("2x-baseline", c, b2, 1000 * c / b2),
         ]
@@ -126,60 +161,63 @@ def test_goals_per_level() -> None:
     rows = {r.c: r for r in evaluate(records(LEVELS), thr=7)}
     assert sorted(rows) == sorted(LEVELS)
     expect = {
-        # C: (tput >= 0.98x thr, TPOT <= 1.05x (C <= 7), gain >= 1.25x (C >= 14), pair >= 0.85x)
-        1: (True, True, None, True),
-        4: (False, False, None, True),
-        8: (True, None, None, False),
-        16: (True, None, True, True),
-        64: (True, None, False, False),
-        128: (True, None, True, True),
+        # C: (>= 0.95x best pair, TPOT <= 1.05x best (C < 7), >= 1.3x split (C >= 14))
+        1: (True, True, None),
+        4: (False, False, None),
+        16: (True, None, True),
+        64: (False, None, False),
+        128: (True, None, True),
     }
     for c, want in expect.items():
         got = rows[c].checks
-        assert (got["tput"], got["tpot"], got["gain"], got["pair"]) == want, c
-    assert rows[8].better_pair == "2x-eagle"
-    assert rows[16].better_pair == "2x-baseline"
-    assert rows[16].vs_threshold_tput == pytest.approx(480 / 380)
-    assert rows[4].vs_threshold_tpot == pytest.approx(20.7 / 19.4)
-    assert rows[8].vs_pair_tput == pytest.approx(300 / 392)
-    assert rows[1].balance_eagle_share == 0.5
-    assert [r.c for r in fourway.below_note(list(rows.values()))] == [8, 16, 64]
+        assert (got["best"], got["tpot"], got["split"]) == want, c
+    assert rows[1].best_pair == "2x-eagle" and rows[16].best_pair == "2x-baseline"
+    assert rows[16].vs_best_tput == pytest.approx(510 / 518)
+    assert rows[4].vs_best_tpot == pytest.approx(23.0 / (4000 / 205))
+    assert rows[64].vs_split_tput == pytest.approx(740 / 600)
 
 
-def test_verdicts_name_the_levels_that_miss() -> None:
-    v = verdicts(evaluate(records(LEVELS), thr=7))
-    assert v == {
-        "tput": (False, [4]),
+def test_verdicts_say_pass_or_miss_with_the_figures() -> None:
+    rows = evaluate(records(LEVELS), thr=7)
+    assert verdicts(rows) == {
+        "best": (False, [4, 64]),
         "tpot": (False, [4]),
-        "gain": (False, [64]),
-        "pair": (False, [8, 64]),
+        "split": (False, [64]),
     }
-    good = {c: lv for c, lv in LEVELS.items() if c in (1, 128)}
-    assert verdicts(evaluate(records(good), thr=7)) == {
-        "tput": (True, []),
-        "tpot": (True, []),
-        "gain": (True, []),
-        "pair": (True, []),
-    }
+    lines = verdict_lines(rows)
+    assert lines[0].startswith("- MISS: paired-auto tok/s >= 0.95x the best homogeneous")
+    assert "C=4 0.878x 2x-eagle; C=64 0.733x 2x-baseline" in lines[0]
+    good = evaluate(records({c: lv for c, lv in LEVELS.items() if c in (1, 16, 128)}), thr=7)
+    assert verdicts(good) == {"best": (True, []), "tpot": (True, []), "split": (True, [])}
+    assert verdict_lines(good)[2] == (
+        "- PASS: paired-auto tok/s >= 1.3x split-threshold's, C >= 2 x threshold "
+        "(worst: C=16 1.342x)."
+    )
 
 
-def test_a_threshold_past_every_level_leaves_the_gain_goal_unevaluated() -> None:
+def test_the_crossover_bounds_the_tpot_goal_and_a_high_threshold_the_split_goal() -> None:
+    # TPOT applies below the crossover (here 5: C=1 and 4), not below the threshold.
+    assert verdicts(evaluate(records(LEVELS), thr=7, crossover=2.0))["tpot"] == (True, [])
     # eagle3-h100: suggest-threshold keeps everything on EAGLE up to C=256.
     v = verdicts(evaluate(records(LEVELS), thr=256))
-    assert v["gain"] == (None, [])
-    assert v["tpot"] == (False, [4])  # TPOT applies at every level there
+    assert v["split"] == (None, [])
+    assert verdict_lines(evaluate(records(LEVELS), thr=256))[2].startswith("- not evaluated")
 
 
-def test_levels_without_all_four_ways_are_not_evaluated() -> None:
+def test_levels_without_paired_auto_or_any_pair_are_not_evaluated_and_old_names_read() -> None:
     recs = [
-        r for r in records(LEVELS) if not (r["target"] == "2x-eagle" and r["max_concurrency"] == 8)
+        r
+        for r in records(LEVELS)
+        if not (r["target"] == "paired-auto" and r["max_concurrency"] == 4)
     ]
-    assert 8 not in [r.c for r in evaluate(recs, thr=7)]
+    assert 4 not in [r.c for r in evaluate(recs, thr=7)]
+    assert evaluate([r for r in recs if not r["target"].startswith("2x")], thr=7) == []
     zero = [
-        {**r, "output_throughput": 0.0} if r["target"] == "routed-threshold" else r for r in recs
+        {**r, "output_throughput": 0.0} if r["target"] == "split-threshold" else r for r in recs
     ]
-    assert all(math.isnan(r.vs_threshold_tput) for r in evaluate(zero, thr=7))
-    assert not any(r.checks["tput"] for r in evaluate(zero, thr=7))
+    assert all(math.isnan(r.vs_split_tput) for r in evaluate(zero, thr=7))
+    assert not any(r.checks["split"] for r in evaluate(zero, thr=7))
+    assert evaluate(records(LEVELS, old=True), thr=7) == evaluate(records(LEVELS), thr=7)
 
 
 def full_records() -> list[dict[str, Any]]:
@@ -199,13 +237,15 @@ def full_records() -> list[dict[str, Any]]:
         "experiment": "four-way",
         "profile": "demo",
         "speed": 2.0,
+        "sharing": "timeslice",
+        "not_run": ["2x-adaptive: profile demo has no adaptive counterpart"],
         "requests_per_c": 2,
         "min_requests": 16,
         "dataset_name": "random",
         "random_input_len": 256,
         "random_output_len": 128,
         "random_range_ratio": 1.0,
-        "command": "dynspec-bench envelope --simulate --four-way --profile demo --speed 2",
+        "command": "dynspec-bench envelope --simulate --eight-gpus --profile demo --speed 2",
         "machine": {"cpus": 2, "cpu": "test CPU", "platform": "Linux", "python": "3.11"},
         "run_started": "2026-12-01T07:00:00+00:00",
     }
@@ -215,6 +255,7 @@ def full_records() -> list[dict[str, Any]]:
             out.append({**base, **rec(mode, c, tput / (1 + c / 8), 5.0 * (1 + c / 8))})
     for level in records({c: LEVELS[c] for c in (1, 16)}):
         r = {**base, **level, "threshold": 7, "hysteresis": 2, "loadavg_1m": 3.5}
+        r["crossover"] = 7.5
         r["output_throughput"] *= 2.0  # wall-clock figures at --speed 2
         r["median_tpot_ms"] /= 2.0
         r["timestamp"] = "2026-12-01T07:10:00+00:00"
@@ -238,48 +279,52 @@ def test_report_states_simulated_machine_command_and_verdicts(tmp_path: Path) ->
     out = tmp_path / "envelope8-demo.jsonl"
     recs = full_records()
     out.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    md, png = fourway.write_report(out, recs)
+    md, png = fourway_report.write_report(out, recs)
     text = md.read_text()
     assert text.startswith("# SIMULATED")
-    assert "**SIMULATED.**" in text
+    assert "**SIMULATED.**" in text and "share them by `timeslice`" in text
+    assert all("SIMULATED" in h for h in text.splitlines() if h.startswith("#"))
     assert "2 CPUs (test CPU)" in text and "load average 3.5-3.5" in text
-    assert "dynspec-bench envelope --simulate --four-way --profile demo --speed 2" in text
+    assert "dynspec-bench envelope --simulate --eight-gpus --profile demo --speed 2" in text
     assert "`--threshold 7 --hysteresis 2`, picked by `suggest-threshold`" in text
-    # Model time: --speed 2 doubles the tok/s back and halves nothing else in the ratios.
-    assert "| 1 | 92.0 | 91.0 | 90.0 | 47.0 |" in text
-    assert "tok/s >= 0.98x threshold, every C: MET" in text
-    assert "tok/s >= 1.25x threshold, C >= 2 x threshold: MET" in text
-    assert "- C=16: 0.927x 2x-baseline" in text
+    assert "crossover C=7.5" in text
+    assert "- Not run: 2x-adaptive: profile demo has no adaptive counterpart." in text
+    # Model time: --speed 2 doubles the tok/s back.
+    assert "| 1 | 91.0 | 2x-eagle | 90.0 | 1.011 |" in text
+    assert "- PASS: paired-auto tok/s >= 0.95x the best homogeneous pair's" in text
+    assert "- PASS: paired-auto tok/s >= 1.3x split-threshold's" in text
     assert png.read_bytes().startswith(PNG_MAGIC)
     # The CLI rewrites the same report from the JSONL alone.
     md.unlink()
     r = bench("envelope", "--from-jsonl", str(out))
     assert r.returncode == 0, r.stderr
     assert md.read_text() == text
-    assert "tok/s >= 0.98x threshold" in r.stdout
+    assert r.stdout.startswith("SIMULATED") and "PASS: paired-auto" in r.stdout
 
 
 def test_records_from_two_runs_are_flagged(tmp_path: Path) -> None:
     recs = full_records()
     for r in recs:
-        if r["target"] == "routed-balance":
+        if r["target"] == "paired-auto":
             r["run_started"] = "2026-12-01T08:00:00+00:00"
-            r["command"] = "dynspec-bench envelope --four-way --append --ways routed-balance"
-    md, _ = fourway.write_report(tmp_path / "x.jsonl", recs)
+            r["command"] = "dynspec-bench envelope --eight-gpus --append --ways paired-auto"
+    md, _ = fourway_report.write_report(tmp_path / "x.jsonl", recs)
     text = md.read_text()
     assert "come from more than one run" in text
-    assert "--append --ways routed-balance" in text
+    assert "--append --ways paired-auto" in text
 
 
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
         (("envelope", "--simulate", "--four-way", "--ways", "3x-eagle"), "--ways"),
+        (("envelope", "--simulate", "--eight-gpus", "--sharing", "nvlink"), "--sharing"),
         (("envelope", "--simulate", "--four-way", "--metrics-interval", "0"), "--metrics-interval"),
         (
-            ("envelope", "--simulate", "--four-way", "--append", "--out", "/nonexistent/x"),
+            ("envelope", "--simulate", "--eight-gpus", "--append", "--out", "/nonexistent/x"),
             "--append",
         ),
+        (("envelope", "--eight-gpus"), "only --simulate"),
     ],
 )
 def test_bad_usage_is_one_line_and_exit_2(args: tuple[str, ...], needle: str) -> None:
@@ -289,49 +334,58 @@ def test_bad_usage_is_one_line_and_exit_2(args: tuple[str, ...], needle: str) ->
     assert needle in r.stderr
 
 
-def test_four_way_runs_every_way(tmp_path: Path) -> None:
-    """Four sims and four routers at a tiny scale: every way serves, the JSONL has all four."""
+TINY = (
+    "--profile", "demo", "--speed", "10", "--concurrency", "1,16", "--requests", "16",
+    "--output-len", "24", "--input-len", "32", "--pause", "0.2", "--no-progress",
+)  # fmt: skip
+
+
+def _run_ways(tmp_path: Path, chosen: str, *more: str) -> list[dict[str, Any]]:
     stem = tmp_path / "e8"
     r = bench(
-        "envelope",
-        "--simulate",
-        "--four-way",
-        "--profile",
-        "demo",
-        "--speed",
-        "10",
-        "--concurrency",
-        "1,16",
-        "--requests",
-        "16",
-        "--output-len",
-        "24",
-        "--input-len",
-        "32",
-        "--pause",
-        "0.2",
-        "--no-progress",
-        "--out",
-        str(stem),
-        timeout=240,
-    )
+        "envelope", "--simulate", "--four-way", "--ways", chosen, *TINY, *more,
+        "--out", str(stem), timeout=240,
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr
+    assert stem.with_suffix(".md").read_text().startswith("# SIMULATED")
+    assert stem.with_suffix(".png").read_bytes().startswith(PNG_MAGIC)
     recs = [json.loads(line) for line in stem.with_suffix(".jsonl").read_text().splitlines()]
-    assert {(x["target"], x["max_concurrency"]) for x in recs} == {
-        (t, c) for t in (*fourway.WAYS, "eagle", "baseline") for c in (1, 16)
-    }
     for x in recs:
         assert x["simulated"] and x["profile"] == "demo" and x["speed"] == 10.0
         assert x["completed"] == 16 and x["failed"] == 0, x
         assert x["total_output_tokens"] == 16 * 24
+    return recs
+
+
+def test_the_split_ways_run(tmp_path: Path) -> None:
+    """Four sims and four routers at a tiny scale, old names on the command line."""
+    recs = _run_ways(tmp_path, "routed-threshold,routed-balance,2x-eagle,2x-baseline")
+    run = ("split-threshold", "split-balance", "2x-eagle", "2x-baseline", "eagle", "baseline")
+    assert {(x["target"], x["max_concurrency"]) for x in recs} == {
+        (t, c) for t in run for c in (1, 16)
+    }
     by = {(x["target"], x["max_concurrency"]): x for x in recs}
     assert by[("2x-eagle", 16)]["backend_share"] == {"eagle": 1.0}
     assert by[("2x-baseline", 16)]["backend_share"] == {"baseline": 1.0}
-    assert by[("routed-threshold", 1)]["backend_share"] == {"eagle": 1.0}
+    assert by[("split-threshold", 1)]["backend_share"] == {"eagle": 1.0}
     # A lone request goes to EAGLE (demo: about 2x faster at C=1); where balance sends the rest
     # is its own tests' business (it learns, and explores now and then).
-    assert by[("routed-balance", 1)]["backend_share"].get("eagle", 0.0) >= 0.75
-    assert set(by[("routed-balance", 16)]["backend_share"]) <= {"eagle", "baseline"}
-    md = stem.with_suffix(".md").read_text()
-    assert md.startswith("# SIMULATED") and "the goals for `balance`" in md
-    assert stem.with_suffix(".png").read_bytes().startswith(PNG_MAGIC)
+    assert by[("split-balance", 1)]["backend_share"].get("eagle", 0.0) >= 0.75
+    assert set(by[("split-balance", 16)]["backend_share"]) <= {"eagle", "baseline"}
+
+
+@pytest.mark.usefixtures("needs_pairs")
+def test_the_paired_ways_run(tmp_path: Path) -> None:
+    """Two pair sims behind --pair routers, tiny: both serve every request of both levels."""
+    recs = _run_ways(
+        tmp_path, "paired-threshold,paired-auto,2x-baseline", "--threshold", "4",
+        "--hysteresis", "1", "--sharing", "mps",
+    )  # fmt: skip
+    assert {(x["target"], x["max_concurrency"]) for x in recs} == {
+        (t, c) for t in ("paired-threshold", "paired-auto", "2x-baseline") for c in (1, 16)
+    }
+    by = {(x["target"], x["max_concurrency"]): x for x in recs}
+    assert by[("paired-threshold", 1)]["sharing"] == "mps"
+    # Below the threshold a lone request speculates; at C=16 > 4 both pairs are past it.
+    assert by[("paired-threshold", 1)]["backend_share"] == {"eagle": 1.0}
+    assert by[("paired-threshold", 16)]["backend_share"].get("baseline", 0.0) >= 0.5

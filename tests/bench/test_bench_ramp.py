@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from utils import free_port, running
 
-from dynspec.bench import load, ramp
+from dynspec.bench import harness, load, ramp, ramp_report
 from dynspec.bench.load import Target
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -41,6 +41,8 @@ def test_schedule_of_the_default_ramp() -> None:
     steps = ramp.schedule(128, 2)
     assert [c for k, c in steps if k == 1] == [1, 2, 4, 8, 16, 32, 64, 128, 64, 32, 16, 8, 4, 2, 1]
     assert len(steps) == 29 and max(c for _, c in steps) == 128
+    # Issue 16's ramp: 1 -> 256 -> 1 twice.
+    assert len(ramp.schedule(256, 2)) == 33 and ramp.RampConfig("demo", 1.0, Path("x")).peak == 256
     with pytest.raises(ValueError):
         ramp.schedule(0, 1)
 
@@ -71,7 +73,8 @@ def step(
     return r
 
 
-L, P = ramp.VARIANTS
+L, P = ramp.VARIANTS[:2]
+AUTO, SEEDED = ramp.VARIANTS[2:]
 
 
 def test_within_ten_percent_after_the_first_cycle() -> None:
@@ -89,17 +92,17 @@ def test_within_ten_percent_after_the_first_cycle() -> None:
         step(L, 0, (2, 8), 182.0, 21.0, scope="cycle"),
         step(P, 0, (2, 8), 200.0, 20.0, scope="cycle"),
     ]
-    rows = ramp.compare(recs)
+    rows = ramp_report.compare(recs)
     assert [(r.step, r.cycle, r.c) for r in rows] == [(0, 1, 1), (1, 2, 8), (2, 2, 1), (3, 2, 1)]
-    assert [ramp.within(r) for r in rows] == [False, True, False, True]
+    assert [ramp_report.within(r) for r in rows] == [False, True, False, True]
     assert rows[1].ratio("tput") == pytest.approx(270 / 290)
     assert rows[1].ratio("tpot") == pytest.approx(31 / 29)
-    ok, text = ramp.verdict(recs)
+    ok, text = ramp_report.verdict(recs)
     assert ok is True
     assert "cycle 2: tok/s 0.910x, p50 TPOT 1.050x" in text
     worse = [{**r, "output_throughput": 170.0} if r is recs[10] else r for r in recs]
-    assert ramp.verdict(worse)[0] is False
-    assert ramp.verdict(recs[:4])[0] is None  # no cycle records
+    assert ramp_report.verdict(worse)[0] is False
+    assert ramp_report.verdict(recs[:4])[0] is None  # no cycle records
 
 
 def ramp_records() -> list[dict[str, Any]]:
@@ -140,7 +143,7 @@ def test_report_rewrites_identically_from_its_jsonl(tmp_path: Path) -> None:
     out = tmp_path / "ramp-demo.jsonl"
     recs = ramp_records()
     out.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    md, png = ramp.write_report(out, recs)
+    md, png = ramp_report.write_report(out, recs)
     text = md.read_text()
     assert text.startswith("# SIMULATED")
     assert "**SIMULATED.**" in text
@@ -149,12 +152,55 @@ def test_report_rewrites_identically_from_its_jsonl(tmp_path: Path) -> None:
     assert "every 2 s wall-clock (8 s model time)" in text
     # Model time: tok/s / 4 (40 x C wall-clock at C=1 is 10 model tok/s).
     assert "| 0 | 1 | 1 | 0 | 10.0 | 10.5 | 0.952 |" in text
-    assert "Goal MET (cycle 2: tok/s 0.952x" in text
+    assert (
+        "PASS: balance-learning within 10% of balance-profile after the first cycle "
+        "(cycle 2: tok/s 0.952x" in text
+    )
+    assert all("SIMULATED" in h for h in text.splitlines() if h.startswith("## "))
     assert png.read_bytes().startswith(PNG_MAGIC)
     md.unlink()
     r = bench("ramp", "--from-jsonl", str(out))
     assert r.returncode == 0, r.stderr
     assert md.read_text() == text
+    assert r.stdout.startswith("SIMULATED") and "PASS: balance-learning" in r.stdout
+
+
+def test_paired_auto_is_held_to_five_percent_of_its_seeded_twin() -> None:
+    pair = ramp_report.PAIRS[1]
+    assert pair == (AUTO, SEEDED, 0.05)
+    recs = [
+        step(AUTO, 0, (1, 8), 100.0, 30.0, scope="cycle"),
+        step(SEEDED, 0, (1, 8), 200.0, 15.0, scope="cycle"),
+        step(AUTO, 0, (2, 8), 192.0, 20.5, scope="cycle"),  # 0.96x, 1.025x: within 5%
+        step(SEEDED, 0, (2, 8), 200.0, 20.0, scope="cycle"),
+        # The balance pair's records do not count for this one.
+        step(L, 0, (2, 8), 10.0, 99.0, scope="cycle"),
+        step(P, 0, (2, 8), 200.0, 20.0, scope="cycle"),
+    ]
+    ok, text = ramp_report.verdict(recs, pair)
+    assert ok is True and text.startswith("PASS: paired-auto within 5% of paired-auto-seeded")
+    assert ramp_report.verdict(recs)[0] is False  # balance-learning: 0.05x
+    worse = [{**r, "output_throughput": 188.0} if r is recs[2] else r for r in recs]
+    assert ramp_report.verdict(worse, pair)[0] is False  # 0.94x: inside 10%, outside 5%
+    assert ramp_report.pairs_run(recs) == list(ramp_report.PAIRS)
+    assert ramp_report.pairs_run(recs[:4]) == [pair]
+
+
+@pytest.mark.parametrize(
+    ("variant", "flags"),
+    [
+        ("balance-learning", "--eagle-url E --baseline-url B --policy balance"),
+        ("balance-profile", "--eagle-url E --baseline-url B --policy balance --speed-profile /p"),
+        ("paired-auto", "--pair PE,PB --threshold auto --metrics-interval 0.5"),
+        ("paired-auto-seeded", "--pair PE,PB --threshold auto --speed-profile /p"),
+    ],
+)
+def test_router_flags_per_variant(variant: str, flags: str) -> None:
+    interval = 0.5 if variant == "paired-auto" else None
+    got = harness.variant_flags(
+        variant, "E", "B", ("PE", "PB"), profile=Path("/p"), metrics_interval=interval
+    )
+    assert got == flags.split()
 
 
 @pytest.mark.parametrize(
@@ -210,11 +256,12 @@ def test_clients_follow_the_steps_and_the_run_ends_on_time(eagle_sim: str) -> No
     assert [r["cycle"] for r in recs if r["scope"] == "cycle"] == [1]
 
 
-def test_ramp_runs_both_variants(tmp_path: Path) -> None:
-    """Two sims and, in turn, a learning and a profile-seeded balance router at tiny scale."""
+def _tiny_ramp(tmp_path: Path, variants: tuple[str, str]) -> list[dict[str, Any]]:
     stem = tmp_path / "r"
     r = bench(
         "ramp",
+        "--variants",
+        ",".join(variants),
         "--simulate",
         "--profile",
         "demo",
@@ -236,12 +283,25 @@ def test_ramp_runs_both_variants(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     recs = [json.loads(line) for line in stem.with_suffix(".jsonl").read_text().splitlines()]
-    for v in ramp.VARIANTS:
+    for v in variants:
         steps = [x for x in recs if x["target"] == v and x["scope"] == "step"]
         assert [x["max_concurrency"] for x in steps] == [c for _, c in ramp.schedule(4, 2)]
         assert all(x["output_throughput"] > 0 for x in steps), steps
         assert sum(x["completed"] for x in steps) > 0
         assert {x["cycle"] for x in recs if x["target"] == v and x["scope"] == "cycle"} == {1, 2}
     md = stem.with_suffix(".md").read_text()
-    assert md.startswith("# SIMULATED") and "within 10%" in md
+    assert md.startswith("# SIMULATED") and f"{variants[0]} within" in md
     assert stem.with_suffix(".png").read_bytes().startswith(PNG_MAGIC)
+    return recs
+
+
+def test_ramp_runs_both_balance_variants(tmp_path: Path) -> None:
+    """Two sims and, in turn, a learning and a profile-seeded balance router at tiny scale."""
+    _tiny_ramp(tmp_path, (L, P))
+
+
+@pytest.mark.usefixtures("needs_pairs")
+def test_ramp_runs_both_paired_auto_variants(tmp_path: Path) -> None:
+    """One pair sim and, in turn, --threshold auto learning and seeded, at tiny scale."""
+    recs = _tiny_ramp(tmp_path, (AUTO, SEEDED))
+    assert {x["sharing"] for x in recs} == {"timeslice"}

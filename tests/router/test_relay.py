@@ -232,24 +232,58 @@ def test_streamed_chunks_skip_asgi(rp: RouterProc, upstream: str, usage: bool) -
 
 
 @RELAYS
-async def test_slow_client_gets_every_chunk(relay: str, request: pytest.FixtureRequest) -> None:
-    """A client that stops reading holds the server back (the relay stops reading from it),
-    then gets the whole stream, in order, once it reads again."""
-    rp: RouterProc = request.getfixturevalue(relay)
-    n = 40000  # ~3 MB of events, more than the sockets between here and the client hold
+async def test_slow_client_gets_every_chunk(relay: str, upstream: str, tmp_path: Path) -> None:
+    """A client that stops reading holds the server back (the relay stops reading from it, so
+    the server's writes stall well short of the end), then gets the whole stream, in order,
+    once it reads again."""
+    # Its own router: the module's --request-timeout 1 would end a stream held back that long.
+    more = ["--no-direct-relay"] if relay == "rp_asgi" else []
+    with router(
+        tmp_path, "--eagle-url", upstream, "--backend-api-key", "backend-secret",
+        "--request-timeout", "60", *more, api_key="client-secret",
+    ) as rp:  # fmt: skip
+        await _slow_client(rp, upstream)
+
+
+async def _slow_client(rp: RouterProc, upstream: str) -> None:
+    n = 8000  # 2 kB each, ~16 MB of events: more than the sockets between here and the server hold
     body = orjson.dumps({"messages": MESSAGES, "max_tokens": n, "stream": True,
                          "stream_options": {"include_usage": True}})  # fmt: skip
     port = int(rp.url.rsplit(":", 1)[1])
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    # A small receive buffer of our own (no autotuning up to tcp_rmem's 32 MB on loopback), so the
+    # sockets' share of what the server can write before it stalls is bounded.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    sock.connect(("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock)
     writer.write(
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer client-secret\r\n"
-        b"x-fake-delay: 0\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        b"x-fake-delay: 0\r\nx-fake-pad: 2000\r\ncontent-type: application/json\r\n"
+        b"connection: close\r\n"
         b"content-length: %d\r\n\r\n%s" % (len(body), body)
     )
     await writer.drain()
-    await asyncio.sleep(1.5)  # not reading
+
+    async def written() -> int:
+        async with httpx.AsyncClient(timeout=5) as hc:
+            return int((await hc.get(upstream + "/fake/progress")).json()["events"])
+
+    # Not reading: the server gets going, then stalls. A relay that buffered everything would
+    # let it write all n events; one with backpressure leaves it stuck where the buffers fill.
+    stalled, same = await written(), 0
+    for _ in range(100):  # at most ~20 s; stalled = no progress over three samples
+        await asyncio.sleep(0.2)
+        now = await written()
+        same = same + 1 if now == stalled and now > 0 else 0
+        if same == 3:
+            break
+        stalled = now
+    assert 0 < stalled < n, stalled
+    await asyncio.sleep(0.5)
+    assert await written() == stalled  # still held back while the client does not read
     raw = await asyncio.wait_for(reader.read(), 60)
     writer.close()
+    assert await written() == n + 3  # the role chunk, n tokens, usage, [DONE]: all of it
     head, _, chunked = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head
     payload = bytearray()

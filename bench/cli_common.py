@@ -1,0 +1,243 @@
+"""What several ``dynspec-bench`` commands share: flag types, the load flags, reading JSONL,
+loading a simulator profile, the results path, re-rendering ``--from-jsonl`` and the
+run-then-report tail (SIGTERM as Ctrl-C, finished levels kept). Imports nothing heavy: the CLI
+builds every command's parser from it before the bench extra is needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from dynspec.common.cli import (
+    FlagParser,
+    UsageError,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+
+if TYPE_CHECKING:
+    from dynspec.bench.report import Record
+    from dynspec.bench.sweep import SweepConfig
+    from dynspec.launcher.sim.profile import Profile
+
+PROG = "dynspec-bench"
+DEFAULT_LEVELS = "1,2,4,8,16,32,64,128,256"
+
+
+def levels(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of integers: {text!r}"
+        ) from None
+    if not out or any(c < 1 for c in out):
+        raise argparse.ArgumentTypeError("concurrency levels must be integers >= 1")
+    return sorted(set(out))
+
+
+def ratio(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError("must be between 0 and 1")
+    return value
+
+
+def add_load_flags(p: FlagParser | argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--concurrency",
+        type=levels,
+        default=levels(DEFAULT_LEVELS),
+        help="concurrency levels (requests in flight, closed loop), comma-separated",
+    )
+    p.add_argument(
+        "--requests",
+        type=positive_int,
+        default=None,
+        help="measured requests per level (default: max(--min-requests, --requests-per-c x C))",
+    )
+    p.add_argument(
+        "--requests-per-c", type=positive_int, default=4, help="default requests per level / C"
+    )
+    p.add_argument(
+        "--min-requests", type=positive_int, default=16, help="fewest requests in a level"
+    )
+    p.add_argument(
+        "--warmup",
+        type=non_negative_int,
+        default=None,
+        help="warm-up requests per level, not measured (default: C, one round of the loop)",
+    )
+    add_length_flags(p)
+    p.add_argument(
+        "--dataset",
+        type=Path,
+        default=None,
+        help="a ShareGPT-format JSON file to take prompts from (instead of random prompts)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed for prompt sampling")
+    p.add_argument(
+        "--request-timeout",
+        type=positive_float,
+        default=600.0,
+        help="seconds a stream may stay silent before the request counts as failed",
+    )
+    p.add_argument(
+        "--pause", type=float, default=1.0, help="seconds between levels (lets in-flight drain)"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress output on stderr")
+
+
+def add_length_flags(p: FlagParser | argparse.ArgumentParser) -> None:
+    p.add_argument("--input-len", type=positive_int, default=256, help="random prompt tokens")
+    p.add_argument("--output-len", type=positive_int, default=128, help="output tokens")
+    p.add_argument(
+        "--range-ratio",
+        type=ratio,
+        default=1.0,
+        help="random lengths uniform in [ratio x len, len] (sglang.bench_serving's "
+        "--random-range-ratio); 1 = fixed lengths",
+    )
+
+
+def add_simulate_flags(p: FlagParser | argparse.ArgumentParser) -> None:
+    """--simulate, --profile, --speed, --startup-timeout, --out, --from-jsonl."""
+    p.add_argument(
+        "--simulate",
+        action="store_true",
+        help="run against simulated servers (required: the only mode so far)",
+    )
+    p.add_argument("--profile", default="demo", help="dynspec-sim profile: NAME or FILE.json")
+    p.add_argument(
+        "--speed",
+        type=positive_float,
+        default=1.0,
+        help="simulated time runs this many times faster than real time (figures are reported "
+        "in model time); keep it low enough that the CPU keeps up",
+    )
+    p.add_argument(
+        "--startup-timeout", type=positive_float, default=60.0, help="seconds to wait per process"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results path without suffix (default: the command's name and the profile's, in "
+        "the current directory)",
+    )
+    p.add_argument(
+        "--from-jsonl",
+        type=Path,
+        default=None,
+        help="run nothing: rewrite the report and plot of an earlier run's JSONL",
+    )
+
+
+def sweep_config(args: argparse.Namespace, **extra: object) -> SweepConfig:
+    from dynspec.bench.sweep import SweepConfig
+
+    if args.dataset is not None and not args.dataset.is_file():
+        raise UsageError(f"--dataset: no such file: {args.dataset}")
+    return SweepConfig(
+        concurrencies=args.concurrency,
+        requests=args.requests,
+        requests_per_c=args.requests_per_c,
+        min_requests=args.min_requests,
+        warmup=args.warmup,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        range_ratio=args.range_ratio,
+        dataset=args.dataset,
+        seed=args.seed,
+        api_key=getattr(args, "api_key", None),
+        request_timeout=args.request_timeout,
+        pause=args.pause,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def read(path: Path) -> list[Record]:
+    from dynspec.bench import report
+
+    if not path.is_file():
+        raise UsageError(f"no such file: {path}")
+    return report.load_jsonl(path)
+
+
+def sim_profile(args: argparse.Namespace) -> Profile:
+    """``--profile`` for a simulated run: both modes or a usage error; ``--simulate`` required."""
+    if not args.simulate:
+        raise UsageError(
+            "only --simulate is supported; on real servers run 'sweep' against each server "
+            "and the router"
+        )
+    from dynspec.launcher.sim.profile import ProfileError, load_profile
+
+    try:
+        prof = load_profile(args.profile)
+    except ProfileError as exc:
+        raise UsageError(f"--profile: {exc}") from None
+    if not {"eagle", "baseline"} <= set(prof.modes):
+        raise UsageError(f"--profile {args.profile}: needs both an eagle and a baseline mode")
+    return prof
+
+
+def out_path(args: argparse.Namespace, default: str) -> Path:
+    """``--out`` (or ``default``) as a ``.jsonl`` path, its folder made."""
+    stem = args.out if args.out is not None else Path(default)
+    out = stem.with_name(stem.name + ".jsonl") if stem.suffix != ".jsonl" else stem
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+class Report(Protocol):
+    def write_report(self, out: Path, records: Sequence[Record], /) -> tuple[Path, Path]: ...
+    def summary(self, records: Sequence[Record], /) -> str: ...
+
+
+def rerender(path: Path, pick: Callable[[Sequence[Record]], Report]) -> int:
+    """``--from-jsonl``: the report and plot again from ``path``'s records, nothing run;
+    ``pick`` gives the report module for the records."""
+    records = read(path)
+    mod = pick(records)
+    md, png = mod.write_report(path, records)
+    print(mod.summary(records), end="")
+    print(f"results: {md}, {png}", file=sys.stderr)
+    return 0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, taking Ctrl-C's path so that children are stopped and finished levels kept."""
+
+
+def on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def stopped_code(exc: KeyboardInterrupt) -> int:
+    return 143 if isinstance(exc, Terminated) else 130
+
+
+def run_then_report(
+    run: Callable[[], Sequence[Record] | None], out: Path, finished: str, kind: Report
+) -> int:
+    """Run an experiment that writes OUT.jsonl, then its report; Ctrl-C or SIGTERM keeps what
+    finished. ``run`` returns the records to report, or None to read them back from ``out``."""
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        records = run()
+    except KeyboardInterrupt as exc:
+        print(f"\n{PROG}: interrupted; the finished {finished} are in {out}", file=sys.stderr)
+        return stopped_code(exc)
+    if records is None:
+        records = read(out)
+    md, png = kind.write_report(out, records)
+    print(kind.summary(records), end="")
+    print(f"results: {out}, {md}, {png}", file=sys.stderr)
+    return 0

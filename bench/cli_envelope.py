@@ -1,0 +1,152 @@
+"""``dynspec-bench envelope``: simulated servers + routers. Plain: one EAGLE and one baseline
+server and one router (bench/envelope.py); ``--eight-gpus`` (old spelling ``--four-way``): the
+same eight GPUs used seven ways (bench/fourway.py, bench/fourway_report.py)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from dynspec.bench import ways
+from dynspec.bench.cli_common import (
+    add_load_flags,
+    add_simulate_flags,
+    out_path,
+    rerender,
+    run_then_report,
+    sim_profile,
+    sweep_config,
+)
+from dynspec.common.cli import FlagParser, UsageError, non_negative_int, positive_float
+
+if TYPE_CHECKING:
+    from dynspec.bench.report import Record
+
+DESCRIPTION = (
+    "Start an EAGLE and a baseline dynspec-sim and a dynspec-router on free loopback "
+    "ports; sweep each server alone, pick the threshold with suggest-threshold, sweep "
+    "the router, and report routed vs the better server at each concurrency "
+    "(goal: tok/s >= 0.95x, p50 TPOT <= 1.05x). With --eight-gpus, the same eight GPUs "
+    "seven ways (split, paired, homogeneous pairs). Writes OUT.jsonl, OUT.md, OUT.png."
+)
+
+
+def add_arguments(p: FlagParser) -> None:
+    add_simulate_flags(p)
+    p.add_argument(
+        "--threshold", type=non_negative_int, default=None, help="override the suggested one"
+    )
+    p.add_argument(
+        "--hysteresis", type=non_negative_int, default=None, help="override the suggested one"
+    )
+    add_load_flags(p)
+    p.set_defaults(requests_per_c=2)
+    p.add_argument(
+        "--eight-gpus",
+        "--four-way",
+        dest="eight_gpus",
+        action="store_true",
+        help="eight GPUs, each simulated server four of them, used these ways: "
+        "split-threshold (one EAGLE + one baseline server, the suggested threshold), "
+        "split-balance (the same two, --policy balance --speed-profile PROFILE), "
+        "paired-threshold (two shared-GPU pairs, dynspec-sim --pair, router --pair ... with "
+        "the suggested threshold), paired-auto (the same, --threshold auto, no profile), "
+        "2x-eagle, 2x-baseline and 2x-adaptive (one pool of two servers, least in flight; "
+        "2x-adaptive where the profile has an adaptive counterpart); reports paired-auto "
+        "against its goals (default --out: envelope8-PROFILE[-mps]). With --threshold and "
+        "--hysteresis both given, the single-server sweeps that suggest them are skipped",
+    )
+    p.add_argument(
+        "--ways",
+        type=ways.parse_ways,
+        default=list(ways.EIGHT_WAYS),
+        help="--eight-gpus: which ways to run, comma-separated (routed-threshold and "
+        "routed-balance: the old names of split-threshold and split-balance)",
+    )
+    p.add_argument(
+        "--sharing",
+        choices=ways.SHARING,
+        default="timeslice",
+        help="--eight-gpus: how the two servers of a pair share its GPUs (dynspec-sim --sharing)",
+    )
+    p.add_argument(
+        "--adaptive-profile",
+        default=None,
+        help="--eight-gpus: the profile whose eagle mode 2x-adaptive runs (default: the "
+        "shipped X-adaptive for a profile X-acceptN; none: 2x-adaptive is left out)",
+    )
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="--eight-gpus: add to an existing --out JSONL instead of replacing it (the report "
+        "then says which ways came from which run)",
+    )
+    p.add_argument(
+        "--metrics-interval",
+        type=positive_float,
+        default=None,
+        help="--eight-gpus: the balance router's --metrics-interval (default: the router's)",
+    )
+
+
+def _report_of(records: Sequence[Record]) -> Any:
+    from dynspec.bench import envelope, fourway_report
+
+    return fourway_report if fourway_report.is_four_way(records) else envelope
+
+
+def run(args: argparse.Namespace) -> int:
+    from dynspec.bench.sweep import ProgressLine
+
+    if args.from_jsonl is not None:
+        return rerender(args.from_jsonl, _report_of)
+    prof = sim_profile(args)
+    progress = ProgressLine(enabled=not args.no_progress)
+    if args.eight_gpus:
+        return _eight_gpus(args, prof.name, progress)
+    from dynspec.bench import envelope
+
+    out = out_path(args, f"envelope-{prof.name}")
+    cfg = envelope.EnvelopeConfig(
+        profile=args.profile,
+        speed=args.speed,
+        sweep=sweep_config(args),
+        out=out,
+        threshold=args.threshold,
+        hysteresis=args.hysteresis,
+        seed=args.seed,
+        startup_timeout=args.startup_timeout,
+        command=args.command_line,
+    )
+    return run_then_report(lambda: envelope.run(cfg, progress).records, out, "levels", envelope)
+
+
+def _eight_gpus(args: argparse.Namespace, name: str, progress: Any) -> int:
+    from dynspec.bench import fourway, fourway_report
+
+    suffix = "-mps" if args.sharing == "mps" else ""
+    out = out_path(args, f"envelope8-{name}{suffix}")
+    if args.append and not (out.exists() and out.stat().st_size > 0):
+        raise UsageError(f"--append: {out} does not exist or is empty")
+    cfg = fourway.FourWayConfig(
+        profile=args.profile,
+        speed=args.speed,
+        sweep=sweep_config(args),
+        out=out,
+        ways=args.ways,
+        threshold=args.threshold,
+        hysteresis=args.hysteresis,
+        metrics_interval=args.metrics_interval,
+        sharing=args.sharing,
+        adaptive_profile=args.adaptive_profile,
+        seed=args.seed,
+        startup_timeout=args.startup_timeout,
+        append=args.append,
+        command=args.command_line,
+    )
+
+    def go() -> None:
+        fourway.run(cfg, progress)
+
+    return run_then_report(go, out, "levels", fourway_report)

@@ -1,0 +1,302 @@
+"""The ramp's evaluation and report (pure but for writing the files).
+
+Each learning router is held against its profile-seeded twin (``ways.RAMP_PAIRS``):
+``balance-learning`` against ``balance-profile`` (within 10%), ``paired-auto`` against
+``paired-auto-seeded`` (within 5%, issue 16 item 6): after the first cycle, every later cycle's
+tok/s >= (1 - within) x and p50 TPOT <= (1 + within) x the seeded one's. Everything is SIMULATED.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dynspec.bench.report import Record, model_time
+from dynspec.bench.ways import RAMP_PAIRS, RAMP_VARIANTS
+from dynspec.launcher.sim.profile import load_profile
+
+VARIANTS = RAMP_VARIANTS
+PAIRS = RAMP_PAIRS
+
+
+@dataclass(frozen=True)
+class StepRow:
+    step: int
+    cycle: int
+    c: int
+    start_s: float
+    tput: dict[str, float]
+    tpot: dict[str, float | None]
+    learning: str = VARIANTS[0]
+    seeded: str = VARIANTS[1]
+    tolerance: float = PAIRS[0][2]
+
+    def ratio(self, which: str) -> float:
+        """learning / seeded, of tok/s (``tput``) or p50 TPOT (``tpot``)."""
+        vals = self.tput if which == "tput" else self.tpot
+        a, b = vals.get(self.learning), vals.get(self.seeded)
+        if a is None or b is None or not b > 0:
+            return math.nan
+        return a / b
+
+
+def compare(
+    records: Sequence[Record], scope: str = "step", pair: tuple[str, str, float] = PAIRS[0]
+) -> list[StepRow]:
+    """Per step (or per cycle) where both variants of ``pair`` ran: their tok/s and p50 TPOT."""
+    learning, seeded, tol = pair
+    both = (learning, seeded)
+    key = "step" if scope == "step" else "cycle"
+    by: dict[int, dict[str, Record]] = {}
+    for r in records:
+        if r.get("scope") == scope and r.get("target") in both:
+            by.setdefault(int(r[key]), {})[str(r["target"])] = r
+    rows = []
+    for k in sorted(by):
+        got = by[k]
+        if set(got) != set(both):
+            continue
+        any_rec = got[learning]
+        rows.append(
+            StepRow(
+                step=k if scope == "step" else -1,
+                cycle=int(any_rec["cycle"]),
+                c=int(any_rec["max_concurrency"]),
+                start_s=float(any_rec.get("step_start_s", 0.0)),
+                tput={v: float(got[v]["output_throughput"]) for v in both},
+                tpot={
+                    v: None
+                    if got[v].get("median_tpot_ms") is None
+                    else float(got[v]["median_tpot_ms"])
+                    for v in both
+                },
+                learning=learning,
+                seeded=seeded,
+                tolerance=tol,
+            )
+        )
+    return rows
+
+
+def within(row: StepRow) -> bool:
+    """Learning's tok/s >= (1 - tol) x and p50 TPOT <= (1 + tol) x the seeded router's."""
+    tp, tpot = row.ratio("tput"), row.ratio("tpot")
+    return tp >= 1 - row.tolerance and (math.isnan(tpot) or tpot <= 1 + row.tolerance)
+
+
+def pairs_run(records: Sequence[Record]) -> list[tuple[str, str, float]]:
+    ran = {str(r.get("target")) for r in records}
+    return [p for p in PAIRS if p[0] in ran and p[1] in ran]
+
+
+def verdict(
+    records: Sequence[Record], pair: tuple[str, str, float] = PAIRS[0]
+) -> tuple[bool | None, str]:
+    """After the first cycle: every later cycle's tok/s and p50 TPOT within the pair's tolerance
+    of the seeded router's; PASS/MISS with the ratios."""
+    later = [r for r in compare(records, "cycle", pair) if r.cycle >= 2]
+    if not later:
+        return None, f"not evaluated: no second cycle with both {pair[0]} and {pair[1]}"
+    ok = all(within(r) for r in later)
+    parts = [
+        f"cycle {r.cycle}: tok/s {r.ratio('tput'):.3f}x, p50 TPOT {r.ratio('tpot'):.3f}x"
+        for r in later
+    ]
+    word = "PASS" if ok else "MISS"
+    return ok, (
+        f"{word}: {pair[0]} within {100 * pair[2]:g}% of {pair[1]} after the first cycle "
+        f"({'; '.join(parts)})"
+    )
+
+
+# ---- report ------------------------------------------------------------------------------------
+
+
+def _f(v: float | None, digits: int = 1) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+
+
+def step_table(rows: Sequence[StepRow]) -> str:
+    if not rows:
+        return "(no steps with both variants)\n"
+    a, b, tol = rows[0].learning, rows[0].seeded, rows[0].tolerance
+    lines = [
+        f"| step | cycle | C | start s | {a} tok/s | {b} tok/s | tok/s ratio"
+        f" | {a} TPOT p50 ms | {b} TPOT p50 ms | TPOT ratio | within {100 * tol:g}% |",
+        "|" + " --- |" * 11,
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.step if r.step >= 0 else 'all'} | {r.cycle} | {r.c} | {r.start_s:.0f}"
+            f" | {_f(r.tput[a])} | {_f(r.tput[b])} | {_f(r.ratio('tput'), 3)}"
+            f" | {_f(r.tpot[a], 2)} | {_f(r.tpot[b], 2)} | {_f(r.ratio('tpot'), 3)}"
+            f" | {'yes' if within(r) else 'NO'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(records: Sequence[Record], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_tp, ax_tpot) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True)
+    steps = [r for r in records if r.get("scope") == "step"]
+    ran = [v for v in VARIANTS if any(r.get("target") == v for r in steps)]
+    for variant in ran:
+        rows = sorted(
+            (r for r in steps if r.get("target") == variant), key=lambda r: int(r["step"])
+        )
+        xs = [float(r["step_start_s"]) for r in rows]
+        ax_tp.step(xs, [float(r["output_throughput"]) for r in rows], where="post", label=variant)
+        pts = [
+            (x, r["median_tpot_ms"])
+            for x, r in zip(xs, rows, strict=True)
+            if r.get("median_tpot_ms")
+        ]
+        ax_tpot.plot([p[0] for p in pts], [float(p[1]) for p in pts], marker="o", label=variant)
+    if ran:
+        first = sorted(
+            (r for r in steps if r.get("target") == ran[0]), key=lambda r: int(r["step"])
+        )
+        ax_c = ax_tp.twinx()
+        ax_c.step(
+            [float(r["step_start_s"]) for r in first],
+            [int(r["max_concurrency"]) for r in first],
+            where="post",
+            color="grey",
+            alpha=0.4,
+            label="concurrency",
+        )
+        ax_c.set_yscale("log", base=2)
+        ax_c.set_ylabel("concurrency (grey)")
+    ax_tp.set_ylabel("output tokens/s")
+    ax_tp.set_ylim(bottom=0)
+    ax_tpot.set_ylabel("p50 TPOT (ms)")
+    ax_tpot.set_yscale("log")
+    ax_tpot.set_xlabel("time since the ramp started (s, model time)")
+    for ax in (ax_tp, ax_tpot):
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="upper left")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _model(records: Sequence[Record]) -> list[Record]:
+    speed = float(records[0].get("speed", 1.0)) if records else 1.0
+    model = [model_time(r, speed) for r in records]
+    # step_start_s is a wall-clock offset too.
+    for r in model:
+        r["step_start_s"] = float(r.get("step_start_s", 0.0)) * speed
+    return model
+
+
+def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
+    """Markdown and PNG next to ``out``, from its records alone."""
+    if not records:
+        raise ValueError(f"{out}: no steps")
+    meta = records[0]
+    speed = float(meta.get("speed", 1.0))
+    profile = load_profile(str(meta.get("profile", "demo")))
+    model = _model(records)
+    md, png = out.with_suffix(".md"), out.with_suffix(".png")
+    title = f"SIMULATED: load ramp, learning only vs profile-seeded, profile {profile.name}"
+    plot(model, png, f"{title} (speed {speed:g})")
+    m = meta.get("machine") or {}
+    loads = [float(r["loadavg_1m"]) for r in records if r.get("loadavg_1m") is not None]
+    step_s = float(meta.get("step_seconds", 0.0))
+    ran = [v for v in VARIANTS if any(r.get("target") == v for r in records)]
+    lines = [
+        f"# {title}",
+        "",
+        "**SIMULATED.** `dynspec-sim` servers (no GPU, no model) and, one after the other, "
+        "routers that learn their speed curves from nothing and their twins seeded with "
+        "`--speed-profile`: `balance-learning` / `balance-profile` (`--policy balance` over an "
+        "EAGLE and a baseline server on GPUs of their own) and `paired-auto` / "
+        "`paired-auto-seeded` (`--pair ... --threshold auto` over one shared-GPU pair, "
+        f"`dynspec-sim --pair --sharing {meta.get('sharing', 'timeslice')}`). Profile "
+        f"`{profile.name}`{' (ILLUSTRATIVE, not measured)' if profile.illustrative else ''}.",
+        "",
+        f"Command: `{meta.get('command') or 'dynspec-bench ramp --simulate'}`",
+        "",
+        f"- Machine: {m.get('cpus', '?')} CPUs ({m.get('cpu') or 'unknown CPU'}), "
+        f"{m.get('platform', '?')}, Python {m.get('python', '?')}; client, router and simulators "
+        "share it, and other work ran on it at the same time"
+        + (
+            f" (1-minute load average {min(loads):.1f}-{max(loads):.1f} at the variants' starts)."
+            if loads
+            else "."
+        ),
+        f"- Code: commit {meta.get('code_commit', 'unknown')}.",
+        f"- Closed-loop clients, random prompts, {meta.get('random_input_len')} input / "
+        f"{meta.get('random_output_len')} output tokens; concurrency stepped every "
+        f"{step_s:g} s wall-clock ({step_s * speed:g} s model time) through 1, 2, 4 ... "
+        f"{max(int(r['max_concurrency']) for r in records)} ... 2, 1, "
+        f"{max(int(r['cycle']) for r in records)} cycles. Going down, clients leave as their "
+        "request ends; after the last step the requests still in flight are cancelled.",
+        f"- Simulated time ran {speed:g}x wall-clock; figures in model time. The seeded routers "
+        f"got the profile with its tok/s x {speed:g} (the simulators' wall-clock speed).",
+        f"- Variants run: {', '.join(ran)} (in the command's order; each learning router starts "
+        "from nothing).",
+        "- Per step: output tok/s = tokens delivered inside the step's window / its length; "
+        "p50 TPOT and TTFT of the requests that finished inside it (requests that span steps "
+        "count in the step where they end).",
+        "",
+    ]
+    pairs = pairs_run(records)
+    if not pairs:
+        lines += ["No learning router ran beside its seeded twin: no goal evaluated.", ""]
+    for pair in pairs:
+        steps = compare(model, "step", pair)
+        _, text = verdict(model, pair)
+        lines += [
+            f"## SIMULATED: {pair[0]} within {100 * pair[2]:g}% of {pair[1]} after the first "
+            "cycle?",
+            "",
+            f"{text}.",
+            "",
+            "Per cycle (all steps of the cycle together):",
+            "",
+            step_table(compare(model, "cycle", pair)),
+            "Per step:",
+            "",
+            step_table(steps),
+        ]
+        out_of = [r for r in steps if r.cycle >= 2 and not within(r)]
+        if out_of:
+            lines.append(
+                f"Steps after the first cycle outside {100 * pair[2]:g}%: "
+                + ", ".join(f"{r.step} (C={r.c})" for r in out_of)
+                + "."
+            )
+            lines.append("")
+    share = []
+    for r in model:
+        if r.get("scope") == "cycle" and isinstance(r.get("backend_share"), dict):
+            share.append(
+                f"- {r['target']}, cycle {r['cycle']}: "
+                f"{100 * float(r['backend_share'].get('eagle', 0.0)):.0f}% of finished requests "
+                "on EAGLE."
+            )
+    if share:
+        lines += ["Where the requests went:", "", *share, ""]
+    lines.append(f"Profile source: {profile.source}")
+    md.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return md, png
+
+
+def summary(records: Sequence[Record]) -> str:
+    model = _model(records)
+    out = ["SIMULATED"]
+    for pair in pairs_run(records) or [PAIRS[0]]:
+        out += [step_table(compare(model, "cycle", pair)).rstrip("\n"), verdict(model, pair)[1]]
+    return "\n".join(out) + "\n"
+
+
+def is_ramp(records: Sequence[Record]) -> bool:
+    return any(r.get("experiment") == "ramp" for r in records)
