@@ -32,6 +32,7 @@ from dynspec.bench.gpu.run import (
     Run,
     RunFailed,
     check_model_loads,
+    dry_run_commands,
     fetch,
     gauge,
     last_line_of,
@@ -226,7 +227,7 @@ def plan_pair(run: Run, models: Path, plan: PairPlan, *, levels: str, threshold:
     )
     if dry.returncode != 0:
         raise RunFailed(f"dynspec-launch --dry-run: {last_line_of(dry.stderr)}")
-    run.meta.update(launch_argv=launch[1:], commands=dry.stdout.strip().splitlines())
+    run.meta.update(launch_argv=launch[1:], commands=dry_run_commands(dry.stdout))
     run.say("launch: " + shlex.join(launch[3:]))
     log = run.logs / "launcher.log"
     proc = run.spawn("launcher", launch, log)

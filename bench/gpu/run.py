@@ -164,6 +164,11 @@ def gauge(text: str, name: str) -> float | None:
     return sum(float(x) for x in found) / len(found) if found else None
 
 
+def dry_run_commands(stdout: str) -> list[str]:
+    """The command lines of ``dynspec-launch --dry-run`` (its ``#`` lines are notes)."""
+    return [line for line in stdout.strip().splitlines() if not line.startswith("#")]
+
+
 def last_line(path: Path) -> str:
     try:
         lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
@@ -351,7 +356,7 @@ def plan_main(
     if dry.returncode != 0:
         raise RunFailed(f"dynspec-launch --dry-run: {last_line_of(dry.stderr)}")
     run.meta["launch_argv"] = launch[1:]
-    run.meta["commands"] = dry.stdout.strip().splitlines()
+    run.meta["commands"] = dry_run_commands(dry.stdout)
     run.say("launch: " + shlex.join(launch[3:]))
     log = run.logs / "launcher.log"
     proc = run.spawn("launcher", launch, log)
