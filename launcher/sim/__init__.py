@@ -10,7 +10,9 @@ sglang.launch_server``). One concept per module:
 - ``metrics.py``: SGLang's Prometheus metric names and labels.
 - ``inputs.py``: reading a request body as SGLang does, with its 400 messages.
 - ``faults.py``: the ``/sim/faults`` switches.
-- ``app.py``: the bare ASGI app (routes, streaming).
+- ``app.py``: the bare ASGI app: its route table keyed by (method, path), admission, faults,
+  streaming; ``info.py`` its information endpoints; ``streams.py`` the n > 1 stream;
+  ``asgi.py`` the ASGI types and plain responses.
 - ``cli.py``: the ``dynspec-sim`` command.
 
 Times in ``/metrics`` and ``/server_info`` are simulated seconds (and simulated tok/s): with
