@@ -41,6 +41,7 @@ from dynspec.launcher.sim.inputs import (
     read_body,
 )
 from dynspec.launcher.sim.metrics import Metrics
+from dynspec.launcher.sim.pair import SharedGpu
 from dynspec.launcher.sim.profile import (
     BASELINE_DEFAULT_MAX_RUNNING,
     EAGLE_DEFAULT_MAX_RUNNING,
@@ -65,6 +66,8 @@ class SimConfig:
     seed: int | None = None
     host: str = "127.0.0.1"
     port: int = 30000
+    # --pair: the GPU this server shares with the other server of its pair (one process).
+    shared: SharedGpu | None = None
 
     @property
     def model_name(self) -> str:
@@ -154,7 +157,10 @@ class SimApp:
             seed=self.seed,
             metrics=self.metrics,
             max_total_tokens=cfg.profile.max_total_tokens,
+            shared=cfg.shared,
         )
+        if cfg.shared is not None:
+            cfg.shared.join(cfg.mode, self.engine)
         self._tasks.append(asyncio.create_task(self._engine_task(self.engine)))
         self._tasks.append(asyncio.create_task(self._open_after_delay(self.engine)))
 

@@ -95,6 +95,7 @@ def server_args(app: SimApp) -> dict[str, Any]:
             "illustrative": cfg.profile.illustrative,
             "mode": cfg.mode,
             "speed": cfg.speed,
+            "sharing": cfg.shared.way if cfg.shared is not None else None,
         },
     }
 

@@ -42,6 +42,23 @@ Per mode:
 - ``prefill_tokens_per_s`` / ``prefill_overhead_s``: a prefill step for newly admitted requests
   takes ``overhead + prompt_tokens / tokens_per_s``; decoding pauses meanwhile, and the step ends
   with each new request's first token.
+
+Optional ``sharing`` (``dynspec-sim --pair``: both servers of a pair on one GPU): one entry per way
+of sharing, ``timeslice`` (CUDA time-slicing) and ``mps`` (CUDA MPS)::
+
+    "sharing": {
+      "timeslice": {
+        "eagle": 0.56, "baseline": 0.58,        # each mode's share while both servers run
+        "points": [[4, 16, 0.56, 0.53], ...],   # optional: [e, b, eagle share, baseline share]
+        "source": "where the shares come from"
+      },
+      "mps": { ... }
+    }
+
+While both servers have running requests, each one's step takes its alone time divided by its
+share (0 < share <= 1). With ``points`` the share is that of the measured point nearest to the
+current running counts ``(e, b)`` (distance in log2 of each count), else the mode's constant. A
+profile without ``sharing`` (or without one of the entries) gets ``DEFAULT_SHARING``.
 """
 
 from __future__ import annotations
@@ -142,6 +159,109 @@ class ModeProfile:
         return out
 
 
+SHARING_WAYS = ("timeslice", "mps")
+
+
+@dataclass(frozen=True)
+class ShareModel:
+    """Each mode's share of its alone speed while both servers of a pair run at once."""
+
+    eagle: float
+    baseline: float
+    # (e, b, eagle share, baseline share): measured mixed points; the nearest one applies.
+    points: tuple[tuple[int, int, float, float], ...] = ()
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        shares = [self.eagle, self.baseline]
+        for e, b, se, sb in self.points:
+            if e < 1 or b < 1:
+                raise ProfileError("sharing points need running counts >= 1")
+            shares += [se, sb]
+        if not all(0 < x <= 1 and math.isfinite(x) for x in shares):
+            raise ProfileError("a share must lie in (0, 1]")
+
+    def share(self, mode: str, eagle_running: int, baseline_running: int) -> float:
+        if not self.points:
+            return self.eagle if mode == "eagle" else self.baseline
+        le, lb = math.log2(max(1, eagle_running)), math.log2(max(1, baseline_running))
+        best = min(
+            self.points, key=lambda p: (math.log2(p[0]) - le) ** 2 + (math.log2(p[1]) - lb) ** 2
+        )
+        return best[2] if mode == "eagle" else best[3]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"eagle": self.eagle, "baseline": self.baseline}
+        if self.points:
+            out["points"] = [list(p) for p in self.points]
+        if self.source:
+            out["source"] = self.source
+        return out
+
+
+# Measured on one H200 (the project's `dynspec-launch --gpus 0` layout, real SGLang 0.5.17, an
+# 8B-shaped model, 256 words in / 128 out): `shared/data/h200-real/pair-sharing.md` section 1.
+_PAIR_SHARING = "pair-sharing.md section 1 (one H200, SGLang 0.5.17, 8B, 256 in / 128 out)"
+DEFAULT_SHARING: dict[str, ShareModel] = {
+    "timeslice": ShareModel(
+        eagle=0.56,
+        baseline=0.58,
+        points=(
+            (4, 16, 0.56, 0.53),
+            (4, 64, 0.55, 0.53),
+            (16, 16, 0.59, 0.53),
+            (16, 64, 0.61, 0.67),
+            (32, 32, 0.50, 0.59),
+        ),
+        source=f"measured, CUDA time-slicing: {_PAIR_SHARING}",
+    ),
+    "mps": ShareModel(
+        eagle=0.77,
+        baseline=0.60,
+        points=(
+            (4, 64, 0.58, 0.69),
+            (16, 16, 0.84, 0.56),
+            (16, 64, 0.84, 0.73),
+            (32, 32, 0.82, 0.43),
+        ),
+        source=f"measured, CUDA MPS: {_PAIR_SHARING}",
+    ),
+}
+
+
+def _share_from_dict(way: str, raw: object) -> ShareModel:
+    if not isinstance(raw, dict):
+        raise ProfileError(f"sharing {way!r} must be an object")
+    unknown = sorted(set(raw) - {"eagle", "baseline", "points", "source"})
+    if unknown:
+        raise ProfileError(f"sharing {way!r}: unknown key {unknown[0]!r}")
+    pts = raw.get("points", [])
+    if not isinstance(pts, list) or not all(isinstance(p, list) and len(p) == 4 for p in pts):
+        raise ProfileError(f"sharing {way!r}: points must be [e, b, eagle share, baseline share]")
+    try:
+        return ShareModel(
+            eagle=float(raw["eagle"]),
+            baseline=float(raw["baseline"]),
+            points=tuple((int(e), int(b), float(se), float(sb)) for e, b, se, sb in pts),
+            source=str(raw.get("source", "")),
+        )
+    except KeyError as exc:
+        raise ProfileError(f"sharing {way!r} lacks {exc.args[0]!r}") from None
+    except ProfileError as exc:
+        raise ProfileError(f"sharing {way!r}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ProfileError(f"sharing {way!r}: {exc}") from None
+
+
+def sharing_from_dict(raw: object) -> dict[str, ShareModel]:
+    if not isinstance(raw, dict):
+        raise ProfileError("sharing must be an object")
+    unknown = sorted(set(raw) - set(SHARING_WAYS))
+    if unknown:
+        raise ProfileError(f"unknown sharing {unknown[0]!r} (known: timeslice, mps)")
+    return {way: _share_from_dict(way, v) for way, v in raw.items()}
+
+
 def _chain_probability(mean: float, k: int) -> float:
     """The per-draft-token acceptance p with sum(p**j for j in range(k)) == mean."""
     lo, hi = 0.0, 1.0
@@ -164,6 +284,14 @@ class Profile:
     context_length: int = 131072
     max_total_tokens: int = 1_000_000
     extra: dict[str, Any] = field(default_factory=dict)
+    # The profile's own sharing entries (only those it has; see ``share_model``).
+    sharing: dict[str, ShareModel] = field(default_factory=dict)
+
+    def share_model(self, way: str) -> ShareModel:
+        """The profile's entry for ``way`` (timeslice or mps), else the measured default."""
+        if way not in SHARING_WAYS:
+            raise ProfileError(f"unknown sharing {way!r} (known: timeslice, mps)")
+        return self.sharing.get(way) or DEFAULT_SHARING[way]
 
     def mode(self, mode: str) -> ModeProfile:
         try:
@@ -181,6 +309,11 @@ class Profile:
             "context_length": self.context_length,
             "max_total_tokens": self.max_total_tokens,
             "modes": {m: p.to_dict() for m, p in self.modes.items()},
+            **(
+                {"sharing": {w: m.to_dict() for w, m in self.sharing.items()}}
+                if self.sharing
+                else {}
+            ),
             **self.extra,
         }
 
@@ -248,6 +381,7 @@ def profile_from_dict(raw: object) -> Profile:
         "model",
         "context_length",
         "max_total_tokens",
+        "sharing",
     }
     try:
         return Profile(
@@ -259,6 +393,7 @@ def profile_from_dict(raw: object) -> Profile:
             context_length=int(raw.get("context_length", 131072)),
             max_total_tokens=int(raw.get("max_total_tokens", 1_000_000)),
             extra={k: v for k, v in raw.items() if k not in top and k != "modes"},
+            sharing=sharing_from_dict(raw["sharing"]) if "sharing" in raw else {},
         )
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ProfileError):
