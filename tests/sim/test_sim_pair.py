@@ -111,6 +111,7 @@ async def _rates(loads: dict[str, int]) -> dict[str, float]:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for url in loads:
+            # The cancelled clients' requests: end them before the next measurement starts.
             await http.post(url + "/abort_request", json={"abort_all": True})
     return {url: (last[url][0] - first[url][0]) / (last[url][1] - first[url][1]) for url in loads}
 
@@ -151,3 +152,45 @@ def test_pair_usage_errors(flags: list[str], needle: str) -> None:
     out = subprocess.run(argv, capture_output=True, timeout=30, check=False)
     lines = out.stderr.decode().strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr
+
+
+# -- the one profile reader, as both of its users see it ------------------------------------------
+
+BASE: dict[str, object] = {
+    "schema": 1,
+    "name": "x",
+    "source": "test",
+    "modes": {"baseline": {"throughput": [[1, 10.0], [4, 30.0]]}},
+}
+
+
+def test_both_readers_take_the_sharing_key_and_reject_unknown_ones() -> None:
+    from dynspec.launcher.sim.profile import DEFAULT_SHARING, ProfileError, profile_from_dict
+    from dynspec.router.speed import ProfileError as RouterProfileError
+    from dynspec.router.speed import profile_from_json
+
+    shared = {**BASE, "sharing": {"mps": {"eagle": 0.8, "baseline": 0.5}}}
+    p = profile_from_dict(shared)
+    assert p.share_model("mps").share("eagle", 3, 3) == 0.8
+    assert p.share_model("timeslice") == DEFAULT_SHARING["timeslice"]  # none given: measured
+    assert profile_from_json(shared).modes["baseline"].limit == 1024
+    for bad, needle in [
+        ({**BASE, "speed": 2}, "unknown profile key 'speed'"),
+        ({**BASE, "sharing": {"nvlink": {}}}, "unknown sharing 'nvlink'"),
+        ({**BASE, "sharing": {"mps": {"eagle": 0.8}}}, "lacks 'baseline'"),
+        ({**BASE, "sharing": {"mps": {"eagle": 1.5, "baseline": 0.5}}}, r"\(0, 1\]"),
+        ({**BASE, "sharing": {"mps": {"eagle": 1, "baseline": 1, "x": 1}}}, "unknown key 'x'"),
+    ]:
+        with pytest.raises(ProfileError, match=needle):
+            profile_from_dict(bad)
+        with pytest.raises(RouterProfileError, match=needle):
+            profile_from_json(bad)
+
+
+def test_nearest_measured_point_gives_the_share() -> None:
+    from dynspec.launcher.sim.profile import load_profile
+
+    mps = load_profile(PROFILE).share_model("mps")
+    assert mps.share("eagle", 4, 64) == 0.58 and mps.share("baseline", 32, 32) == 0.43
+    assert mps.share("eagle", 17, 15) == 0.84  # nearest: 16 + 16
+    assert "h200-8b.jsonl" in load_profile(PROFILE).source
