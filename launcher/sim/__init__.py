@@ -4,7 +4,9 @@ It lives under ``launcher/`` because it is a backend the launcher starts (``dyns
 --simulate`` runs ``python -m dynspec.launcher.sim`` where it would run ``python -m
 sglang.launch_server``). One concept per module:
 
-- ``profile.py``: the profile schema (JSON data in ``profiles/``), step and prefill times.
+- ``profile.py``: finding a profile (JSON data in ``profiles/``); the schema, its reader and the
+  step and prefill times are ``dynspec.common.profile``'s.
+- ``pair.py``: the shared GPU of ``--pair`` (both servers of a pair in one process).
 - ``engine.py``: the scheduler loop, the FIFO queue, requests, simulated text.
 - ``wire.py``: SGLang's response bodies and SSE chunks, built from byte templates.
 - ``metrics.py``: SGLang's Prometheus metric names and labels.
