@@ -92,7 +92,8 @@ async def _rates(loads: dict[str, int]) -> dict[str, float]:
             for url, n in loads.items()
             for _ in range(n)
         ]
-        # Wait (bounded) until every server runs its full load, then measure one window.
+        # Wait (bounded) until every server runs its full load (each side's /metrics counts its
+        # own running requests only), then measure one window.
         for _ in range(100):
             now = {url: await _reading(http, url) for url in loads}
             if all(now[url][2] == n for url, n in loads.items()):
@@ -104,8 +105,6 @@ async def _rates(loads: dict[str, int]) -> dict[str, float]:
         first = {url: await _reading(http, url) for url in loads}
         await asyncio.sleep(WINDOW_S)
         last = {url: await _reading(http, url) for url in loads}
-        for url, n in loads.items():
-            assert last[url][2] == n, (url, n, last[url])  # each side reports its own running
         stop.set()
         for t in tasks:
             t.cancel()
