@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -193,3 +194,16 @@ def test_nearest_measured_point_gives_the_share() -> None:
     assert mps.share("eagle", 4, 64) == 0.58 and mps.share("baseline", 32, 32) == 0.43
     assert mps.share("eagle", 17, 15) == 0.84  # nearest: 16 + 16
     assert "h200-8b.jsonl" in load_profile(PROFILE).source
+
+
+def test_sigterm_stops_both_servers(tmp_path: Path) -> None:
+    e, b = free_port(), free_port()
+    argv = [sys.executable, "-m", "dynspec.launcher.sim", "--pair"]
+    argv += ["--eagle-port", str(e), "--baseline-port", str(b)]
+    with running(argv, ready_url=f"http://127.0.0.1:{e}/health", log=tmp_path / "p.log") as p:
+        wait_http(f"http://127.0.0.1:{b}/health", proc=p)
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=15)  # both uvicorn servers stop, so the process ends
+        for port in (e, b):
+            with pytest.raises(httpx.ConnectError):
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
