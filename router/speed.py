@@ -12,10 +12,10 @@ weighed down by newer ones (never by wall time); ``build_curve`` combines the so
 (a profile's curve, or a neutral one) and makes the result monotone. Nothing here does I/O or
 reads a clock.
 
-The profile reader reads the simulator's profile format (``dynspec-sim --profile``, written by
-``dynspec-bench profile``) on its own, since the router imports nothing from the launcher: per
-mode, ``throughput`` is ``[batch, tok/s]`` points (linear between them, flat past the last one),
-so one request's TPOT at batch ``b`` is ``b / throughput(b)``.
+A speed profile (``--speed-profile``, the simulator's format, written by ``dynspec-bench
+profile``) is read by the one profile reader, ``dynspec.common.profile`` (pure, no I/O): per mode,
+``throughput`` is ``[batch, tok/s]`` points (linear between them, flat past the last one), so one
+request's TPOT at batch ``b`` is ``b / throughput(b)``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,18 @@ import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+# ProfileError and DEFAULT_RUNNING_LIMIT are this module's names too (router code imports them).
+from dynspec.common.profile import (
+    DEFAULT_RUNNING_LIMIT,
+    ModeProfile,
+    mode_from_dict,
+    profile_from_dict,
+)
+from dynspec.common.profile import ProfileError as _ProfileError
+
+# The router's name for a bad profile (config.py catches it from here): the one reader's error.
+ProfileError = _ProfileError
 
 BUCKETS: tuple[int, ...] = (
     1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512,
@@ -42,12 +54,6 @@ PRIOR_WEIGHT = 1.0
 # says otherwise: 20 ms per token alone, growing with load like a typical decode step.
 NEUTRAL_TPOT_S = 0.02
 NEUTRAL_KNEE = 16.0
-# What SGLang runs at once when --max-running-requests is not given (as the profile format says).
-DEFAULT_RUNNING_LIMIT = {"eagle": 48, "baseline": 1024}
-
-
-class ProfileError(ValueError):
-    """A speed profile that does not parse or does not follow the schema."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,69 +254,28 @@ class SpeedProfile:
     modes: Mapping[str, ModeSpeed]
 
 
-def _throughput_at(points: Sequence[tuple[float, float]], batch: float) -> float:
-    if batch <= points[0][0]:
-        return points[0][1]
-    if batch >= points[-1][0]:
-        return points[-1][1]
-    i = bisect.bisect_right([b for b, _ in points], batch)
-    (b0, t0), (b1, t1) = points[i - 1], points[i]
-    return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
-
-
-def _number(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ProfileError(f"{what} must be a number")
-    return float(value)
-
-
 def mode_speed(mode: str, raw: object) -> ModeSpeed:
-    if not isinstance(raw, dict):
-        raise ProfileError(f"mode {mode!r} must be an object")
-    pts = raw.get("throughput")
-    if not isinstance(pts, list) or not pts:
-        raise ProfileError(f"mode {mode!r}: throughput must be a list of [batch, tok/s] pairs")
-    points: list[tuple[float, float]] = []
-    for p in pts:
-        if not isinstance(p, list) or len(p) != 2:
-            raise ProfileError(f"mode {mode!r}: throughput must be a list of [batch, tok/s] pairs")
-        b = _number(p[0], f"mode {mode!r}: a throughput batch")
-        t = _number(p[1], f"mode {mode!r}: a throughput value")
-        if t <= 0:
-            raise ProfileError(f"mode {mode!r}: throughput values must be positive")
-        if points and b <= points[-1][0]:
-            raise ProfileError(f"mode {mode!r}: throughput batches must be strictly ascending")
-        points.append((b, t))
-    if points[0][0] != 1:
-        raise ProfileError(f"mode {mode!r}: throughput must start at batch 1")
-    raw_limit = raw.get("max_running_requests")
-    if raw_limit is None:
+    """One mode of a profile (its JSON object) as a prior curve and a running limit."""
+    return _mode_speed(mode, mode_from_dict(mode, raw))
+
+
+def _mode_speed(mode: str, mp: ModeProfile) -> ModeSpeed:
+    limit = mp.max_running_requests
+    if limit is None:
         limit = DEFAULT_RUNNING_LIMIT.get(mode)
-    else:
-        limit = int(_number(raw_limit, f"mode {mode!r}: max_running_requests"))
-        if limit < 1:
-            raise ProfileError(f"mode {mode!r}: max_running_requests must be >= 1 or null")
     prior: list[float] = []
     for b in BUCKETS:
         # Past the running limit the batch stays at the limit (the rest wait in the queue).
         batch = min(b, limit) if limit is not None else b
-        prior.append(batch / _throughput_at(points, batch))
+        prior.append(batch / mp.throughput_at(batch))
     return ModeSpeed(tuple(prior), limit)
 
 
 def profile_from_json(raw: object) -> SpeedProfile:
-    """The speed part of a simulator profile (schema 1); everything else in it is ignored."""
-    if not isinstance(raw, dict):
-        raise ProfileError("a profile must be a JSON object")
-    if raw.get("schema", 1) != 1:
-        raise ProfileError(f"unsupported profile schema {raw.get('schema')!r}")
-    modes = raw.get("modes")
-    if not isinstance(modes, dict) or not modes:
-        raise ProfileError("a profile needs a non-empty 'modes' object")
-    unknown = sorted(m for m in modes if m not in DEFAULT_RUNNING_LIMIT)
-    if unknown:
-        raise ProfileError(f"unknown mode {unknown[0]!r} (known: eagle, baseline)")
+    """The speed part of a profile (schema 1), read by the one reader (``common.profile``): the
+    same checks as the simulator's, unknown keys rejected; ``name`` and ``source`` optional."""
+    profile = profile_from_dict(raw, require_meta=False)
     return SpeedProfile(
-        name=str(raw.get("name", "")),
-        modes={m: mode_speed(m, v) for m, v in modes.items()},
+        name=profile.name,
+        modes={m: _mode_speed(m, mp) for m, mp in profile.modes.items()},
     )

@@ -35,9 +35,20 @@ FORBIDDEN = {
 }
 # Modules whose imports are limited to an allow-list, and that list. A dynspec module may join
 # the list only if it is in PURE itself (and so checked by the same rule).
-PURE = ("dynspec.router.policy", "dynspec.router.speed")
+PURE = ("dynspec.router.policy", "dynspec.router.speed", "dynspec.common.profile")
+# json: the profile's dumps() (text, no file); the readers are handed parsed JSON.
 PURE_ALLOWED = frozenset(
-    {"__future__", "abc", "bisect", "collections.abc", "dataclasses", "math", "typing", *PURE}
+    {
+        "__future__",
+        "abc",
+        "bisect",
+        "collections.abc",
+        "dataclasses",
+        "json",
+        "math",
+        "typing",
+        *PURE,
+    }
 )
 
 

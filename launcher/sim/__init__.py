@@ -4,13 +4,17 @@ It lives under ``launcher/`` because it is a backend the launcher starts (``dyns
 --simulate`` runs ``python -m dynspec.launcher.sim`` where it would run ``python -m
 sglang.launch_server``). One concept per module:
 
-- ``profile.py``: the profile schema (JSON data in ``profiles/``), step and prefill times.
+- ``profile.py``: finding a profile (JSON data in ``profiles/``); the schema, its reader and the
+  step and prefill times are ``dynspec.common.profile``'s.
+- ``pair.py``: the shared GPU of ``--pair`` (both servers of a pair in one process).
 - ``engine.py``: the scheduler loop, the FIFO queue, requests, simulated text.
 - ``wire.py``: SGLang's response bodies and SSE chunks, built from byte templates.
 - ``metrics.py``: SGLang's Prometheus metric names and labels.
 - ``inputs.py``: reading a request body as SGLang does, with its 400 messages.
 - ``faults.py``: the ``/sim/faults`` switches.
-- ``app.py``: the bare ASGI app (routes, streaming).
+- ``app.py``: the bare ASGI app: its route table keyed by (method, path), admission, faults,
+  streaming; ``info.py`` its information endpoints; ``streams.py`` the n > 1 stream;
+  ``asgi.py`` the ASGI types and plain responses.
 - ``cli.py``: the ``dynspec-sim`` command.
 
 Times in ``/metrics`` and ``/server_info`` are simulated seconds (and simulated tok/s): with

@@ -20,14 +20,16 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from http import HTTPStatus
 from typing import Any
 
 import orjson
 
-from dynspec.launcher.sim import native, wire
+from dynspec.launcher.sim import info, native, streams, wire
+from dynspec.launcher.sim.asgi import SSE, Handler, Receive, Scope, Send, respond
 from dynspec.launcher.sim.engine import Engine, SimRequest
 from dynspec.launcher.sim.faults import Faults
 from dynspec.launcher.sim.inputs import (
@@ -39,6 +41,7 @@ from dynspec.launcher.sim.inputs import (
     read_body,
 )
 from dynspec.launcher.sim.metrics import Metrics
+from dynspec.launcher.sim.pair import SharedGpu
 from dynspec.launcher.sim.profile import (
     BASELINE_DEFAULT_MAX_RUNNING,
     EAGLE_DEFAULT_MAX_RUNNING,
@@ -47,15 +50,9 @@ from dynspec.launcher.sim.profile import (
 
 logger = logging.getLogger(__name__)
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
-SGLANG_VERSION = "0.5.23"
-_JSON = [(b"content-type", b"application/json")]
-_SSE = [(b"content-type", b"text/event-stream; charset=utf-8")]
-_METRICS = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+SGLANG_VERSION = info.SGLANG_VERSION
+_ANY = "*"  # a route that answers every method
+_NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
 
 
 @dataclass(frozen=True)
@@ -69,6 +66,8 @@ class SimConfig:
     seed: int | None = None
     host: str = "127.0.0.1"
     port: int = 30000
+    # --pair: the GPU this server shares with the other server of its pair (one process).
+    shared: SharedGpu | None = None
 
     @property
     def model_name(self) -> str:
@@ -104,26 +103,48 @@ class SimApp:
         self.started_at = time.time()
         self._tasks: list[asyncio.Task[None]] = []
         self._chunks_left: int | None = None
-        self._routes: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {
-            "/health": self._health,
-            "/health_generate": self._health,
-            "/v1/chat/completions": self._chat,
-            "/v1/completions": self._completions,
-            "/metrics": self._metrics,
-            "/v1/models": self._models,
-            "/model_info": self._model_info,
-            "/get_model_info": self._model_info,
-            "/server_info": self._server_info,
-            "/get_server_info": self._server_info,
-            "/abort_request": self._abort_request,
-            "/generate": self._native_generate,
-            "/v1/responses": self._responses,
-            "/tokenize": self._tokenize,
-            "/detokenize": self._detokenize,
-            "/flush_cache": self._flush_cache,
-            "/sim/faults": self._faults,
-            "/sim/stats": self._stats,
-        }
+        # (method, path) -> handler; a known path with another method is a 405.
+        self._routes: dict[tuple[str, str], Handler] = {}
+        for path in ("/health", "/health_generate"):
+            self._route(_ANY, path, self._health)
+        for path, endpoint in (
+            ("/metrics", info.metrics),
+            ("/v1/models", info.models),
+            ("/model_info", info.model_info),
+            ("/get_model_info", info.model_info),
+            ("/server_info", info.server_info),
+            ("/get_server_info", info.server_info),
+            ("/flush_cache", info.flush_cache),
+            ("/sim/stats", info.stats),
+        ):
+            self._route(_ANY, path, partial(endpoint, self))
+        for path, handler in (
+            ("/v1/chat/completions", partial(self._generate, chat=True)),
+            ("/v1/completions", partial(self._generate, chat=False)),
+            ("/abort_request", self._abort_request),
+            ("/generate", self._native_generate),
+            ("/v1/responses", self._responses),
+            ("/tokenize", self._tokenize),
+            ("/detokenize", self._detokenize),
+        ):
+            self._route("POST", path, handler)
+        for method in ("GET", "POST", "DELETE"):
+            self._route(method, "/sim/faults", self._faults)
+        self._paths = {path for _, path in self._routes}
+
+    def _route(self, method: str, path: str, handler: Handler) -> None:
+        self._routes[(method, path)] = handler
+
+    def _handler(self, method: str, path: str) -> Handler | None:
+        """The route's handler; a 405 answer for a known path; None for an unknown one."""
+        handler = self._routes.get((method, path)) or self._routes.get((_ANY, path))
+        if handler is not None:
+            return handler
+        if path in self._paths:
+            return _method_not_allowed
+        if path.startswith("/v1/models/"):
+            return partial(info.model_card, self)
+        return None
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -136,7 +157,10 @@ class SimApp:
             seed=self.seed,
             metrics=self.metrics,
             max_total_tokens=cfg.profile.max_total_tokens,
+            shared=cfg.shared,
         )
+        if cfg.shared is not None:
+            cfg.shared.join(cfg.mode, self.engine)
         self._tasks.append(asyncio.create_task(self._engine_task(self.engine)))
         self._tasks.append(asyncio.create_task(self._open_after_delay(self.engine)))
 
@@ -173,11 +197,9 @@ class SimApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            handler = self._routes.get(scope["path"])
-            if handler is None and scope["path"].startswith("/v1/models/"):
-                handler = self._model_card
+            handler = self._handler(scope["method"], scope["path"])
             if handler is None:
-                await _respond(send, 404, b'{"detail":"Not Found"}')
+                await respond(send, 404, b'{"detail":"Not Found"}')
                 return
             try:
                 await handler(scope, receive, send)
@@ -199,151 +221,21 @@ class SimApp:
     # -- simple endpoints --------------------------------------------------------------------
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
         status = self.faults.health_status or (200 if self.ready else 503)
-        await _respond(send, status, b"", [])
-
-    def _card(self) -> dict[str, Any]:
-        return {
-            "id": self.model,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "sglang",
-            "root": self.model,
-            "parent": None,
-            "max_model_len": self.config.profile.context_length,
-        }
-
-    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _respond(send, 200, orjson.dumps({"object": "list", "data": [self._card()]}))
-
-    async def _model_card(self, scope: Scope, receive: Receive, send: Send) -> None:
-        name = scope["path"][len("/v1/models/") :]
-        if name == self.model:
-            await _respond(send, 200, orjson.dumps(self._card()))
-            return
-        err = {
-            "message": f"The model '{name}' does not exist",
-            "type": "invalid_request_error",
-            "param": "model",
-            "code": "model_not_found",
-        }
-        await _respond(send, 404, orjson.dumps({"error": err}))
-
-    async def _model_info(self, scope: Scope, receive: Receive, send: Send) -> None:
-        info = {
-            "model_path": self.model,
-            "served_model_name": self.model,
-            "tokenizer_path": self.model,
-            "is_generation": True,
-            "preferred_sampling_params": None,
-            "weight_version": "default",
-            "load_format": "auto",
-            "reasoning_parser": None,
-            "tool_call_parser": None,
-            "disaggregation_mode": "null",
-            "has_image_understanding": False,
-            "has_audio_understanding": False,
-            "model_type": "llama",
-            "architectures": ["LlamaForCausalLM"],
-        }
-        await _respond(send, 200, orjson.dumps(info))
-
-    def _server_args(self) -> dict[str, Any]:
-        cfg = self.config
-        mp = self.mode_profile
-        spec = self.speculative
-        return {
-            "model_path": self.model,
-            "tokenizer_path": self.model,
-            "served_model_name": self.model,
-            "host": cfg.host,
-            "port": cfg.port,
-            "tp_size": 1,
-            "dp_size": 1,
-            "pp_size": 1,
-            "context_length": cfg.profile.context_length,
-            "max_running_requests": cfg.max_running,
-            "max_total_tokens": cfg.profile.max_total_tokens,
-            "enable_metrics": True,
-            "speculative_algorithm": "EAGLE3" if spec else None,
-            "speculative_num_steps": mp.max_accept_length - 1 if spec else None,
-            "speculative_eagle_topk": 1 if spec else None,
-            "speculative_num_draft_tokens": mp.max_accept_length if spec else None,
-            "random_seed": self.seed,
-            "simulated": {
-                "profile": cfg.profile.name,
-                "illustrative": cfg.profile.illustrative,
-                "mode": cfg.mode,
-                "speed": cfg.speed,
-            },
-        }
-
-    async def _server_info(self, scope: Scope, receive: Receive, send: Send) -> None:
-        engine = self._engine()
-        args = self._server_args()
-        state: dict[str, Any] = {
-            **args,
-            "world_size": 1,
-            "effective_max_running_requests_per_dp": self.config.max_running,
-            "last_gen_throughput": engine.gen_throughput(),
-        }
-        if self.speculative:
-            state["avg_spec_accept_length"] = engine.accept_length() or (
-                self.mode_profile.accept_length
-            )
-        info = {
-            **args,
-            "startup_time": self.started_at,
-            "internal_states": [state],
-            "version": SGLANG_VERSION,
-            "frontend": "python",
-        }
-        await _respond(send, 200, orjson.dumps(info))
-
-    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        engine = self._engine()
-        used = engine.used_tokens()
-        body = self.metrics.render(
-            running=len(engine.running),
-            queued=engine.queued(),
-            gen_throughput=engine.gen_throughput(),
-            token_usage=used / self.config.profile.max_total_tokens,
-            used_tokens=used,
-            accept_length=engine.accept_length(),
-        )
-        await _respond(send, 200, body, _METRICS)
-
-    async def _stats(self, scope: Scope, receive: Receive, send: Send) -> None:
-        engine = self._engine()
-        s = engine.stats
-        body = {
-            "running": len(engine.running),
-            "queued": engine.queued(),
-            "steps": s.steps,
-            "prefill_steps": s.prefill_steps,
-            "late_steps": s.late_steps,
-            "max_lag_s": s.max_lag_s,
-            "total_lag_s": s.total_lag_s,
-            "dropped_s": s.dropped_s,
-            "sim_time_s": engine.now(),
-        }
-        await _respond(send, 200, orjson.dumps(body))
+        await respond(send, status, b"", [])
 
     async def _abort_request(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["method"] != "POST":
-            await _respond(send, 405, b'{"detail":"Method Not Allowed"}')
-            return
         try:
             obj = parse_object(await read_body(receive))
         except InvalidRequest as exc:
-            await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
+            await respond(send, 400, wire.error_body(str(exc), exc.err_type))
             return
-        engine = self._engine()
+        engine = self.running_engine()
         if obj.get("abort_all"):
             n = engine.abort_all()
         else:
             n = engine.abort_rid(str(obj.get("rid") or ""))
         logger.debug("abort_request aborted %d request(s)", n)
-        await _respond(send, 200, b"", [])
+        await respond(send, 200, b"", [])
 
     async def _faults(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope["method"]
@@ -353,73 +245,42 @@ class SimApp:
             try:
                 self._set_faults(self.faults.updated(parse_object(await read_body(receive))))
             except InvalidRequest as exc:
-                await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
+                await respond(send, 400, wire.error_body(str(exc), exc.err_type))
                 return
-        elif method != "GET":
-            await _respond(send, 405, b'{"detail":"Method Not Allowed"}')
-            return
-        await _respond(send, 200, orjson.dumps(self.faults.view()))
+        await respond(send, 200, orjson.dumps(self.faults.view()))
 
     def _set_faults(self, faults: Faults) -> None:
         self.faults = faults
         self._chunks_left = faults.exit_after_chunks
         logger.info("faults now %s", faults.view())
 
-    def _engine(self) -> Engine:
+    def running_engine(self) -> Engine:
         assert self.engine is not None, "the app has not started"
         return self.engine
 
     # -- generation --------------------------------------------------------------------------
-    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._generate(scope, receive, send, chat=True)
-
-    async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._generate(scope, receive, send, chat=False)
-
     async def _generate(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
-        if scope["method"] != "POST":
-            await _respond(send, 405, b'{"detail":"Method Not Allowed"}')
-            return
         try:
             body = await read_body(receive)
         except InvalidRequest as exc:
-            await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
+            await respond(send, 400, wire.error_body(str(exc), exc.err_type))
             return
         if media_type(scope["headers"]) != b"application/json":
             # SGLang's validate_json_request dependency on both OpenAI generation routes.
             message = "Unsupported Media Type: Only 'application/json' is allowed"
-            await _respond(send, 400, wire.error_body(message, HTTPStatus.BAD_REQUEST.phrase))
+            await respond(send, 400, wire.error_body(message, HTTPStatus.BAD_REQUEST.phrase))
             return
-        fail = self.faults.fail_status
-        if fail is not None:
-            phrase = HTTPStatus(fail).phrase if fail in HTTPStatus._value2member_map_ else "Error"
-            message = f"{phrase} (simulated fault)"
-            err_type = "InternalServerError" if fail == 500 else phrase.replace(" ", "")
-            await _respond(send, fail, wire.error_body(message, err_type, fail))
+        if await self._fault(send, openai=True):
             return
         try:
             inp = parse_generation(body, chat, self.config.profile.context_length)
         except InvalidRequest as exc:
-            await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
+            await respond(send, 400, wire.error_body(str(exc), exc.err_type))
             return
         # n choices are n requests to the engine, with SGLang's ids for them (rid_0, rid_1, ...).
         rids = [inp.rid] if inp.n == 1 else [f"{inp.rid}_{i}" for i in range(inp.n)]
-        reqs = [
-            SimRequest(
-                rid=rid,
-                prompt_tokens=inp.prompt_tokens,
-                max_new_tokens=inp.max_new_tokens,
-                limit=self.config.profile.context_length - inp.prompt_tokens,
-                stream=inp.stream,
-                # The request's own seed makes its text the same on every server and run.
-                seed=self.seed if inp.seed is None else inp.seed,
-                prompt_key=inp.prompt_key if i == 0 else f"{inp.prompt_key}\x1f{i}",
-                ignore_eos=inp.ignore_eos,
-                stop=inp.stop,
-            )
-            for i, rid in enumerate(rids)
-        ]
-        engine = self._engine()
+        reqs = [self._request(inp, rid, i) for i, rid in enumerate(rids)]
+        engine = self.running_engine()
         for req in reqs:
             engine.submit(req)
         watcher = asyncio.create_task(self._watch_disconnect(receive, engine, reqs))
@@ -434,7 +295,8 @@ class SimApp:
                     watcher=watcher,
                 )
             elif inp.stream:
-                await self._stream_choices(
+                await streams.stream_choices(
+                    self,
                     send,
                     reqs=reqs,
                     chat=chat,
@@ -448,6 +310,36 @@ class SimApp:
             watcher.cancel()
             for req in reqs:
                 engine.abort(req)  # a no-op unless the response was cut short
+
+    def _request(self, inp: GenerationInput, rid: str, i: int) -> SimRequest:
+        """The admission step: one engine request for choice ``i`` of a parsed input."""
+        return SimRequest(
+            rid=rid,
+            prompt_tokens=inp.prompt_tokens,
+            max_new_tokens=inp.max_new_tokens,
+            limit=self.config.profile.context_length - inp.prompt_tokens,
+            stream=inp.stream,
+            # The request's own seed makes its text the same on every server and run.
+            seed=self.seed if inp.seed is None else inp.seed,
+            prompt_key=inp.prompt_key if i == 0 else f"{inp.prompt_key}\x1f{i}",
+            ignore_eos=inp.ignore_eos,
+            stop=inp.stop,
+        )
+
+    async def _fault(self, send: Send, openai: bool = False) -> bool:
+        """Answer the ``fail_status`` fault if one is set (True: answered). The OpenAI routes
+        word it as SGLang's HTTP error handler does; the others in SGLang's plain error body."""
+        fail = self.faults.fail_status
+        if fail is None:
+            return False
+        if openai:
+            phrase = HTTPStatus(fail).phrase if fail in HTTPStatus._value2member_map_ else "Error"
+            message = f"{phrase} (simulated fault)"
+            err_type = "InternalServerError" if fail == 500 else phrase.replace(" ", "")
+            await respond(send, fail, wire.error_body(message, err_type, fail))
+        else:
+            await respond(send, fail, wire.error_body("simulated fault", "Error", fail))
+        return True
 
     async def _watch_disconnect(
         self, receive: Receive, engine: Engine, reqs: list[SimRequest]
@@ -477,7 +369,7 @@ class SimApp:
             prompt_tokens=reqs[0].prompt_tokens,
             completion_tokens=sum(r.generated for r in reqs),
         )
-        await _respond(send, 200, body)
+        await respond(send, 200, body)
 
     async def _stream(
         self,
@@ -489,7 +381,7 @@ class SimApp:
         model: str,
         watcher: asyncio.Task[None],
     ) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
         created = int(time.time())
         chunks: wire.ChatChunks | wire.CompletionChunks
         chunks = (wire.ChatChunks if chat else wire.CompletionChunks)(req.rid, created, model)
@@ -524,7 +416,7 @@ class SimApp:
                 if include_usage:
                     events.append(chunks.usage(req.prompt_tokens, n))
                 events.append(wire.SSE_DONE)
-            await self._emit(send, events, last=req.done)
+            await self.emit(send, events, last=req.done)
             if req.done:
                 return
             if self.faults.stall and content_chunks >= 1:
@@ -532,71 +424,7 @@ class SimApp:
                 await watcher
                 return
 
-    async def _stream_choices(
-        self,
-        send: Send,
-        *,
-        reqs: list[SimRequest],
-        chat: bool,
-        include_usage: bool,
-        model: str,
-        watcher: asyncio.Task[None],
-    ) -> None:
-        """A stream of n > 1 choices, as SGLang interleaves them: each choice's chunks carry its
-        index and id as its tokens come; chat finish chunks come after every choice has ended."""
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-        created = int(time.time())
-        kind = wire.ChatChunks if chat else wire.CompletionChunks
-        chunks = [kind(r.rid, created, model, i) for i, r in enumerate(reqs)]
-        sent = [0] * len(reqs)
-        ended = [False] * len(reqs)
-        finished: list[int] = []
-        loop = asyncio.get_running_loop()
-        while True:
-            moved = [not ended[i] and (r.generated > sent[i] or r.done) for i, r in enumerate(reqs)]
-            if not any(moved):
-                # One future for all: whichever choice moves first wakes this loop.
-                fut: asyncio.Future[None] = loop.create_future()
-                for i, r in enumerate(reqs):
-                    if not ended[i]:
-                        r.waiter = fut
-                await fut
-                continue
-            events: list[bytes] = []
-            for i, r in enumerate(reqs):
-                if not moved[i]:
-                    continue
-                c, n = chunks[i], r.generated
-                if isinstance(c, wire.ChatChunks):
-                    if sent[i] == 0 and i not in finished:
-                        events.append(c.role())
-                    if n > sent[i]:
-                        events.append(c.content(r.text(sent[i], n)))
-                    if r.done:
-                        finished.append(i)
-                elif r.done:
-                    events.append(c.last(r.text(sent[i], n), r.finish_reason, r.matched_stop))
-                else:
-                    events.append(c.text(r.text(sent[i], n)))
-                sent[i] = n
-                ended[i] = r.done
-            last = all(ended)
-            if last:
-                for i in finished if chat else ():
-                    chat_chunks = chunks[i]
-                    assert isinstance(chat_chunks, wire.ChatChunks)
-                    events.append(chat_chunks.finish(reqs[i].finish_reason, reqs[i].matched_stop))
-                if include_usage:
-                    events.append(chunks[0].usage(reqs[0].prompt_tokens, sum(sent)))
-                events.append(wire.SSE_DONE)
-            await self._emit(send, events, last=last)
-            if last:
-                return
-            if self.faults.stall and any(sent):
-                await watcher
-                return
-
-    async def _emit(self, send: Send, events: list[bytes], last: bool) -> None:
+    async def emit(self, send: Send, events: list[bytes], last: bool) -> None:
         left = self._chunks_left
         if left is not None:
             if len(events) >= left:
@@ -627,32 +455,18 @@ class SimApp:
         send: Send,
         parse: Callable[[bytes], GenerationInput],
     ) -> None:
-        if scope["method"] != "POST":
-            await _respond(send, 405, b'{"detail":"Method Not Allowed"}')
-            return
         fail = self.faults.fail_status
         try:
             body = await read_body(receive)
             if fail is None:
                 inp = parse(body)
         except InvalidRequest as exc:
-            await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
+            await respond(send, 400, wire.error_body(str(exc), exc.err_type))
             return
-        if fail is not None:
-            await _respond(send, fail, wire.error_body("simulated fault", "Error", fail))
+        if await self._fault(send):
             return
-        req = SimRequest(
-            rid=inp.rid,
-            prompt_tokens=inp.prompt_tokens,
-            max_new_tokens=inp.max_new_tokens,
-            limit=self.config.profile.context_length - inp.prompt_tokens,
-            stream=inp.stream,
-            seed=self.seed if inp.seed is None else inp.seed,
-            prompt_key=inp.prompt_key,
-            ignore_eos=inp.ignore_eos,
-            stop=inp.stop,
-        )
-        engine = self._engine()
+        req = self._request(inp, inp.rid, 0)
+        engine = self.running_engine()
         engine.submit(req)
         watcher = asyncio.create_task(self._watch_disconnect(receive, engine, [req]))
         try:
@@ -681,9 +495,9 @@ class SimApp:
         if not req.stream:
             while not req.done:
                 await req.wait(req.target)
-            await _respond(send, 200, orjson.dumps(result(req.generated)))
+            await respond(send, 200, orjson.dumps(result(req.generated)))
             return
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
         sent = 0
         while True:
             await req.wait(sent)
@@ -692,7 +506,7 @@ class SimApp:
             sent = n
             if req.done:
                 events.append(wire.SSE_DONE)
-            await self._emit(send, events, last=req.done)
+            await self.emit(send, events, last=req.done)
             if req.done:
                 return
 
@@ -712,9 +526,9 @@ class SimApp:
         if not req.stream:
             while not req.done:
                 await req.wait(req.target)
-            await _respond(send, 200, orjson.dumps(response(req.text(0, req.generated))))
+            await respond(send, 200, orjson.dumps(response(req.text(0, req.generated))))
             return
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
         seq = 0
         events = [native.response_event("response.created", seq, {"response": response(None)})]
         item = {"item_id": "msg_" + req.rid[5:], "output_index": 0, "content_index": 0}
@@ -731,7 +545,7 @@ class SimApp:
                 seq += 1
                 final = {"response": response(req.text(0, n))}
                 events.append(native.response_event("response.completed", seq, final))
-            await self._emit(send, events, last=req.done)
+            await self.emit(send, events, last=req.done)
             events = []
             if req.done:
                 return
@@ -746,35 +560,15 @@ class SimApp:
     async def _small_post(
         self, scope: Scope, receive: Receive, send: Send, answer: Callable[[bytes], bytes]
     ) -> None:
-        if scope["method"] != "POST":
-            await _respond(send, 405, b'{"detail":"Method Not Allowed"}')
-            return
-        fail = self.faults.fail_status
-        if fail is not None:
-            await _respond(send, fail, wire.error_body("simulated fault", "Error", fail))
+        if await self._fault(send):
             return
         try:
             body = answer(await read_body(receive))
         except InvalidRequest as exc:
-            await _respond(send, 400, wire.error_body(str(exc), exc.err_type))
+            await respond(send, 400, wire.error_body(str(exc), exc.err_type))
             return
-        await _respond(send, 200, body)
-
-    async def _flush_cache(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # SGLang flushes only when no request runs or waits, and answers 400 otherwise.
-        engine = self._engine()
-        text = (
-            b"Cache flushed.\nPlease check backend logs for more details. (When there are "
-            b"running or waiting requests, the operation will not be performed.)\n"
-        )
-        status = 200 if not engine.running and not engine.queued() else 400
-        await _respond(send, status, text, [(b"content-type", b"text/plain; charset=utf-8")])
+        await respond(send, 200, body)
 
 
-async def _respond(
-    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    hdrs = list(_JSON if headers is None else headers)
-    hdrs.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": hdrs})
-    await send({"type": "http.response.body", "body": body})
+async def _method_not_allowed(scope: Scope, receive: Receive, send: Send) -> None:
+    await respond(send, 405, _NOT_ALLOWED)

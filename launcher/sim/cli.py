@@ -1,12 +1,15 @@
-"""``dynspec-sim``: one simulated SGLang server on uvicorn (uvloop + httptools)."""
+"""``dynspec-sim``: one simulated SGLang server on uvicorn (uvloop + httptools), or with ``--pair``
+both servers of a pair (EAGLE-3 and baseline) sharing one simulated GPU, from one process."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import socket
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from dynspec.common.cli import (
     FlagParser,
@@ -19,6 +22,7 @@ from dynspec.common.cli import (
     positive_int,
     run_main,
 )
+from dynspec.launcher.sim.profile import SHARING_WAYS
 
 logger = logging.getLogger(__name__)
 PROG = "dynspec-sim"
@@ -33,13 +37,33 @@ def build_parser() -> FlagParser:
             "continuous-batching engine whose speed comes from a profile. No GPU, no model."
         ),
     )
-    p.add_argument("--port", type=port_or_zero, default=30000, help="port to listen on")
+    p.add_argument(
+        "--port", type=port_or_zero, default=None, help="port to listen on (default 30000)"
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument(
         "--mode",
         choices=("eagle", "baseline"),
-        default="eagle",
-        help="which server of the profile's pair to simulate (EAGLE-3 or plain decoding)",
+        default=None,
+        help="which server of the profile's pair to simulate (EAGLE-3 or plain decoding; "
+        "default eagle)",
+    )
+    p.add_argument(
+        "--pair",
+        action="store_true",
+        help="serve BOTH servers of the pair from one process on one simulated GPU: EAGLE-3 on "
+        "--eagle-port, the baseline on --baseline-port (not with --port or --mode)",
+    )
+    p.add_argument("--eagle-port", type=port_or_zero, default=None, help="--pair: EAGLE's port")
+    p.add_argument(
+        "--baseline-port", type=port_or_zero, default=None, help="--pair: the baseline's port"
+    )
+    p.add_argument(
+        "--sharing",
+        choices=SHARING_WAYS,
+        default="timeslice",
+        help="--pair: how the two servers share the GPU (CUDA time-slicing or MPS); each one's "
+        "share while both run comes from the profile's 'sharing' entry, else measured defaults",
     )
     p.add_argument(
         "--profile",
@@ -87,34 +111,109 @@ def main(argv: Sequence[str] | None = None) -> None:
     run_main(PROG, lambda: serve(args), args.log_level)
 
 
+def check_pair(args: argparse.Namespace) -> None:
+    """The flag combinations of --pair (UsageError: one line, exit 2)."""
+    if args.pair:
+        if args.port is not None or args.mode is not None:
+            raise UsageError(
+                "--pair serves both modes on --eagle-port/--baseline-port: drop --port and --mode"
+            )
+        if args.eagle_port is None or args.baseline_port is None:
+            raise UsageError("--pair needs both --eagle-port and --baseline-port")
+        if args.eagle_port == args.baseline_port and args.eagle_port != 0:
+            raise UsageError("--eagle-port and --baseline-port must differ")
+    elif args.eagle_port is not None or args.baseline_port is not None:
+        raise UsageError("--eagle-port and --baseline-port need --pair")
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from dynspec.launcher.sim.app import SimApp, SimConfig
+    from dynspec.launcher.sim.pair import SharedGpu
     from dynspec.launcher.sim.profile import ProfileError, load_profile
 
+    check_pair(args)
+    modes = ("eagle", "baseline") if args.pair else (args.mode or "eagle",)
     try:
         profile = load_profile(args.profile)
-        profile.mode(args.mode)
+        for mode in modes:
+            profile.mode(mode)
+        shared = SharedGpu(profile.share_model(args.sharing), args.sharing) if args.pair else None
     except ProfileError as exc:
         raise UsageError(str(exc)) from None
-    config = SimConfig(
-        profile=profile,
-        mode=args.mode,
-        served_model_name=args.served_model_name,
-        max_running_requests=args.max_running_requests,
-        startup_delay=args.startup_delay,
-        speed=args.speed,
-        seed=args.seed,
-        host=args.host,
-        port=args.port,
-    )
-    app = SimApp(config)
+    ports = {"eagle": args.eagle_port, "baseline": args.baseline_port} if args.pair else {}
+    servers: list[tuple[uvicorn.Server, socket.socket]] = []
+    for mode in modes:
+        port = ports[mode] if args.pair else (30000 if args.port is None else args.port)
+        config = SimConfig(
+            profile=profile,
+            mode=mode,
+            served_model_name=args.served_model_name,
+            max_running_requests=args.max_running_requests,
+            startup_delay=args.startup_delay,
+            speed=args.speed,
+            seed=args.seed,
+            host=args.host,
+            port=port,
+            shared=shared,
+        )
+        servers.append((_server(SimApp(config), args), _listen(args.host, port)))
+        logger.info(
+            "dynspec-sim %s on %s:%d, profile %s%s%s",
+            mode,
+            args.host,
+            port,
+            profile.name,
+            " (illustrative, not measured)" if profile.illustrative else "",
+            f", GPU shared with its pair ({args.sharing})" if args.pair else "",
+        )
+    if len(servers) == 1:
+        server, sock = servers[0]
+        # Server.run() builds the event loop from config.loop (asyncio.run(server.serve()) would
+        # not).
+        try:
+            server.run(sockets=[sock])
+        except SystemExit as exc:
+            raise RuntimeError(
+                f"the server stopped during startup (uvicorn exit {exc.code})"
+            ) from None
+        return 0
+    _run_pair(servers)
+    return 0
+
+
+def _run_pair(servers: list[tuple[Any, socket.socket]]) -> None:
+    """Both servers on one event loop; a signal to either stops both."""
+    import uvloop
+
+    everyone = [s for s, _ in servers]
+    for server, _ in servers:
+        own = server.handle_exit
+
+        def handle_exit(sig: int, frame: Any, own: Any = own) -> None:
+            own(sig, frame)
+            for other in everyone:
+                other.should_exit = True
+
+        server.handle_exit = handle_exit
+
+    async def both() -> None:
+        await asyncio.gather(*(s.serve(sockets=[sock]) for s, sock in servers))
+
+    try:
+        uvloop.run(both())
+    except SystemExit as exc:
+        raise RuntimeError(f"a server stopped during startup (uvicorn exit {exc.code})") from None
+
+
+def _server(app: Any, args: argparse.Namespace) -> Any:
+    import uvicorn
+
     loop = "uvloop" if sys.platform != "win32" else "asyncio"
     uv_config = uvicorn.Config(
         app,
         host=args.host,
-        port=args.port,
         loop=loop,
         http="httptools",
         lifespan="on",
@@ -126,22 +225,7 @@ def serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=5,
         backlog=4096,
     )
-    server = uvicorn.Server(uv_config)
-    sock = _listen(args.host, args.port)
-    logger.info(
-        "dynspec-sim %s on %s:%d, profile %s%s",
-        args.mode,
-        args.host,
-        args.port,
-        profile.name,
-        " (illustrative, not measured)" if profile.illustrative else "",
-    )
-    # Server.run() builds the event loop from config.loop (asyncio.run(server.serve()) would not).
-    try:
-        server.run(sockets=[sock])
-    except SystemExit as exc:
-        raise RuntimeError(f"the server stopped during startup (uvicorn exit {exc.code})") from None
-    return 0
+    return uvicorn.Server(uv_config)
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -25,9 +25,13 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dynspec.launcher.sim.metrics import Metrics
 from dynspec.launcher.sim.profile import ModeProfile
+
+if TYPE_CHECKING:
+    from dynspec.launcher.sim.pair import SharedGpu
 
 logger = logging.getLogger(__name__)
 
@@ -202,8 +206,12 @@ class Engine:
         seed: int,
         metrics: Metrics,
         max_total_tokens: int,
+        shared: SharedGpu | None = None,
     ) -> None:
         self.profile = mode_profile
+        # --pair: the other server of the pair runs on the same (simulated) GPU.
+        self.shared = shared
+        self.mode = "eagle" if speculative else "baseline"
         self.speculative = speculative
         self.max_running = max_running
         self.speed = speed
@@ -322,6 +330,8 @@ class Engine:
                 duration = self.profile.prefill_time(sum(r.prompt_tokens for r in admit))
             else:
                 duration = self.profile.step_time(len(self.running))
+            if self.shared is not None:
+                duration *= self.shared.slowdown(self.mode)
             deadline += duration / self.speed
             delay = deadline - loop.time()
             if delay > 0:

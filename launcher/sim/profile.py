@@ -1,269 +1,50 @@
-"""The speed profile of a simulated server pair: one JSON file, one schema.
+"""Finding a simulator profile: a shipped one by name (``profiles/NAME.json``) or any file.
 
-A profile describes how fast one machine serves one model in both modes, as data. It is read by
-``dynspec-sim`` and written by ``dynspec-bench profile SWEEP.jsonl``. The file (schema 1)::
-
-    {
-      "schema": 1,
-      "name": "seed",                      # what --profile NAME finds (shipped: profiles/NAME.json)
-      "illustrative": false,               # true: made up to show an effect, not measured
-      "source": "where the numbers come from, and every assumption added to them",
-      "model": "org/Model-Name",           # default --served-model-name
-      "context_length": 131072,            # tokens; prompt + max_tokens beyond it is a 400
-      "max_total_tokens": 1000000,         # KV-cache capacity in tokens (sglang:token_usage)
-      "modes": {
-        "eagle": {                         # the EAGLE-3 server; "baseline": the plain one
-          "throughput": [[1, 77.5], [30, 299.5], [48, 354.0]],
-          "accept_length": 2.5,
-          "max_accept_length": 4,
-          "max_running_requests": null,
-          "prefill_tokens_per_s": 20000.0,
-          "prefill_overhead_s": 0.005,
-          "source": "optional note for this mode"
-        },
-        "baseline": { ... }
-      }
-    }
-
-Per mode:
-
-- ``throughput``: ``[batch, tok/s]`` points, batch ascending from 1: the aggregate output tokens per
-  second of the whole server while ``batch`` requests decode together (what closed-loop clients at
-  concurrency ``batch`` measure). Between points it is interpolated linearly; beyond the last point
-  it stays flat (saturation). It fixes the decode step time:
-  ``step_time(b) = b * accept_length / throughput(b)``.
-- ``accept_length``: mean tokens one request gains per decode step (1 without speculation). An EAGLE
-  step gives each running request a sampled count in ``1..max_accept_length`` with this mean (a
-  draft chain whose tokens are each accepted with one probability, stopping at the first miss), all
-  sent in one stream chunk, as SGLang does.
-- ``max_accept_length``: most tokens per step (EAGLE: ``speculative_num_draft_tokens``; 1 baseline).
-- ``max_running_requests``: requests decoded at once; more wait in a FIFO queue. ``null`` means
-  SGLang's own default: 48 for an EAGLE server (SGLang forces it), 1024 for a baseline one.
-- ``prefill_tokens_per_s`` / ``prefill_overhead_s``: a prefill step for newly admitted requests
-  takes ``overhead + prompt_tokens / tokens_per_s``; decoding pauses meanwhile, and the step ends
-  with each new request's first token.
+The format and its one reader live in ``dynspec.common.profile`` (the router reads the same
+files); this module re-exports them for the simulator's modules and adds the file look-up.
 """
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import json
-import math
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
 
-SCHEMA_VERSION = 1
-MODES = ("eagle", "baseline")
-Mode = Literal["eagle", "baseline"]
-EAGLE_DEFAULT_MAX_RUNNING = 48
-BASELINE_DEFAULT_MAX_RUNNING = 1024
+from dynspec.common.profile import (
+    BASELINE_DEFAULT_MAX_RUNNING,
+    DEFAULT_RUNNING_LIMIT,
+    DEFAULT_SHARING,
+    EAGLE_DEFAULT_MAX_RUNNING,
+    MODES,
+    SCHEMA_VERSION,
+    SHARING_WAYS,
+    Mode,
+    ModeProfile,
+    Profile,
+    ProfileError,
+    ShareModel,
+    profile_from_dict,
+    sharing_from_dict,
+)
 
-
-class ProfileError(ValueError):
-    """A profile that cannot be found or does not follow the schema."""
-
-
-@dataclass(frozen=True)
-class ModeProfile:
-    throughput: tuple[tuple[int, float], ...]
-    accept_length: float = 1.0
-    max_accept_length: int = 1
-    max_running_requests: int | None = None
-    prefill_tokens_per_s: float = 20000.0
-    prefill_overhead_s: float = 0.005
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.throughput:
-            raise ProfileError("throughput needs at least one [batch, tok/s] point")
-        batches = [b for b, _ in self.throughput]
-        if batches[0] != 1:
-            raise ProfileError("throughput must start at batch 1")
-        if any(b2 <= b1 for b1, b2 in itertools.pairwise(batches)):
-            raise ProfileError("throughput batches must be strictly ascending")
-        if any(not (t > 0 and math.isfinite(t)) for _, t in self.throughput):
-            raise ProfileError("throughput values must be positive numbers")
-        if self.max_accept_length < 1:
-            raise ProfileError("max_accept_length must be >= 1")
-        if not 1.0 <= self.accept_length <= self.max_accept_length:
-            raise ProfileError("accept_length must lie in [1, max_accept_length]")
-        if self.max_running_requests is not None and self.max_running_requests < 1:
-            raise ProfileError("max_running_requests must be >= 1 or null")
-        if self.prefill_tokens_per_s <= 0 or self.prefill_overhead_s < 0:
-            raise ProfileError("prefill_tokens_per_s must be > 0 and prefill_overhead_s >= 0")
-
-    def throughput_at(self, batch: int) -> float:
-        """Aggregate output tok/s with ``batch`` requests decoding (linear, flat past the end)."""
-        pts = self.throughput
-        if batch <= pts[0][0]:
-            return pts[0][1]
-        if batch >= pts[-1][0]:
-            return pts[-1][1]
-        i = bisect.bisect_right([b for b, _ in pts], batch)
-        (b0, t0), (b1, t1) = pts[i - 1], pts[i]
-        return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
-
-    def step_time(self, batch: int) -> float:
-        """Seconds one decode step takes with ``batch`` running requests."""
-        return max(1, batch) * self.accept_length / self.throughput_at(max(1, batch))
-
-    def prefill_time(self, prompt_tokens: int) -> float:
-        return self.prefill_overhead_s + prompt_tokens / self.prefill_tokens_per_s
-
-    def accept_cdf(self) -> list[float]:
-        """Cumulative probabilities of gaining 1..max_accept_length tokens in one step."""
-        k = self.max_accept_length
-        if k == 1:
-            return [1.0]
-        p = _chain_probability(self.accept_length, k)
-        probs = [(p**j) * (1 - p) for j in range(k - 1)] + [p ** (k - 1)]
-        cdf: list[float] = []
-        total = 0.0
-        for q in probs:
-            total += q
-            cdf.append(total)
-        cdf[-1] = 1.0
-        return cdf
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "throughput": [[b, t] for b, t in self.throughput],
-            "accept_length": self.accept_length,
-            "max_accept_length": self.max_accept_length,
-            "max_running_requests": self.max_running_requests,
-            "prefill_tokens_per_s": self.prefill_tokens_per_s,
-            "prefill_overhead_s": self.prefill_overhead_s,
-        }
-        if self.source:
-            out["source"] = self.source
-        return out
-
-
-def _chain_probability(mean: float, k: int) -> float:
-    """The per-draft-token acceptance p with sum(p**j for j in range(k)) == mean."""
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if sum(mid**j for j in range(k)) < mean:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    source: str
-    modes: dict[str, ModeProfile]
-    illustrative: bool = False
-    model: str = "simulated-model"
-    context_length: int = 131072
-    max_total_tokens: int = 1_000_000
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def mode(self, mode: str) -> ModeProfile:
-        try:
-            return self.modes[mode]
-        except KeyError:
-            raise ProfileError(f"profile {self.name!r} has no {mode!r} mode") from None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA_VERSION,
-            "name": self.name,
-            "illustrative": self.illustrative,
-            "source": self.source,
-            "model": self.model,
-            "context_length": self.context_length,
-            "max_total_tokens": self.max_total_tokens,
-            "modes": {m: p.to_dict() for m, p in self.modes.items()},
-            **self.extra,
-        }
-
-    def dumps(self) -> str:
-        return json.dumps(self.to_dict(), indent=2) + "\n"
-
-
-def _mode_from_dict(name: str, raw: object) -> ModeProfile:
-    if not isinstance(raw, dict):
-        raise ProfileError(f"mode {name!r} must be an object")
-    known = {
-        "throughput",
-        "accept_length",
-        "max_accept_length",
-        "max_running_requests",
-        "prefill_tokens_per_s",
-        "prefill_overhead_s",
-        "source",
-    }
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ProfileError(f"mode {name!r}: unknown key {unknown[0]!r}")
-    pts = raw.get("throughput")
-    if not isinstance(pts, list) or not all(isinstance(p, list) and len(p) == 2 for p in pts):
-        raise ProfileError(f"mode {name!r}: throughput must be a list of [batch, tok/s] pairs")
-    try:
-        return ModeProfile(
-            throughput=tuple((int(b), float(t)) for b, t in pts),
-            accept_length=float(raw.get("accept_length", 1.0)),
-            max_accept_length=int(raw.get("max_accept_length", 1)),
-            max_running_requests=(
-                None
-                if raw.get("max_running_requests") is None
-                else int(raw["max_running_requests"])
-            ),
-            prefill_tokens_per_s=float(raw.get("prefill_tokens_per_s", 20000.0)),
-            prefill_overhead_s=float(raw.get("prefill_overhead_s", 0.005)),
-            source=str(raw.get("source", "")),
-        )
-    except ProfileError as exc:
-        raise ProfileError(f"mode {name!r}: {exc}") from None
-    except (TypeError, ValueError) as exc:
-        raise ProfileError(f"mode {name!r}: {exc}") from None
-
-
-def profile_from_dict(raw: object) -> Profile:
-    if not isinstance(raw, dict):
-        raise ProfileError("a profile must be a JSON object")
-    if raw.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
-        raise ProfileError(f"unsupported profile schema {raw.get('schema')!r}")
-    for key in ("name", "source", "modes"):
-        if key not in raw:
-            raise ProfileError(f"profile lacks {key!r}")
-    modes_raw = raw["modes"]
-    if not isinstance(modes_raw, dict) or not modes_raw:
-        raise ProfileError("modes must be a non-empty object")
-    unknown = sorted(set(modes_raw) - set(MODES))
-    if unknown:
-        raise ProfileError(f"unknown mode {unknown[0]!r} (known: eagle, baseline)")
-    top = {
-        "schema",
-        "name",
-        "illustrative",
-        "source",
-        "model",
-        "context_length",
-        "max_total_tokens",
-    }
-    try:
-        return Profile(
-            name=str(raw["name"]),
-            source=str(raw["source"]),
-            modes={m: _mode_from_dict(m, v) for m, v in modes_raw.items()},
-            illustrative=bool(raw.get("illustrative", False)),
-            model=str(raw.get("model", "simulated-model")),
-            context_length=int(raw.get("context_length", 131072)),
-            max_total_tokens=int(raw.get("max_total_tokens", 1_000_000)),
-            extra={k: v for k, v in raw.items() if k not in top and k != "modes"},
-        )
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, ProfileError):
-            raise
-        raise ProfileError(str(exc)) from None
+__all__ = [
+    "BASELINE_DEFAULT_MAX_RUNNING",
+    "DEFAULT_RUNNING_LIMIT",
+    "DEFAULT_SHARING",
+    "EAGLE_DEFAULT_MAX_RUNNING",
+    "MODES",
+    "SCHEMA_VERSION",
+    "SHARING_WAYS",
+    "Mode",
+    "ModeProfile",
+    "Profile",
+    "ProfileError",
+    "ShareModel",
+    "load_profile",
+    "profile_from_dict",
+    "sharing_from_dict",
+    "shipped_profiles",
+]
 
 
 def shipped_profiles() -> list[str]:
