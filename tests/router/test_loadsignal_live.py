@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from routerkit import RouterProc, router, sim, wait_for
+from routerkit import RouterProc, fake_upstream, router, sim, wait_for
 
 LONG = 8  # requests held in flight, round-robin over the two routers
 THRESHOLD = 6
@@ -88,3 +88,26 @@ def test_two_routers_switch_together_on_the_shared_signal(tmp_path: Path, signal
             if signal == "servers":
                 text = a.metrics()
                 assert "dynspec_load_signal_errors_total" in text
+
+
+def test_a_servers_reading_switches_and_garbage_is_counted(tmp_path: Path) -> None:
+    """The EAGLE server says 10 run (another router's): this router's first request goes to the
+    baseline. The baseline answers garbage: counted per server, and routing goes on."""
+    busy = b'{"loads": [{"dp_rank": 0, "num_running_reqs": 10, "num_waiting_reqs": 0}]}'
+    with fake_upstream(tmp_path) as eagle, fake_upstream(tmp_path) as baseline:
+        httpx.post(eagle + "/fake/loads", content=busy, timeout=5).raise_for_status()
+        httpx.post(baseline + "/fake/loads", content=b"not json", timeout=5).raise_for_status()
+        with router(
+            tmp_path, "--eagle-url", eagle, "--baseline-url", baseline,
+            "--threshold", str(THRESHOLD), "--load-signal", "servers", "--load-interval", "0.05",
+        ) as rp:  # fmt: skip
+            errors = "dynspec_load_signal_errors_total"
+            assert wait_for(lambda: rp.metric(errors, server=baseline) >= 1)
+            assert wait_for(lambda: rp.status()["signal_load"] == 10)
+            r = httpx.post(rp.url + "/v1/chat/completions", json=chat(2, stream=False), timeout=10)
+            assert r.status_code == 200 and r.headers["x-dynspec-backend"] == "baseline"
+            st = rp.status()
+            assert st["mode"] == "baseline"
+            loads = {s["url"]: s["signal_load"] for s in st["servers"]}
+            assert loads == {eagle: 10, baseline: 0}
+            assert rp.metric(errors, server=eagle) == 0
