@@ -25,7 +25,7 @@ from dynspec.router.policy import POLICIES, Policy
 from dynspec.router.pool import Pools
 from dynspec.router.proxy import send_error
 from dynspec.router.request import PROXY_PATHS
-from dynspec.router.runtime import Runtime
+from dynspec.router.runtime import Runtime, load_signal
 
 
 class RouterApp:
@@ -96,6 +96,7 @@ def create_app(
         max_concurrency=config.max_concurrency,
         pairs=config.pairs,
         auto=config.threshold_auto,
+        signal=load_signal(config, registry),
     )
     metrics = RouterMetrics(registry, pools)
     pools.on_switch = metrics.switched

@@ -197,6 +197,9 @@ def status_of(pools: Pools, learner: SpeedLearner | None = None) -> dict[str, An
         "mode": pools.mode,
         "active_pool": active,
         "load": pools.load,
+        # "local" or "servers"; with "servers" the load the mode is switched by is signal_load.
+        "load_signal": "local" if pools.signal is None else "servers",
+        "signal_load": pools.policy_load(),
         "pools": {
             pool: {
                 "in_flight": pools.in_flight(pool),
@@ -212,6 +215,8 @@ def status_of(pools: Pools, learner: SpeedLearner | None = None) -> dict[str, An
                 "pool": s.pool,
                 "healthy": s.healthy,
                 "in_flight": s.in_flight,
+                # The load the policy counts for it (with --load-signal servers: the signal's).
+                "signal_load": pools.server_load(s),
                 # A server drains while it is inactive (or drained) and still holds requests.
                 "draining": pools.server_draining(s),
                 **(learner.status(s.url, s.in_flight) if learner is not None else {}),
@@ -224,7 +229,7 @@ def status_of(pools: Pools, learner: SpeedLearner | None = None) -> dict[str, An
                 "index": p.index,
                 "eagle_url": p.eagle.url,
                 "baseline_url": p.baseline.url,
-                "load": p.load,
+                "load": pools.pair_load(p),
                 "mode": p.mode,
                 "active_pool": p.active_pool(pools.drained),
                 "threshold": p.settings.threshold,

@@ -14,6 +14,10 @@ Two layouts: pools (``--eagle-url``/``--baseline-url``: one mode for all, chosen
 and pairs (``--pair``: one mode and threshold per pair, ``policy.choose_pair``). With
 ``--threshold auto`` each threshold is derived from the speed curves (``policy.derive_threshold``)
 at most every ``AUTO_EVERY_S``.
+
+With ``--load-signal servers`` a ``LoadSignal`` is told of every lease taken and released, and the
+load the policy compares (the pools' total, each pair's) is the signal's; without one (``local``)
+it is the in-flight counts here, and no other per-request work is done.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from dynspec.router.errors import NoServer, Overloaded
+from dynspec.router.loadsignal import LoadSignal
 from dynspec.router.policy import (
     AUTO_MAX,
     AUTO_MIN,
@@ -114,6 +119,7 @@ class Pools:
         on_switch: Callable[[PoolName, Pair | None], None] | None = None,
         on_route: Callable[[PoolName, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        signal: LoadSignal | None = None,
     ) -> None:
         self.servers: tuple[Server, ...] = tuple(Server(url, pool) for url, pool in servers)
         by_url = {s.url: s for s in self.servers}
@@ -130,6 +136,8 @@ class Pools:
         self.on_switch = on_switch
         self.on_route = on_route
         self.clock = clock
+        # --load-signal servers: the shared load (None: this router's own counts).
+        self.signal = signal
         self.probing = False
         self.pairs: tuple[Pair, ...] = tuple(
             Pair(i, by_url[e], by_url[b], self.settings) for i, (e, b) in enumerate(pairs)
@@ -154,7 +162,7 @@ class Pools:
             return self._acquire_pair(exclude, now)
         snapshot = Snapshot(
             servers=self.views(now, probes=not self.probing and self._probes()),
-            load=self.load + 1,
+            load=self.policy_load() + 1,
             mode=self._mode,
             threshold=self.settings.threshold,
             hysteresis=self.settings.hysteresis,
@@ -182,7 +190,7 @@ class Pools:
                 p.index,
                 self._view(p.eagle, now, probes and not p.probing),
                 self._view(p.baseline, now, probes and not p.probing),
-                p.load,
+                self.pair_load(p),
                 p.mode,
                 p.settings.threshold,
                 p.settings.hysteresis,
@@ -195,7 +203,11 @@ class Pools:
         pair = self.pairs[choice.pair]
         if choice.mode != pair.mode:
             self._log_switch(
-                f"pair {pair.index}", pair.mode, choice.mode, pair.load + 1, pair.settings
+                f"pair {pair.index}",
+                pair.mode,
+                choice.mode,
+                self.pair_load(pair) + 1,
+                pair.settings,
             )
             pair.switches += 1
             pair.mode = choice.mode
@@ -215,12 +227,16 @@ class Pools:
         server.account(now, 1)
         server.routed = self.seq
         self.load += 1
+        if self.signal is not None:
+            self.signal.admitted(server.url)
         return Lease(self, server, now, pair, probe)
 
     def _release(self, lease: Lease) -> float:
         now = self.clock()
         lease.server.account(now, -1)
         self.load -= 1
+        if self.signal is not None:
+            self.signal.finished(lease.server.url)
         if lease.probe:
             if lease.pair is not None:
                 lease.pair.probing = False
@@ -296,6 +312,24 @@ class Pools:
             self.settings = new
 
     # -- views ------------------------------------------------------------------------------------
+
+    def policy_load(self) -> int:
+        """The load the pools' mode is switched by: the signal's total, or this router's own."""
+        signal = self.signal
+        if signal is None:
+            return self.load
+        return signal.total(s.url for s in self.servers)
+
+    def pair_load(self, p: Pair) -> int:
+        """A pair's load for its mode: the signal's for both servers, or this router's own."""
+        signal = self.signal
+        if signal is None:
+            return p.load
+        return signal.load(p.eagle.url) + signal.load(p.baseline.url)
+
+    def server_load(self, s: Server) -> int:
+        """A server's load as the policy counts it (the signal's, or this router's in-flight)."""
+        return s.in_flight if self.signal is None else self.signal.load(s.url)
 
     def in_flight(self, pool: PoolName) -> int:
         return sum(s.in_flight for s in self.servers if s.pool == pool)

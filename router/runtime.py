@@ -5,7 +5,7 @@ shared ``upstream.Client``, then each part that uses it, in the order they depen
 the health checker, the proxy (which tells the checker of a refused connection). Its background
 parts are ``services``: started in order once the first health round is in, so routing starts
 from the truth, and stopped in reverse before the client closes. The metrics poller (speed
-learning) is one of them.
+learning) is one of them, and with ``--load-signal servers`` the load poller.
 """
 
 from __future__ import annotations
@@ -13,16 +13,35 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from prometheus_client import CollectorRegistry
+
 from dynspec.router.config import RouterConfig
 from dynspec.router.health import HealthChecker
 from dynspec.router.learning import SpeedLearner
-from dynspec.router.metrics import RouterMetrics
+from dynspec.router.loadsignal import LoadPoller, LoadSignal
+from dynspec.router.metrics import LoadSignalMetrics, RouterMetrics
 from dynspec.router.poller import MetricsPoller
 from dynspec.router.pool import Pools
 from dynspec.router.proxy import Proxy
 from dynspec.router.upstream import Client
 
 logger = logging.getLogger(__name__)
+
+
+# A reading older than this many load intervals (and at least MIN_AGE_S) is not used.
+MAX_AGE_INTERVALS = 4
+MIN_AGE_S = 2.0
+
+
+def load_signal(config: RouterConfig, registry: CollectorRegistry) -> LoadSignal | None:
+    """The shared load signal for ``--load-signal servers`` (None for ``local``), its error
+    counter registered on ``registry``."""
+    if config.load_signal != "servers":
+        return None
+    urls = [url for url, _ in config.servers()]
+    metrics = LoadSignalMetrics(registry, urls)
+    max_age = max(MAX_AGE_INTERVALS * config.load_interval, MIN_AGE_S)
+    return LoadSignal(urls, max_age=max_age, on_error=metrics.error)
 
 
 class Service(Protocol):
@@ -72,6 +91,15 @@ class Runtime:
             on_error=metrics.poll_error,
         )
         self.services: list[Service] = [self.health, self.proxy, self.poller]
+        if pools.signal is not None:
+            self.services.append(
+                LoadPoller(
+                    pools.signal,
+                    self.client,
+                    interval=config.load_interval,
+                    headers=self.backend_headers,
+                )
+            )
 
     async def start(self) -> None:
         await self.health.check_all()
@@ -85,13 +113,17 @@ class Runtime:
             f"baseline {','.join(config.baseline_urls) or '-'}"
         )
         logger.info(
-            "routing %s: %s, threshold %s, hysteresis %d, speed profile %s, metrics poll %s",
+            "routing %s: %s, threshold %s, hysteresis %d, speed profile %s, metrics poll %s, "
+            "load signal %s",
             config.policy,
             servers,
             "auto" if config.threshold_auto else config.threshold,
             config.hysteresis,
             config.speed_profile_path or "none (neutral start)",
             f"every {config.metrics_interval:g}s" if config.metrics_interval > 0 else "off",
+            f"servers every {config.load_interval:g}s"
+            if config.load_signal == "servers"
+            else "local",
         )
 
     async def stop(self) -> None:

@@ -109,6 +109,7 @@ class SimApp:
             self._route(_ANY, path, self._health)
         for path, endpoint in (
             ("/metrics", info.metrics),
+            ("/v1/loads", info.loads),
             ("/v1/models", info.models),
             ("/model_info", info.model_info),
             ("/get_model_info", info.model_info),

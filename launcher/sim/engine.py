@@ -12,6 +12,10 @@ lengths from a per-request generator seeded the same way: one seed and one promp
 text and the same chunks whatever else the server is doing. Stop strings are found in that text
 when the request arrives: the answer then ends with the token that completes the first one, and
 its text just before it, as SGLang trims it.
+
+``load_snapshot`` is what ``GET /v1/loads`` answers: (running, waiting), written as SGLang's
+``Scheduler.publish_load_snapshot`` writes it: after every prefill batch, every
+``LOAD_PUBLISH_EVERY`` decode batches, and when the loop goes idle; so it is as stale as SGLang's.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ NATURAL_LENGTH = (64, 768)  # output tokens of an answer that ends by itself (wi
 LATE_S = 0.002  # real seconds behind schedule after which a step counts as late
 MAX_DEBT_S = 0.05  # real seconds of lag written off rather than caught up (timer jitter is less)
 GEN_WINDOW_S = 1.0  # simulated seconds over which gen_throughput and accept length are averaged
+# SGLang's --load-snapshot-publish-interval default: decode batches between two load snapshots.
+LOAD_PUBLISH_EVERY = 15
 
 _WORD_TEXT = (
     "the of and to in is that for it as was with be by on not he this are or his from at which "
@@ -232,6 +238,9 @@ class Engine:
         self._win_prefill_tokens = 0
         self.last_gen_throughput = 0.0
         self.last_accept_length = 0.0
+        # (running, waiting) as last published for /v1/loads, and decode steps since then.
+        self.load_snapshot = (0, 0)
+        self._decodes_unpublished = 0
 
     # -- clock -------------------------------------------------------------------------------
     def now(self) -> float:
@@ -306,6 +315,12 @@ class Engine:
             return (self._win_tokens - self._win_prefill_tokens) / self._win_req_steps
         return self.last_accept_length
 
+    def publish_load(self) -> None:
+        """Write the /v1/loads snapshot from the batch and the queue as they are now."""
+        running = sum(1 for r in self.running if not r.done)
+        self.load_snapshot = (running, len(self.waiting))
+        self._decodes_unpublished = 0
+
     # -- the scheduler loop -----------------------------------------------------------------
     async def run(self) -> None:
         await self._open.wait()
@@ -314,6 +329,7 @@ class Engine:
         self._win_start = self.now()
         while True:
             if not self.running and not self.waiting:
+                self.publish_load()  # SGLang's on_idle
                 self._wake.clear()
                 await self._wake.wait()
                 deadline = loop.time()
@@ -354,8 +370,12 @@ class Engine:
             if admit:
                 self.stats.prefill_steps += 1
                 self._prefilled([r for r in admit if not r.done])
+                self.publish_load()
             else:
                 self._decoded()
+                self._decodes_unpublished += 1
+                if self._decodes_unpublished >= LOAD_PUBLISH_EVERY:
+                    self.publish_load()
 
     def _prefilled(self, admit: list[SimRequest]) -> None:
         now = self.now()

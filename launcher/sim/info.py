@@ -1,4 +1,5 @@
-"""The simulated server's information endpoints: models, model and server info, metrics, stats.
+"""The simulated server's information endpoints: models, model and server info, metrics, loads,
+stats.
 
 Each is ``async (app, scope, receive, send)``; ``app.py`` puts them in its route table.
 """
@@ -133,6 +134,26 @@ async def metrics(app: SimApp, scope: Scope, receive: Receive, send: Send) -> No
         accept_length=engine.accept_length(),
     )
     await respond(send, 200, body, METRICS)
+
+
+async def loads(app: SimApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """SGLang's ``GET /v1/loads``: the engine's last published snapshot (one DP rank), not the
+    live counts (``/metrics`` and ``/sim/stats`` show those)."""
+    engine = app.running_engine()
+    running, waiting = engine.load_snapshot
+    used = engine.used_tokens()
+    total = app.config.profile.max_total_tokens
+    rank = {
+        "dp_rank": 0,
+        "num_running_reqs": running,
+        "num_waiting_reqs": waiting,
+        "num_total_reqs": running + waiting,
+        "num_used_tokens": used,
+        "max_total_num_tokens": total,
+        "token_usage": used / total if total else 0.0,
+    }
+    body = {"timestamp": time.time(), "dp_rank_count": 1, "loads": [rank]}
+    await respond(send, 200, orjson.dumps(body))
 
 
 async def stats(app: SimApp, scope: Scope, receive: Receive, send: Send) -> None:
