@@ -36,7 +36,8 @@ from dynspec.router.policy import (
     derive_threshold,
     other_pool,
 )
-from dynspec.router.server import Pair, Server, Thresholds, validate_settings
+from dynspec.router.server import Pair, Server
+from dynspec.router.thresholds import Thresholds, validate_settings
 
 logger = logging.getLogger(__name__)
 
@@ -421,4 +422,4 @@ def _derived(eagle: Sequence[Server], baseline: Sequence[Server]) -> int:
     return derive_threshold(e, b, len(eagle), len(baseline))
 
 
-__all__ = ["POOLS", "Lease", "Pair", "Pools", "Server", "Thresholds", "validate_settings"]
+__all__ = ["POOLS", "Lease", "Pair", "Pools", "Server"]

@@ -7,7 +7,8 @@ import pytest
 from dynspec.router.errors import NoServer, Overloaded
 from dynspec.router.health import HealthTracker, Probe
 from dynspec.router.policy import BalancePolicy, ThresholdPolicy
-from dynspec.router.pool import Pools, Server, validate_settings
+from dynspec.router.pool import Pools, Server
+from dynspec.router.thresholds import validate_settings
 
 
 def make(max_concurrency: int = 0, threshold: int = 2, hysteresis: int = 1) -> Pools:
