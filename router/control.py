@@ -175,8 +175,8 @@ def control_api(
 
 
 def status_of(pools: Pools, learner: SpeedLearner | None = None) -> dict[str, Any]:
-    """The router's state. Under ``balance`` (no modes) ``mode`` and ``active_pool`` name the pool
-    the last request went to, and a pool is ``draining`` only when an operator drained it."""
+    """The router's state. Under ``balance`` (no modes: each request picks its server) ``mode``
+    and ``active_pool`` are null, and a pool is ``draining`` only when an operator drained it."""
     active = pools.active_pool()
     # With pairs each has its own (in ``pairs``); the top-level figures are pair 0's.
     settings = pools.pairs[0].settings if pools.pairs else pools.settings

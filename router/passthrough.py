@@ -11,8 +11,9 @@ Three kinds, by who should answer:
 - Every server (``POST /flush_cache``, ``/abort_request``): the router does not know which server
   holds a request id, and a cache flush concerns each one. The answer lists every server's
   status and body; 200 only when all answered 2xx, else 502 with the same list.
-- The router itself (``GET /health_generate``): 200 when one server of the active pool passes
-  its own ``/health_generate`` (a one-token generation), else 503.
+- The router itself (``GET /health_generate``): 200 when one server of the active pool (under
+  ``balance``, which has none: any healthy server of a pool not drained) passes its own
+  ``/health_generate`` (a one-token generation), else 503.
 
 The generation endpoints (``/generate``, ``/v1/responses``) are not here: they go through the
 relay with the completions (``request.PROXY_PATHS``), routed and accounted like chat.
@@ -68,7 +69,8 @@ class Passthrough:
 
     def candidates(self) -> list[Server]:
         """Healthy servers of the active pool (least in flight first), then the other pool's,
-        then the rest (the health check may lag behind a server that just came back)."""
+        then the rest (the health check may lag behind a server that just came back). Under
+        ``balance`` (no active pool) healthy servers of pools not drained, least in flight first."""
         active = self.pools.active_pool()
 
         def rank(s: Server) -> tuple[int, int, int]:
@@ -145,30 +147,37 @@ class Passthrough:
         return _answer(err.status, orjson.dumps(data), None)
 
     async def health_generate(self, run: Runtime) -> Response:
-        # With pairs: each pair's active server; 200 when any of them passes.
+        """200 when one server that new requests may go to passes its own ``/health_generate``:
+        the active pool's, each pair's active one, or under ``balance`` (no active pool) any
+        healthy server of a pool not drained. The answer names the active pool, or under
+        ``balance`` the pool of the server that passed."""
         active = self.pools.active_pool()
         servers = self.pools.active_servers()
+        where = "in the active pool" if active is not None else "that can take a request"
         if not servers:
-            raise NoServer("no healthy server in the active pool")
+            raise NoServer(f"no healthy server {where}")
         timeout = min(self.timeout, HEALTH_GENERATE_TIMEOUT)
-        tasks = [
-            asyncio.ensure_future(
-                self._fetch(run, s, b"GET", "/health_generate", None, timeout=timeout)
+
+        async def ask(s: Server) -> tuple[Server, int]:
+            status, _, _ = await self._fetch(
+                run, s, b"GET", "/health_generate", None, timeout=timeout
             )
-            for s in servers
-        ]
+            return s, status
+
+        tasks = [asyncio.ensure_future(ask(s)) for s in servers]
         try:
             for done in asyncio.as_completed(tasks):
                 try:
-                    status, _, _ = await done
+                    server, status = await done
                 except (UpstreamError, asyncio.TimeoutError):
                     continue
                 if status == 200:
-                    return _answer(200, orjson.dumps({"status": "ok", "pool": active}), None)
+                    pool = active if active is not None else server.pool
+                    return _answer(200, orjson.dumps({"status": "ok", "pool": pool}), None)
         finally:
             for task in tasks:
                 task.cancel()
-        raise NoServer(f"no server of the {active} pool passed /health_generate")
+        raise NoServer(f"no healthy server {where} passed /health_generate")
 
     async def json_body(self, request: Request) -> bytes:
         """The request's body, held to the same rules as the relay's: JSON, within the limit."""
