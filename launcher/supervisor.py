@@ -330,6 +330,15 @@ class Supervisor:
         self.say(f"ready: OpenAI-compatible API at {base}/v1 (model {c.served_model_name!r})")
         self.say(f"metrics: {base}/metrics   status: {base}/status")
         self.say(f"try: {curl}")
+        if c.policy == "balance":
+            # No mode and no threshold to cross: each request picks its server, so there is no
+            # switch to show (the status poll reports none: /status gives no active pool).
+            self.say(
+                "policy balance: each request goes to the server with the lowest predicted time "
+                "per output token (both pools serve at every load; see /status and /metrics); "
+                "Ctrl-C stops everything"
+            )
+            return
         if c.threshold_auto:
             self.say(
                 "threshold auto: the router learns each pair's threshold (see /status); "
@@ -408,7 +417,8 @@ class Supervisor:
             st.probe = None
 
     async def _poll_status(self) -> None:
-        """Report the router's active pool when it changes (the switch, made visible)."""
+        """Report the router's active pool when it changes (the switch, made visible). Under
+        ``balance`` /status gives none (null), so nothing is reported."""
         assert self._http is not None and self.router is not None
         # /status takes the admin key when one is set, else the API key.
         key = self.config.admin_api_key or self.config.api_key

@@ -2,34 +2,38 @@
 
 ``create_app`` builds what lasts as long as the app object: one ``Pools`` (the counts), one
 ``SpeedLearner`` (each server's speed curve), one ``RouterMetrics`` (on the given registry) and
-the control routes (``control.py``). What lives
-as long as the server — the upstream client, the health checks, the proxy and its watchdog — is
-one ``Runtime``, built and started in the FastAPI lifespan and stopped at its end.
+the control routes (``control.py``). What lives as long as the server — the upstream client, the
+health checks, the proxy and its watchdog — is one ``Runtime``, built and started when the ASGI
+lifespan starts and stopped when it ends. ``RouterApp`` handles the lifespan scope itself (the
+FastAPI app sees none) and puts the runtime in the lifespan state, which the server copies into
+every request's ``scope["state"]``: that is where the control routes find it
+(``runtime.running``).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
+import logging
 
-from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from starlette.types import Receive, Scope, Send
 
 from dynspec.router.config import RouterConfig
 from dynspec.router.control import control_api
-from dynspec.router.errors import MethodNotAllowed, NoServer
+from dynspec.router.errors import MethodNotAllowed, not_serving
 from dynspec.router.learning import SpeedLearner
 from dynspec.router.metrics import RouterMetrics
 from dynspec.router.policy import POLICIES, Policy
 from dynspec.router.pool import Pools
 from dynspec.router.proxy import send_error
 from dynspec.router.request import PROXY_PATHS
-from dynspec.router.runtime import Runtime, load_signal
+from dynspec.router.runtime import STATE_KEY, Runtime, load_signal
+
+logger = logging.getLogger(__name__)
 
 
 class RouterApp:
-    """The ASGI callable: completions go to the relay, everything else to FastAPI."""
+    """The ASGI callable: completions go to the relay, the lifespan to ``_lifespan``, everything
+    else to FastAPI."""
 
     def __init__(
         self,
@@ -43,42 +47,53 @@ class RouterApp:
         self.pools = pools
         self.learner = learner
         self.metrics = metrics
-        # Set while the server runs (between the lifespan's start and its end).
+        # Set while the server runs (between the lifespan's start and its end): the relay reads
+        # it here, the control routes from their scope's state.
         self.runtime: Runtime | None = None
-        self.api = control_api(
-            config, pools, learner, registry, runtime=self.running, lifespan=self._lifespan
-        )
+        self.api = control_api(config, pools, learner, registry)
 
-    def running(self) -> Runtime:
-        runtime = self.runtime
-        if runtime is None:
-            raise NoServer("the router is not serving (starting or stopping)")
-        return runtime
-
-    @contextlib.asynccontextmanager
-    async def _lifespan(self, _: FastAPI) -> AsyncIterator[None]:
-        runtime = Runtime(self.config, self.pools, self.learner, self.metrics)
-        await runtime.start()
-        self.runtime = runtime
-        try:
-            yield
-        finally:
-            self.runtime = None
-            await runtime.stop()
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    runtime = Runtime(self.config, self.pools, self.learner, self.metrics)
+                    await runtime.start()
+                except Exception as exc:
+                    logger.exception("the router could not start")
+                    await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+                    return
+                self.runtime = runtime
+                # A server without lifespan state gives none: the control routes then answer
+                # 503 as while starting (uvicorn has given it since 0.21).
+                state = scope.get("state")
+                if state is not None:
+                    state[STATE_KEY] = runtime
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                scope.get("state", {}).pop(STATE_KEY, None)
+                if self.runtime is not None:
+                    stopping, self.runtime = self.runtime, None
+                    await stopping.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] in PROXY_PATHS:
+        kind = scope["type"]
+        if kind == "http" and scope["path"] in PROXY_PATHS:
             if scope["method"] != "POST":
                 exc = MethodNotAllowed(f"method {scope['method']} not allowed, use POST")
                 await send_error(send, exc, [(b"allow", b"POST")])
                 return
             runtime = self.runtime
             if runtime is None:
-                await send_error(send, NoServer("the router is not serving (starting or stopping)"))
+                await send_error(send, not_serving())
                 return
             await runtime.proxy(scope, receive, send)
-            return
-        await self.api(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(scope, receive, send)
+        else:
+            await self.api(scope, receive, send)
 
 
 def create_app(

@@ -7,7 +7,7 @@ import ipaddress
 import json
 import ssl
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from dynspec.common.cli import (
@@ -22,8 +22,8 @@ from dynspec.common.cli import (
 from dynspec.router.downstream import MAX_LINE_BYTES, ClientLimits
 from dynspec.router.loadsignal import SIGNALS
 from dynspec.router.policy import POLICIES, PoolName
-from dynspec.router.pool import validate_settings
 from dynspec.router.speed import ProfileError, SpeedProfile, profile_from_json
+from dynspec.router.thresholds import validate_settings
 from dynspec.router.upstream import tls_context
 
 PROG = "dynspec-router"
@@ -78,6 +78,25 @@ class RouterConfig:
     pairs: tuple[tuple[str, str], ...] = ()
     # --threshold auto: ``threshold`` is the starting value, then derived from the speed curves.
     threshold_auto: bool = False
+
+    # -- the key header bytes, built once from the keys above (``__post_init__``) --
+    # What a client sends on /v1/* ('Bearer KEY'); None: no key asked.
+    api_auth: bytes | None = field(default=None, init=False, repr=False, compare=False)
+    # What an operator sends on /admin/* (and /status); None: the admin endpoints are off.
+    admin_auth: bytes | None = field(default=None, init=False, repr=False, compare=False)
+    # The header line the router sends to the servers (relay, health, metrics, passthrough).
+    backend_headers: bytes = field(default=b"", init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        def bearer(key: str | None) -> bytes | None:
+            return b"Bearer " + key.encode() if key else None
+
+        backend = bearer(self.backend_api_key)
+        object.__setattr__(self, "api_auth", bearer(self.api_key))
+        object.__setattr__(self, "admin_auth", bearer(self.admin_api_key))
+        object.__setattr__(
+            self, "backend_headers", b"authorization: " + backend + b"\r\n" if backend else b""
+        )
 
     def servers(self) -> list[tuple[str, PoolName]]:
         if self.pairs:

@@ -7,10 +7,8 @@ they are written for clarity. Keys are compared in constant time.
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -31,13 +29,9 @@ from dynspec.router.errors import (
 from dynspec.router.learning import SpeedLearner
 from dynspec.router.passthrough import Passthrough, add_passthrough_routes
 from dynspec.router.policy import POOLS, PoolName
-from dynspec.router.pool import Pools, validate_settings
-from dynspec.router.runtime import Runtime
+from dynspec.router.pool import Pools
 
 logger = logging.getLogger(__name__)
-
-
-Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
 
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -59,20 +53,17 @@ def control_api(
     pools: Pools,
     learner: SpeedLearner,
     registry: CollectorRegistry,
-    *,
-    runtime: Callable[[], Runtime],
-    lifespan: Lifespan,
 ) -> FastAPI:
-    """The FastAPI app; ``runtime`` returns the running ``Runtime`` (or raises ``RouterError``)."""
+    """The FastAPI app. It sees no lifespan (``app.RouterApp`` handles it); a route that needs the
+    running ``Runtime`` reads it from its scope's state (``runtime.running``)."""
     api = FastAPI(
         title="dynspec-router",
-        lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
     )
-    api_key = ("Bearer " + config.api_key).encode() if config.api_key else None
-    admin_key = ("Bearer " + config.admin_api_key).encode() if config.admin_api_key else None
+    api_key = config.api_auth
+    admin_key = config.admin_auth
 
     def require_api_key(request: Request) -> None:
         if api_key is not None and not _has_key(request, api_key):
@@ -94,7 +85,6 @@ def control_api(
         api,
         Passthrough(
             pools,
-            runtime,
             max_body_bytes=config.max_body_bytes,
             timeout=config.request_timeout,
         ),
@@ -174,18 +164,19 @@ def control_api(
         for name, value in (("threshold", new_threshold), ("hysteresis", new_hysteresis)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise BadRequest(f"'{name}' must be an integer", param=name)
-        reason = validate_settings(new_threshold, new_hysteresis)
-        if reason is not None:
-            raise BadRequest(reason, param="threshold")
-        pools.set_settings(new_threshold, new_hysteresis)
+        try:
+            # The one check of the pair (``thresholds.validate_settings``), in ``set_settings``.
+            pools.set_settings(new_threshold, new_hysteresis)
+        except ValueError as exc:
+            raise BadRequest(str(exc), param="threshold") from None
         return _json({"threshold": new_threshold, "hysteresis": new_hysteresis})
 
     return api
 
 
 def status_of(pools: Pools, learner: SpeedLearner | None = None) -> dict[str, Any]:
-    """The router's state. Under ``balance`` (no modes) ``mode`` and ``active_pool`` name the pool
-    the last request went to, and a pool is ``draining`` only when an operator drained it."""
+    """The router's state. Under ``balance`` (no modes: each request picks its server) ``mode``
+    and ``active_pool`` are null, and a pool is ``draining`` only when an operator drained it."""
     active = pools.active_pool()
     # With pairs each has its own (in ``pairs``); the top-level figures are pair 0's.
     settings = pools.pairs[0].settings if pools.pairs else pools.settings

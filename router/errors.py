@@ -93,6 +93,11 @@ class NoServer(Unavailable):
     code = "no_healthy_server"
 
 
+def not_serving() -> NoServer:
+    """The answer while the router starts or stops (no running ``Runtime``)."""
+    return NoServer("the router is not serving (starting or stopping)")
+
+
 class Overloaded(Unavailable):
     code = "too_many_requests_in_flight"
 

@@ -48,8 +48,7 @@ class _StateCollector(Collector):
         )
         active = GaugeMetricFamily(
             "dynspec_active_pool",
-            "1 for the pool new requests go to (balance: the pool the last request went to), "
-            "else 0",
+            "1 for the pool new requests go to, else 0 (balance has none: 0 for both)",
             labels=["pool"],
         )
         draining = GaugeMetricFamily(

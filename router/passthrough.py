@@ -11,8 +11,9 @@ Three kinds, by who should answer:
 - Every server (``POST /flush_cache``, ``/abort_request``): the router does not know which server
   holds a request id, and a cache flush concerns each one. The answer lists every server's
   status and body; 200 only when all answered 2xx, else 502 with the same list.
-- The router itself (``GET /health_generate``): 200 when one server of the active pool passes
-  its own ``/health_generate`` (a one-token generation), else 503.
+- The router itself (``GET /health_generate``): 200 when one server of the active pool (under
+  ``balance``, which has none: any healthy server of a pool not drained) passes its own
+  ``/health_generate`` (a one-token generation), else 503.
 
 The generation endpoints (``/generate``, ``/v1/responses``) are not here: they go through the
 relay with the completions (``request.PROXY_PATHS``), routed and accounted like chat.
@@ -31,7 +32,7 @@ from fastapi import FastAPI, Request, Response
 from dynspec.router.errors import BadGateway, BadRequest, NoServer
 from dynspec.router.pool import Pools, Server
 from dynspec.router.request import check_media_type, parse_object, read_body
-from dynspec.router.runtime import Runtime
+from dynspec.router.runtime import Runtime, running
 from dynspec.router.upstream import UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -58,20 +59,18 @@ class Passthrough:
     def __init__(
         self,
         pools: Pools,
-        runtime: Callable[[], Runtime],
         *,
         max_body_bytes: int,
         timeout: float,
     ) -> None:
         self.pools = pools
-        # The running upstream client and the header lines the router sends to the servers.
-        self._runtime = runtime
         self.max_body_bytes = max_body_bytes
         self.timeout = timeout
 
     def candidates(self) -> list[Server]:
         """Healthy servers of the active pool (least in flight first), then the other pool's,
-        then the rest (the health check may lag behind a server that just came back)."""
+        then the rest (the health check may lag behind a server that just came back). Under
+        ``balance`` (no active pool) healthy servers of pools not drained, least in flight first."""
         active = self.pools.active_pool()
 
         def rank(s: Server) -> tuple[int, int, int]:
@@ -79,10 +78,17 @@ class Passthrough:
 
         return sorted(self.pools.servers, key=rank)
 
+    @staticmethod
     async def _fetch(
-        self, server: Server, method: bytes, path: str, body: bytes | None, timeout: float
+        run: Runtime,
+        server: Server,
+        method: bytes,
+        path: str,
+        body: bytes | None,
+        *,
+        timeout: float,
     ) -> tuple[int, bytes, bytes | None]:
-        run = self._runtime()
+        # ``run``: the running upstream client and the header lines the router sends.
         headers = run.backend_headers
         if body is not None:
             headers += b"content-type: application/json\r\n"
@@ -91,14 +97,18 @@ class Passthrough:
         )
         return resp.status, answer, resp.header(b"content-type")
 
-    async def one(self, method: bytes, path: str, body: bytes | None = None) -> Response:
+    async def one(
+        self, run: Runtime, method: bytes, path: str, body: bytes | None = None
+    ) -> Response:
         """The answer of the first server that gives one, in ``candidates`` order; a 5xx
         answer is passed on only when no other server does better (these requests change
         nothing, so asking the next server is safe)."""
         failed: Response | None = None
         for server in self.candidates():
             try:
-                status, answer, media = await self._fetch(server, method, path, body, self.timeout)
+                status, answer, media = await self._fetch(
+                    run, server, method, path, body, timeout=self.timeout
+                )
             except (UpstreamError, asyncio.TimeoutError) as exc:
                 logger.warning("%s%s failed: %r", server.url, path, exc)
                 continue
@@ -112,13 +122,15 @@ class Passthrough:
             raise NoServer(f"no healthy server to answer {path}")
         raise BadGateway(f"no server answered {path}")
 
-    async def every(self, method: bytes, path: str, body: bytes | None) -> Response:
+    async def every(self, run: Runtime, method: bytes, path: str, body: bytes | None) -> Response:
         servers = self.pools.servers
 
         async def one(server: Server) -> dict[str, Any]:
             result: dict[str, Any] = {"url": server.url, "pool": server.pool}
             try:
-                status, answer, _ = await self._fetch(server, method, path, body, self.timeout)
+                status, answer, _ = await self._fetch(
+                    run, server, method, path, body, timeout=self.timeout
+                )
             except (UpstreamError, asyncio.TimeoutError) as exc:
                 reason = str(exc) or "no answer in time"
                 return {**result, "status": None, "error": reason}
@@ -134,29 +146,38 @@ class Passthrough:
         data["servers"] = results
         return _answer(err.status, orjson.dumps(data), None)
 
-    async def health_generate(self) -> Response:
-        # With pairs: each pair's active server; 200 when any of them passes.
+    async def health_generate(self, run: Runtime) -> Response:
+        """200 when one server that new requests may go to passes its own ``/health_generate``:
+        the active pool's, each pair's active one, or under ``balance`` (no active pool) any
+        healthy server of a pool not drained. The answer names the active pool, or under
+        ``balance`` the pool of the server that passed."""
         active = self.pools.active_pool()
         servers = self.pools.active_servers()
+        where = "in the active pool" if active is not None else "that can take a request"
         if not servers:
-            raise NoServer("no healthy server in the active pool")
+            raise NoServer(f"no healthy server {where}")
         timeout = min(self.timeout, HEALTH_GENERATE_TIMEOUT)
-        tasks = [
-            asyncio.ensure_future(self._fetch(s, b"GET", "/health_generate", None, timeout))
-            for s in servers
-        ]
+
+        async def ask(s: Server) -> tuple[Server, int]:
+            status, _, _ = await self._fetch(
+                run, s, b"GET", "/health_generate", None, timeout=timeout
+            )
+            return s, status
+
+        tasks = [asyncio.ensure_future(ask(s)) for s in servers]
         try:
             for done in asyncio.as_completed(tasks):
                 try:
-                    status, _, _ = await done
+                    server, status = await done
                 except (UpstreamError, asyncio.TimeoutError):
                     continue
                 if status == 200:
-                    return _answer(200, orjson.dumps({"status": "ok", "pool": active}), None)
+                    pool = active if active is not None else server.pool
+                    return _answer(200, orjson.dumps({"status": "ok", "pool": pool}), None)
         finally:
             for task in tasks:
                 task.cancel()
-        raise NoServer(f"no server of the {active} pool passed /health_generate")
+        raise NoServer(f"no healthy server {where} passed /health_generate")
 
     async def json_body(self, request: Request) -> bytes:
         """The request's body, held to the same rules as the relay's: JSON, within the limit."""
@@ -180,7 +201,7 @@ def add_passthrough_routes(
 
     async def read(request: Request) -> Response:
         require_api_key(request)
-        return await passthrough.one(b"GET", request.url.path)
+        return await passthrough.one(running(request.scope), b"GET", request.url.path)
 
     for path in READ_PATHS:
         api.add_api_route(path, read, methods=["GET"])
@@ -190,13 +211,12 @@ def add_passthrough_routes(
         # The raw path: the id goes on as the client encoded it.
         require_api_key(request)
         raw: bytes = request.scope.get("raw_path") or request.url.path.encode()
-        return await passthrough.one(b"GET", raw.decode("latin-1"))
+        return await passthrough.one(running(request.scope), b"GET", raw.decode("latin-1"))
 
     async def post_one(request: Request) -> Response:
         require_api_key(request)
-        return await passthrough.one(
-            b"POST", request.url.path, await passthrough.json_body(request)
-        )
+        body = await passthrough.json_body(request)
+        return await passthrough.one(running(request.scope), b"POST", request.url.path, body)
 
     for path in ONE_SERVER_POSTS:
         api.add_api_route(path, post_one, methods=["POST"])
@@ -204,16 +224,15 @@ def add_passthrough_routes(
     @api.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(request: Request) -> Response:
         require_api_key(request)
-        return await passthrough.every(b"POST", "/flush_cache", b"")
+        return await passthrough.every(running(request.scope), b"POST", "/flush_cache", b"")
 
     @api.post("/abort_request")
     async def abort_request(request: Request) -> Response:
         require_api_key(request)
-        return await passthrough.every(
-            b"POST", "/abort_request", await passthrough.json_body(request)
-        )
+        body = await passthrough.json_body(request)
+        return await passthrough.every(running(request.scope), b"POST", "/abort_request", body)
 
     # No key, like /health (SGLang exempts every /health* path from its key).
     @api.get("/health_generate")
-    async def health_generate() -> Response:
-        return await passthrough.health_generate()
+    async def health_generate(request: Request) -> Response:
+        return await passthrough.health_generate(running(request.scope))

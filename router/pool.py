@@ -41,7 +41,8 @@ from dynspec.router.policy import (
     derive_threshold,
     other_pool,
 )
-from dynspec.router.server import Pair, Server, Thresholds, validate_settings
+from dynspec.router.server import Pair, Server
+from dynspec.router.thresholds import Thresholds, validate_settings
 
 logger = logging.getLogger(__name__)
 
@@ -338,34 +339,45 @@ class Pools:
         return pool not in self.drained and any(s.healthy for s in self.servers if s.pool == pool)
 
     @property
-    def mode(self) -> PoolName:
-        """The pools' mode; with pairs, the mode most pairs are in (a tie: pair 0's)."""
-        if not self.pairs:
-            return self._mode
-        return _most([p.mode for p in self.pairs])
+    def switches(self) -> bool:
+        """Whether routing has a mode: the ``threshold`` policy and pairs do, ``balance`` not."""
+        return bool(self.pairs) or self.policy.switches_modes
+
+    @property
+    def mode(self) -> PoolName | None:
+        """The pools' mode; with pairs, the mode most pairs are in (a tie: pair 0's); None under
+        a policy without modes (``balance``)."""
+        if self.pairs:
+            return _most([p.mode for p in self.pairs])
+        return self._mode if self.policy.switches_modes else None
 
     @mode.setter
     def mode(self, value: PoolName) -> None:
         self._mode = value
 
-    def active_pool(self) -> PoolName:
+    def active_pool(self) -> PoolName | None:
         """The pool new requests go to now: the mode's, unless it cannot take any.
 
-        Under a policy without modes (``balance``) the mode is the pool the last request went to.
-        With pairs: the active pool of most pairs (a tie: pair 0's).
+        None under a policy without modes (``balance``: every request picks its server). With
+        pairs: the active pool of most pairs (a tie: pair 0's).
         """
         if self.pairs:
             return _most([p.active_pool(self.drained) for p in self.pairs])
+        if not self.policy.switches_modes:
+            return None
         if not self.can_take(self._mode) and self.can_take(other_pool(self._mode)):
             return other_pool(self._mode)
         return self._mode
 
     def active_servers(self) -> list[Server]:
-        """The healthy servers new requests go to: the active pool's, or each pair's active one."""
+        """The healthy servers new requests go to: the active pool's, or each pair's active one;
+        under ``balance`` (no active pool) every healthy server of a pool not drained."""
         if self.pairs:
             servers = [p.server(p.active_pool(self.drained)) for p in self.pairs]
             return [s for s in servers if s.healthy]
         active = self.active_pool()
+        if active is None:
+            return [s for s in self.servers if s.healthy and s.pool not in self.drained]
         return [s for s in self.servers if s.healthy and s.pool == active]
 
     def server_draining(self, s: Server) -> bool:
@@ -455,4 +467,4 @@ def _derived(eagle: Sequence[Server], baseline: Sequence[Server]) -> int:
     return derive_threshold(e, b, len(eagle), len(baseline))
 
 
-__all__ = ["POOLS", "Lease", "Pair", "Pools", "Server", "Thresholds", "validate_settings"]
+__all__ = ["POOLS", "Lease", "Pair", "Pools", "Server"]

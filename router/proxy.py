@@ -152,8 +152,8 @@ class Proxy:
         metrics: RouterMetrics,
         client: Client,
         *,
-        api_key: str | None,
-        backend_api_key: str | None,
+        api_auth: bytes | None,
+        backend_headers: bytes,
         max_body_bytes: int,
         request_timeout: float,
         on_refused: Callable[[Server], None] | None = None,
@@ -165,13 +165,14 @@ class Proxy:
         self.max_body_bytes = max_body_bytes
         self.on_refused = on_refused
         self.on_finish = on_finish
-        self._api_auth = ("Bearer " + api_key).encode() if api_key else None
+        # 'Bearer KEY' as a client must send it (``RouterConfig.api_auth``); None: no key.
+        self._api_auth = api_auth
         # Every request's own header lines: the body is validated JSON whatever the client
         # labelled it, and SGLang (FastAPI) wants it labelled so; no compression, the relay
         # looks at bytes.
-        self._fixed_headers = b"content-type: application/json\r\naccept-encoding: identity\r\n"
-        if backend_api_key:
-            self._fixed_headers += b"authorization: Bearer %s\r\n" % backend_api_key.encode()
+        self._fixed_headers = (
+            b"content-type: application/json\r\naccept-encoding: identity\r\n" + backend_headers
+        )
         self.request_timeout = request_timeout
         self._active: set[_Request] = set()
         self._watchdog: asyncio.Task[None] | None = None

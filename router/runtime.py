@@ -14,8 +14,10 @@ import logging
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry
+from starlette.types import Scope
 
 from dynspec.router.config import RouterConfig
+from dynspec.router.errors import not_serving
 from dynspec.router.health import HealthChecker
 from dynspec.router.learning import SpeedLearner
 from dynspec.router.loadsignal import LoadPoller, LoadSignal
@@ -26,6 +28,10 @@ from dynspec.router.proxy import Proxy
 from dynspec.router.upstream import Client
 
 logger = logging.getLogger(__name__)
+
+# The key of the running ``Runtime`` in the ASGI lifespan state (``app.RouterApp``), which the
+# server copies into each request's ``scope["state"]``.
+STATE_KEY = "dynspec.runtime"
 
 
 # A reading older than this many load intervals (and at least MIN_AGE_S) is not used.
@@ -58,11 +64,7 @@ class Runtime:
     ) -> None:
         self.config = config
         # Header lines for the router's own requests to a server (health, model list).
-        self.backend_headers = (
-            b"authorization: Bearer %s\r\n" % config.backend_api_key.encode()
-            if config.backend_api_key
-            else b""
-        )
+        self.backend_headers = config.backend_headers
         # No cap on connections: --max-concurrency is the limit, and it answers 503 rather
         # than queue. Idle ones close after upstream.IDLE_TIMEOUT. Every request to a server
         # (relay, health checks, the passthrough endpoints) goes through this client and its TLS.
@@ -74,8 +76,8 @@ class Runtime:
             pools,
             metrics,
             self.client,
-            api_key=config.api_key,
-            backend_api_key=config.backend_api_key,
+            api_auth=config.api_auth,
+            backend_headers=config.backend_headers,
             max_body_bytes=config.max_body_bytes,
             request_timeout=config.request_timeout,
             on_refused=self.health.refused,
@@ -130,3 +132,13 @@ class Runtime:
         for service in reversed(self.services):
             await service.stop()
         self.client.close()
+
+
+def running(scope: Scope) -> Runtime:
+    """The running ``Runtime`` from a request's ``scope["state"]``; ``NoServer`` (503) when the
+    router is not serving."""
+    runtime = scope.get("state", {}).get(STATE_KEY)
+    if runtime is None:
+        raise not_serving()
+    assert isinstance(runtime, Runtime)
+    return runtime

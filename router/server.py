@@ -14,11 +14,11 @@ policy switches the pools' mode.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dynspec.router.policy import PoolName, other_pool
 from dynspec.router.speed import SpeedCurve
+from dynspec.router.thresholds import Thresholds
 
 if TYPE_CHECKING:
     from dynspec.router.learning import ServerSpeed
@@ -79,24 +79,6 @@ class Server:
         return self.area + self.in_flight * (now - self.changed)
 
 
-@dataclass(frozen=True, slots=True)
-class Thresholds:
-    threshold: int
-    hysteresis: int
-
-
-def validate_settings(threshold: int, hysteresis: int) -> str | None:
-    """Why a threshold/hysteresis pair is unusable, or None."""
-    if threshold < 1:
-        return "threshold must be at least 1"
-    if hysteresis < 0:
-        return "hysteresis must not be negative"
-    if hysteresis >= threshold:
-        # Switching back needs load <= threshold - hysteresis, and load counts the new request.
-        return "hysteresis must be smaller than threshold"
-    return None
-
-
 class Pair:
     __slots__ = (
         "baseline",
@@ -144,4 +126,4 @@ class Pair:
         return self.mode
 
 
-__all__ = ["Pair", "Server", "Thresholds", "validate_settings"]
+__all__ = ["Pair", "Server"]

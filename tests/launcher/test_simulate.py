@@ -147,3 +147,28 @@ async def test_simulated_pairs_serve_through_the_router_and_stop_clean(tmp_path:
         assert await asyncio.to_thread(run.wait, 60) == 130
         assert run.leftovers() == []
         assert len(run.seen) >= 3  # two simulator processes and the router
+
+
+async def test_simulate_balance_says_what_balance_does_and_prints_no_switch(
+    tmp_path: Path,
+) -> None:
+    argv = ["--simulate", "--policy", "balance", "--drain-timeout", "20"]
+    with launched(tmp_path, *argv, fake=False) as (run, ports):
+        await asyncio.to_thread(run.wait_for, r"\[dynspec\] policy balance: each request", 90)
+        base = f"http://127.0.0.1:{ports['router']}"
+        client = openai.AsyncOpenAI(
+            base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60.0
+        )
+        # Both pools serve, the pool of the last request flips back and forth: none is a switch.
+        for _ in range(3):
+            results = await asyncio.gather(*(stream(client, 32) for _ in range(6)))
+            assert all(finish == "length" for _, _, finish in results), results
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            st = (await http.get("/status")).json()
+        assert st["mode"] is None and st["active_pool"] is None
+        await client.close()
+        run.send(signal.SIGINT)
+        assert await asyncio.to_thread(run.wait, 60) == 130
+        out = run.out
+        assert out.count("policy balance: each request") == 1
+        assert "EAGLE up to load" not in out and "switch:" not in out

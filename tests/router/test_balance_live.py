@@ -111,3 +111,30 @@ def test_balance_light_load_to_eagle_heavy_load_to_both(tmp_path: Path, profile:
             assert decided == 12 + CONCURRENCY * ROUNDS
             assert rp.metric("dynspec_predicted_tpot_seconds", pool="eagle", server=eagle) > 0
             assert rp.metric("dynspec_mode_switches_total", to="baseline") == 0
+
+
+def test_balance_has_no_mode_and_health_generate_asks_any_server(
+    tmp_path: Path, sims: tuple[str, str]
+) -> None:
+    eagle, baseline = sims
+    args = ["--eagle-url", eagle, "--baseline-url", baseline, "--policy", "balance"]
+    with router(tmp_path, *args, admin="adm") as rp:
+        assert one_at_a_time(rp, 1) == {"eagle": 1}
+        # The last request went to EAGLE: that is no mode and no active pool.
+        st = rp.status()
+        assert st["policy"] == "balance" and st["mode"] is None and st["active_pool"] is None
+        text = rp.metrics()
+        for pool in ("eagle", "baseline"):
+            assert f'dynspec_active_pool{{pool="{pool}"}} 0.0' in text
+        r = httpx.get(rp.url + "/health_generate", timeout=30)
+        assert r.status_code == 200 and r.json()["pool"] in ("eagle", "baseline")
+        # EAGLE drained: the baseline server answers, whichever pool served last.
+        auth = {"Authorization": "Bearer adm"}
+        assert httpx.post(rp.url + "/admin/drain/eagle", headers=auth).status_code == 200
+        try:
+            r = httpx.get(rp.url + "/health_generate", timeout=30)
+            assert r.status_code == 200 and r.json()["pool"] == "baseline"
+            assert rp.status()["active_pool"] is None
+        finally:
+            assert httpx.post(rp.url + "/admin/resume/eagle", headers=auth).status_code == 200
+        assert rp.metric("dynspec_mode_switches_total", to="baseline") == 0

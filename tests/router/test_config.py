@@ -188,3 +188,14 @@ def test_client_limits_must_be_positive(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         parse_config(["--eagle-url", "http://e:1", *argv], {})
     assert exc.value.code == 2
+
+
+def test_key_header_bytes_built_once_in_the_config() -> None:
+    config = parse_config(
+        ["--eagle-url", "http://127.0.0.1:1", "--api-key", "c", "--backend-api-key", "b"]
+    )
+    assert config.api_auth == b"Bearer c" and config.admin_auth is None
+    assert config.backend_headers == b"authorization: Bearer b\r\n"
+    assert "Bearer" not in repr(config)
+    bare = parse_config(["--eagle-url", "http://127.0.0.1:1"])
+    assert bare.api_auth is None and bare.backend_headers == b""

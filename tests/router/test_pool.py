@@ -7,7 +7,8 @@ import pytest
 from dynspec.router.errors import NoServer, Overloaded
 from dynspec.router.health import HealthTracker, Probe
 from dynspec.router.policy import BalancePolicy, ThresholdPolicy
-from dynspec.router.pool import Pools, Server, validate_settings
+from dynspec.router.pool import Pools, Server
+from dynspec.router.thresholds import validate_settings
 
 
 def make(max_concurrency: int = 0, threshold: int = 2, hysteresis: int = 1) -> Pools:
@@ -151,10 +152,14 @@ def test_balance_records_the_last_pool_without_switches() -> None:
     # faster than eagle with one; then a tie again.
     assert [lease.pool for lease in leases] == ["eagle", "baseline", "eagle"]
     assert routed == [("eagle", "tie"), ("baseline", "fastest"), ("eagle", "tie")]
-    # The mode is the pool of the last request; changing it is no switch.
-    assert switched == [] and pools.mode == "eagle" and pools.active_pool() == "eagle"
+    # No mode and no active pool under balance (each request picks its server): no switch.
+    assert switched == [] and pools.mode is None and pools.active_pool() is None
+    assert not pools.switches
+    # /health_generate asks every server that can take a request, not the last one's pool.
+    assert [s.url for s in pools.active_servers()] == ["http://e1", "http://b1"]
     assert not pools.draining("baseline")  # no pool is inactive under balance
     pools.drain("baseline")
     assert pools.draining("baseline")
+    assert [s.url for s in pools.active_servers()] == ["http://e1"]
     for lease in leases:
         lease.release()
