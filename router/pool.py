@@ -227,6 +227,7 @@ class Pools:
             self.on_route(server.pool, reason)
         server.account(now, 1)
         server.routed = self.seq
+        server.routed_at = now
         self.load += 1
         if self.signal is not None:
             self.signal.admitted(server.url)
@@ -267,7 +268,12 @@ class Pools:
         speed = s.speed
         if speed is None or s.in_flight > 0:
             return False
-        return now - speed.seen >= PROBE_AFTER_S or self.seq - s.routed >= PROBE_AFTER_REQUESTS
+        # Time counts from the later of the last observation learned and the last request sent:
+        # a probe whose observation could not be learned (its pair-mate was busy meanwhile, so it
+        # was not the server's alone speed) must not be sent again at once, or a pair at light
+        # load would keep one probe in flight on its other server all the time, sharing the GPU.
+        since = now - max(speed.seen, s.routed_at)
+        return since >= PROBE_AFTER_S or self.seq - s.routed >= PROBE_AFTER_REQUESTS
 
     def _view(self, s: Server, now: float, probes: bool = False) -> ServerView:
         stale = probes and self._stale(s, now)

@@ -37,6 +37,7 @@ class Server:
         "poll_warned",
         "pool",
         "routed",
+        "routed_at",
         "speed",
         "url",
     )
@@ -52,6 +53,8 @@ class Server:
         self.in_flight = 0
         # The router's request count (``Pools.seq``) when it last got a request.
         self.routed = 0
+        # The clock's time when it last got a request (what spaces probes out; see pool._stale).
+        self.routed_at = 0.0
         # The integral of in_flight over time (request-seconds) up to ``changed`` (the clock's
         # time of the last count change).
         self.area = 0.0

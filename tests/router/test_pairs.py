@@ -257,6 +257,43 @@ def test_a_stale_other_server_gets_one_probe_at_light_load() -> None:
     assert not pools.pairs[0].probing
 
 
+def test_a_probe_that_taught_nothing_is_not_sent_again_at_once() -> None:
+    """A probe beside a busy pair-mate is not learned (mixed speed): the next one waits its turn.
+
+    Before, the server stayed stale once its probe ended, so at light load every pair kept a
+    probe in flight on its baseline server beside the EAGLE server's requests (measured in the
+    simulator: half of the requests at C=4 on the baseline, 0.5x two EAGLE servers' tok/s)."""
+    now = [0.0]
+    pools = Pools(
+        [(E0, "eagle"), (B0, "baseline")],
+        ThresholdPolicy(),
+        threshold=8,  # light load for a probe: at most 2 in flight on the pair, counting it
+        hysteresis=1,
+        pairs=[(E0, B0)],
+        auto=True,
+        clock=lambda: now[0],
+    )
+    for s in pools.servers:
+        s.healthy = True
+    SpeedLearner(pools.servers, clock=lambda: now[0])
+    busy = pools.acquire()  # the pair's EAGLE server holds a request...
+    assert not busy.probe and busy.pool == "eagle"
+    now[0] = PROBE_AFTER_S + 1
+    probe = pools.acquire()  # ...and its stale baseline gets one probe beside it
+    assert probe.probe and probe.pool == "baseline"
+    now[0] += 1.0
+    probe.release()  # not learned: the mate was busy all along
+    for _ in range(3):
+        lease = pools.acquire()
+        assert (lease.pool, lease.probe) == ("eagle", False)
+        lease.release()
+    now[0] += PROBE_AFTER_S
+    again = pools.acquire()
+    assert again.probe and again.pool == "baseline"
+    for lease in (busy, again):
+        lease.release()
+
+
 def test_a_server_left_out_of_many_requests_gets_a_probe() -> None:
     pools = pair_pools(auto=True)
     SpeedLearner(pools.servers)
