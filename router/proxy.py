@@ -53,7 +53,7 @@ from dynspec.router.request import (
     read_body,
 )
 from dynspec.router.server import Server
-from dynspec.router.upstream import Client, ConnectError, Response, UpstreamError
+from dynspec.router.upstream import Client, ConnectError, NoAnswer, Response, UpstreamError
 
 logger = logging.getLogger(__name__)
 
@@ -262,7 +262,10 @@ class Proxy:
     # -- upstream side -----------------------------------------------------------------------------
 
     async def _open(self, req: _Request) -> Response:
-        """POST to the chosen server; a connect failure is retried once on another server."""
+        """POST to the chosen server. A server that cannot be reached, or that closes the
+        connection before any byte of its answer (it died with the request), gets the request
+        moved once to another server: the client has seen nothing yet, and generation has no
+        side effect a second server could repeat."""
         client = self.client
         path = req.path.encode()
         tried: set[str] = set()
@@ -276,22 +279,30 @@ class Proxy:
                 logger.warning("%s: cannot reach %s: %s", req.rid, server.url, exc)
                 if exc.refused and self.on_refused is not None:
                     self.on_refused(server)
-                tried.add(server.url)
-                if len(tried) > 1:
-                    raise BadGateway("no server could be reached") from None
-                req.lease.release()
-                try:
-                    # The load does not grow: the request is moving, not arriving again.
-                    req.lease = self.pools.acquire(frozenset(tried), limit=False)
-                except NoServer:
-                    raise BadGateway(
-                        f"the server {server.url} cannot be reached and no other can take "
-                        "the request"
-                    ) from None
+                failure = "cannot be reached"
+            except NoAnswer:
+                self.metrics.upstream_error(server.pool, "protocol")
+                logger.warning(
+                    "%s: %s closed the connection without answering", req.rid, server.url
+                )
+                failure = "closed the connection without answering"
             except UpstreamError as exc:
                 self.metrics.upstream_error(server.pool, "protocol")
                 logger.warning("%s: %s failed before answering: %s", req.rid, server.url, exc)
-                raise BadGateway("the server closed the connection without answering") from None
+                raise BadGateway("the server broke the exchange before answering") from None
+            tried.add(server.url)
+            if len(tried) > 1:
+                raise BadGateway(
+                    f"no server could take the request: the last one tried, {server.url}, {failure}"
+                )
+            req.lease.release()
+            try:
+                # The load does not grow: the request is moving, not arriving again.
+                req.lease = self.pools.acquire(frozenset(tried), limit=False)
+            except NoServer:
+                raise BadGateway(
+                    f"the server {server.url} {failure} and no other can take the request"
+                ) from None
 
     async def _relay(self, req: _Request, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()

@@ -61,6 +61,12 @@ class ProtocolError(UpstreamError):
     """The connection ended (or sent garbage) before the response was complete."""
 
 
+class NoAnswer(ProtocolError):
+    """A fresh connection closed before any byte of the response (the server died, or was
+    killed, with the request sent or being sent): nothing of it reached the client, so the
+    request may go to another server."""
+
+
 class _Stale(Exception):
     """A reused connection closed before any byte of the response: safe to send again."""
 
@@ -444,7 +450,7 @@ class Client:
         try:
             return await self._send_on(origin, conn, data)
         except _Stale:
-            raise ProtocolError("the server closed the connection without answering") from None
+            raise NoAnswer("the server closed the connection without answering") from None
 
     async def get(self, url: str, path: str, headers: bytes = b"") -> tuple[int, bytes]:
         """A whole GET: (status, body). For health checks and the model list, not the relay."""

@@ -23,6 +23,8 @@ SGLang's chunk shapes when streamed (role chunk for chat, one chunk per token, a
 ``stream_options.include_usage`` is true, ``[DONE]``). Request headers change that (they travel
 through the router untouched):
   x-fake-sleep-first: S   wait S seconds before answering
+  x-fake-close: 1         read the request, close the connection without answering (a server
+                          that died with the request)
   x-fake-status: N        answer N with an OpenAI-shaped error (and x-fake-origin: upstream)
   x-fake-split: 1         write each SSE event in three pieces, each its own HTTP chunk
   x-fake-delay: S         seconds between two writes of a stream (default 0.005)
@@ -164,6 +166,9 @@ class Handler(BaseHTTPRequestHandler):
         with self.lock:
             Handler.last_request = {"headers": headers, "body": req}
         time.sleep(float(headers.get("x-fake-sleep-first", "0")))
+        if headers.get("x-fake-close") == "1":
+            self.close_connection = True
+            return
         _SPLICE.text = headers.get("x-fake-prompt-tokens", "").encode()
         if "x-fake-status" in headers:
             status = int(headers["x-fake-status"])

@@ -12,7 +12,18 @@ from typing import Any
 
 import httpx
 import openai
-from routerkit import RouterProc, clear_faults, metric_value, router, set_faults, sim_proc, wait_for
+import pytest
+from routerkit import (
+    RouterProc,
+    clear_faults,
+    fake_upstream,
+    metric_value,
+    router,
+    set_faults,
+    sim,
+    sim_proc,
+    wait_for,
+)
 from utils import kill_group
 
 MESSAGES: Any = [{"role": "user", "content": "Tell me a long story."}]
@@ -230,6 +241,49 @@ async def test_connect_refused_is_retried_on_other_pool(
         assert rp.metric("dynspec_upstream_errors_total", pool="eagle", kind="connect") == 1
         assert rp.metric("dynspec_requests_total", pool="baseline", code="200") == 1
         await c.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_server_that_closes_without_answering_hands_the_request_on(
+    tmp_path: Path, stream: bool
+) -> None:
+    """The chosen server takes the request and closes the connection before any byte (it died
+    with the request): the client has seen nothing, so the request moves once to the other
+    pool and is answered there; the server stays up (a health check, not one request, says
+    when it is down)."""
+    with fake_upstream(tmp_path) as eagle, sim(tmp_path, "baseline") as baseline, router(
+        tmp_path, "--eagle-url", eagle, "--baseline-url", baseline
+    ) as rp:  # fmt: skip
+        body = {"messages": MESSAGES, "max_tokens": 3, "stream": stream}
+        r = httpx.post(
+            rp.url + "/v1/chat/completions", json=body, headers={"x-fake-close": "1"}, timeout=10
+        )
+        assert r.status_code == 200, r.text
+        assert r.headers["x-dynspec-backend"] == "baseline"
+        assert (b"data: [DONE]" in r.content) if stream else r.json()["choices"]
+        assert rp.metric("dynspec_upstream_errors_total", pool="eagle", kind="protocol") == 1
+        assert rp.metric("dynspec_requests_total", pool="baseline", code="200") == 1
+        assert rp.status()["servers"][0]["healthy"] is True
+        assert "closed the connection without answering" in rp.log.read_text()
+        assert wait_for(lambda: rp.status()["load"] == 0)
+
+
+def test_both_closing_without_answering_is_502(tmp_path: Path) -> None:
+    """Moved once, not round and round: when the second server closes too, a 502."""
+    with fake_upstream(tmp_path) as eagle, fake_upstream(tmp_path) as baseline, router(
+        tmp_path, "--eagle-url", eagle, "--baseline-url", baseline
+    ) as rp:  # fmt: skip
+        r = httpx.post(
+            rp.url + "/v1/chat/completions",
+            json={"messages": MESSAGES, "max_tokens": 3},
+            headers={"x-fake-close": "1"},
+            timeout=10,
+        )
+        assert r.status_code == 502
+        assert r.json()["error"]["code"] == "bad_gateway"
+        for pool in ("eagle", "baseline"):
+            assert rp.metric("dynspec_upstream_errors_total", pool=pool, kind="protocol") == 1
+        assert rp.status()["load"] == 0
 
 
 def test_both_unreachable_is_502(tmp_path: Path) -> None:
