@@ -21,7 +21,7 @@ from dynspec.common.cli import (
 )
 from dynspec.router.downstream import MAX_LINE_BYTES, ClientLimits
 from dynspec.router.loadsignal import SIGNALS
-from dynspec.router.policy import POLICIES, PoolName
+from dynspec.router.policy import AUTO_START, POLICIES, PoolName
 from dynspec.router.speed import ProfileError, SpeedProfile, profile_from_json
 from dynspec.router.thresholds import validate_settings
 from dynspec.router.upstream import tls_context
@@ -163,8 +163,6 @@ def parse_urls(text: str) -> tuple[str, ...]:
 
 
 # -- pairs and the learned threshold (issue 16) ----------------------------------------------------
-
-AUTO_START = 8
 
 
 def parse_pairs(text: str) -> tuple[tuple[str, str], ...]:

@@ -66,6 +66,7 @@ class ServerSpeed:
         "pool",
         "prior",
         "ratio",
+        "reach",
         "scale",
         "seeded",
         "seen",
@@ -91,6 +92,9 @@ class ServerSpeed:
         self.seeded = seeded
         # The learner's time of the last observation (or of its start): what a probe waits on.
         self.seen = now
+        # The largest load an observation of it was learned at (0: none yet): how far its own
+        # data, not the prior's shape, says what its speed is (``policy.auto_bound``).
+        self.reach = 0.0
         # The server's record, when the learner was built from records (the live router).
         self.server: Server | None = None
         self.limit_profile = limit
@@ -166,6 +170,7 @@ class SpeedLearner:
         now = self.clock()
         tpot = (duration - ttft) / (output_tokens - 1)
         speed.direct.add(mean_in_flight, tpot, now, speed.prior)
+        speed.reach = max(speed.reach, mean_in_flight)
         speed.seen = now
         self._changed(now)
 
@@ -199,6 +204,7 @@ class SpeedLearner:
         now = self.clock()
         load = running + (queued or 0.0)
         speed.polled.add(load, running / gen_throughput, now, speed.prior)
+        speed.reach = max(speed.reach, load)
         speed.seen = now
         self._changed(now)
 
@@ -258,5 +264,6 @@ class SpeedLearner:
             "predicted_tpot_s": curve.at(in_flight + 1),
             "curve": curve.points(),
             "running_limit": curve.limit,
+            "learned_reach": speed.reach,
             "spec_accept_length": speed.accept_length,
         }

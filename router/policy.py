@@ -281,6 +281,18 @@ def choose_pair(pairs: Sequence[PairView], exclude: frozenset[str] = frozenset()
 
 AUTO_MIN = 1
 AUTO_MAX = 512
+# Without a profile the learned threshold may go at most this far past the largest load the EAGLE
+# server was seen serving alone (and never below the start value, 8): past what was seen, both
+# curves are the prior's shape, which cannot say where the crossover is. On the real H200 an
+# unbounded derivation jumped from 8 to 512 on light-load data alone, and the pair then kept
+# EAGLE at 128-256 requests, where the baseline served more. Doubling follows a load that grows:
+# each step measures EAGLE where the next one is judged.
+AUTO_START = 8
+AUTO_GROWTH = 2.0
+# Under --threshold auto the hysteresis is at least this share of the threshold: a learned
+# threshold near the load a closed loop holds (126 at 128 streams) flipped the real pair's mode
+# 25 times in 10 s with the configured 2.
+AUTO_HYSTERESIS_SHARE = 0.25
 
 
 def derive_threshold(
@@ -298,6 +310,37 @@ def derive_threshold(
         if e > b:
             return max(AUTO_MIN, load - 1)
     return AUTO_MAX
+
+
+def auto_bound(reach: float | None, limit: int | None) -> int:
+    """The largest threshold the curves may set: ``AUTO_GROWTH`` times ``reach`` (the load EAGLE
+    was seen serving; None: a profile says what lies beyond), at least ``AUTO_START``; and at
+    most EAGLE's running ``limit`` (past it requests queue, which no measured TPOT shows)."""
+    bound = AUTO_MAX
+    if reach is not None:
+        bound = min(bound, max(AUTO_START, int(AUTO_GROWTH * reach)))
+    if limit is not None:
+        bound = min(bound, max(AUTO_MIN, limit))
+    return bound
+
+
+def auto_hysteresis(threshold: int, configured: int) -> int:
+    """The hysteresis under a learned threshold: the configured one, at least
+    ``AUTO_HYSTERESIS_SHARE`` of the threshold, always below it."""
+    share = int(threshold * AUTO_HYSTERESIS_SHARE + 0.5)
+    return max(0, min(max(configured, share), threshold - 1))
+
+
+def learned_settings(
+    derived: int, current: tuple[int, int], configured_hysteresis: int, bound: int
+) -> tuple[int, int] | None:
+    """The (threshold, hysteresis) for a ``derived`` threshold held to ``bound``, or None to
+    keep ``current``: a change of one current hysteresis step or less (at least 1) is not made,
+    so the threshold does not flicker with every new observation."""
+    threshold = min(max(derived, AUTO_MIN), bound, AUTO_MAX)
+    if abs(threshold - current[0]) <= max(current[1], 1):
+        return None
+    return threshold, auto_hysteresis(threshold, configured_hysteresis)
 
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (ThresholdPolicy, BalancePolicy)}

@@ -29,7 +29,6 @@ from collections.abc import Callable, Sequence
 from dynspec.router.errors import NoServer, Overloaded
 from dynspec.router.loadsignal import LoadSignal
 from dynspec.router.policy import (
-    AUTO_MAX,
     AUTO_MIN,
     POOLS,
     PairView,
@@ -37,8 +36,10 @@ from dynspec.router.policy import (
     PoolName,
     ServerView,
     Snapshot,
+    auto_bound,
     choose_pair,
     derive_threshold,
+    learned_settings,
     other_pool,
 )
 from dynspec.router.server import Pair, Server
@@ -285,14 +286,22 @@ class Pools:
         now = self.clock() if now is None else now
         return tuple(self._view(s, now, probes) for s in self.servers)
 
-    def _auto_settings(self, derived: int, current: Thresholds) -> Thresholds | None:
-        """The new settings for a derived threshold, or None to keep the current ones: a change
-        of one hysteresis step or less (at least 1) is not made, so the threshold does not
-        flicker with every new observation."""
-        derived = min(max(derived, AUTO_MIN), AUTO_MAX)
-        if abs(derived - current.threshold) <= max(self.hysteresis, 1):
-            return None
-        return Thresholds(derived, min(self.hysteresis, derived - 1))
+    def _auto_settings(
+        self, eagle: Sequence[Server], baseline: Sequence[Server], current: Thresholds
+    ) -> Thresholds | None:
+        """The new settings derived from the curves (``policy.learned_settings``), held to what
+        the EAGLE server was seen serving and to its running limit (``policy.auto_bound``; the
+        load spread over a pool's servers), or None to keep the current ones."""
+        derived = _derived(eagle, baseline)
+        speed = eagle[0].speed
+        n = len(eagle)
+        reach = None if speed is None or speed.seeded else speed.reach * n
+        limit = speed.limit if speed is not None else None
+        bound = auto_bound(reach, limit * n if limit is not None else None)
+        new = learned_settings(
+            derived, (current.threshold, current.hysteresis), self.hysteresis, bound
+        )
+        return Thresholds(*new) if new is not None else None
 
     def derive(self, now: float | None = None) -> None:
         """Derive each threshold again from the curves (at most every ``AUTO_EVERY_S``)."""
@@ -304,18 +313,23 @@ class Pools:
             for p in self.pairs:
                 if not (_measured(p.eagle) and _measured(p.baseline)):
                     continue
-                new = self._auto_settings(_derived([p.eagle], [p.baseline]), p.settings)
+                new = self._auto_settings([p.eagle], [p.baseline], p.settings)
                 if new is not None:
-                    logger.info("pair %d: threshold %d (learned)", p.index, new.threshold)
+                    logger.info(
+                        "pair %d: threshold %d, hysteresis %d (learned)",
+                        p.index,
+                        new.threshold,
+                        new.hysteresis,
+                    )
                     p.settings = new
             return
         eagle = [s for s in self.servers if s.pool == "eagle"]
         baseline = [s for s in self.servers if s.pool == "baseline"]
         if not eagle or not baseline or not all(_measured(s) for s in eagle[:1] + baseline[:1]):
             return
-        new = self._auto_settings(_derived(eagle, baseline), self.settings)
+        new = self._auto_settings(eagle, baseline, self.settings)
         if new is not None:
-            logger.info("threshold %d (learned)", new.threshold)
+            logger.info("threshold %d, hysteresis %d (learned)", new.threshold, new.hysteresis)
             self.settings = new
 
     # -- views ------------------------------------------------------------------------------------

@@ -13,12 +13,16 @@ from dynspec.router.config import parse_config
 from dynspec.router.learning import SpeedLearner
 from dynspec.router.policy import (
     AUTO_MAX,
+    AUTO_START,
     PairChoice,
     PairView,
     ServerView,
     ThresholdPolicy,
+    auto_bound,
+    auto_hysteresis,
     choose_pair,
     derive_threshold,
+    learned_settings,
 )
 from dynspec.router.pool import PROBE_AFTER_REQUESTS, PROBE_AFTER_S, Pools
 from dynspec.router.speed import BUCKETS, NEUTRAL_CURVE, SpeedCurve
@@ -233,11 +237,79 @@ def test_threshold_auto_learns_per_pair_and_an_operator_turns_it_off() -> None:
     assert pools.pairs[0].settings.threshold == 2
     now[0] = 3.0
     pools.derive()
+    # The curves say EAGLE is faster at every load (both the prior's shape past load 1), but
+    # EAGLE was seen at load 1 only: the threshold may go no further than the start value.
     p0 = pools.pairs[0].settings
-    assert p0.threshold > 2 and p0.hysteresis == 1
+    assert (p0.threshold, p0.hysteresis) == (AUTO_START, auto_hysteresis(AUTO_START, 1))
     assert pools.pairs[1].settings.threshold == 2  # not measured
+    # EAGLE seen serving 12 at once, still faster: the bound doubles past it.
+    for _ in range(20):
+        lr.finished(E0, 12, duration=1.5, ttft=0.0, output_tokens=101)
+    lr.rebuild()
+    now[0] = 6.0
+    pools.derive()
+    assert pools.pairs[0].settings.threshold == 24
     pools.set_settings(5, 1)
     assert not pools.auto and all(p.settings.threshold == 5 for p in pools.pairs)
+
+
+@pytest.mark.parametrize(
+    "reach, limit, bound",
+    [
+        (None, None, AUTO_MAX),  # seeded by a profile, no limit known: the curves decide
+        (0.0, None, AUTO_START),  # nothing seen yet: never below the start value
+        (3.0, None, AUTO_START),
+        (12.0, None, 24),
+        (12.4, None, 24),
+        (400.0, None, AUTO_MAX),
+        (100.0, 48, 48),  # past EAGLE's running limit requests queue
+        (None, 128, 128),
+        (2.0, 4, 4),
+    ],
+)
+def test_auto_bound(reach: float | None, limit: int | None, bound: int) -> None:
+    assert auto_bound(reach, limit) == bound
+
+
+@pytest.mark.parametrize(
+    "threshold, configured, hysteresis",
+    [(1, 2, 0), (2, 2, 1), (8, 2, 2), (8, 0, 2), (16, 2, 4), (126, 2, 32), (100, 40, 40)],
+)
+def test_auto_hysteresis_is_a_share_of_the_threshold(
+    threshold: int, configured: int, hysteresis: int
+) -> None:
+    assert auto_hysteresis(threshold, configured) == hysteresis
+
+
+@pytest.mark.parametrize(
+    "derived, current, bound, expected",
+    [
+        (512, (8, 2), 16, (16, 4)),  # held to the bound
+        (10, (8, 2), 512, None),  # within one hysteresis step: kept
+        (11, (8, 2), 512, (11, 3)),
+        (100, (126, 32), 512, None),  # 26 below a threshold whose hysteresis is 32: kept
+        (51, (126, 32), 512, (51, 13)),
+        (0, (8, 2), 512, (1, 0)),
+    ],
+)
+def test_learned_settings(
+    derived: int, current: tuple[int, int], bound: int, expected: tuple[int, int] | None
+) -> None:
+    assert learned_settings(derived, current, 2, bound) == expected
+
+
+def test_threshold_auto_stops_at_eagle_s_running_limit() -> None:
+    now = [0.0]
+    pools = pair_pools(auto=True, clock=now)
+    lr = SpeedLearner(pools.servers, clock=lambda: now[0])
+    for _ in range(20):
+        lr.finished(E0, 1, duration=1.0, ttft=0.0, output_tokens=101)
+        lr.finished(E0, 200, duration=2.0, ttft=0.0, output_tokens=101)
+        lr.finished(B0, 1, duration=3.0, ttft=0.0, output_tokens=101)
+    lr.set_limit(E0, 40)
+    now[0] = 3.0
+    pools.derive()
+    assert pools.pairs[0].settings.threshold == 40
 
 
 def test_a_stale_other_server_gets_one_probe_at_light_load() -> None:
