@@ -57,6 +57,7 @@ class ServerSpeed:
 
     __slots__ = (
         "accept_length",
+        "calibrated",
         "curve",
         "direct",
         "limit_profile",
@@ -104,6 +105,8 @@ class ServerSpeed:
         self.direct = BucketSet(keep)
         self.polled = BucketSet(keep)
         self.ratio = 1.0  # router-clock TPOT / server-clock TPOT
+        # Whether ``ratio`` was measured on this server (else it is borrowed, or 1).
+        self.calibrated = False
         self.scale: float | None = None  # measured level over the prior's
         self.accept_length: float | None = None
         self.curve: SpeedCurve = SpeedCurve(prior, limit)
@@ -234,13 +237,26 @@ class SpeedLearner:
         self._built = now
         self._dirty = False
         data: dict[str, list[tuple[float, float]]] = {}
+        sources: dict[str, tuple[list[tuple[float, float]], list[tuple[float, float]]]] = {}
         for speed in self.servers.values():
             direct = speed.direct.read(now)
             polled = speed.polled.read(now)
             ratio = calibration(direct, polled)
             if ratio is not None:
                 speed.ratio = ratio
-            merged = combine(direct, polled, speed.ratio)
+                speed.calibrated = True
+            sources[speed.url] = (direct, polled)
+        # A server whose own requests never overlapped its polls (a pair's baseline at light
+        # load: its probes ran beside EAGLE's requests, so none was learned) takes the clock
+        # ratio of those that were calibrated: the servers of one deployment share a clock (real
+        # time, or one simulator speed). Its polls alone, on the server's clock, read 4x slow
+        # from a simulator at --speed 4 and set a pair's learned threshold far too high.
+        ratios = [s.ratio for s in self.servers.values() if s.calibrated]
+        shared = sum(ratios) / len(ratios) if ratios else None
+        for speed in self.servers.values():
+            direct, polled = sources[speed.url]
+            ratio = speed.ratio if speed.calibrated or shared is None else shared
+            merged = combine(direct, polled, ratio)
             data[speed.url] = merged
             speed.scale = prior_scale(merged, speed.prior)
         known = [s.scale for s in self.servers.values() if s.scale is not None]

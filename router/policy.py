@@ -282,11 +282,15 @@ def choose_pair(pairs: Sequence[PairView], exclude: frozenset[str] = frozenset()
 AUTO_MIN = 1
 AUTO_MAX = 512
 # Without a profile the learned threshold may go at most this far past the largest load the EAGLE
-# server was seen serving alone (and never below the start value, 8): past what was seen, both
-# curves are the prior's shape, which cannot say where the crossover is. On the real H200 an
-# unbounded derivation jumped from 8 to 512 on light-load data alone, and the pair then kept
-# EAGLE at 128-256 requests, where the baseline served more. Doubling follows a load that grows:
-# each step measures EAGLE where the next one is judged.
+# server was seen serving alone, or past the load the pair (the pools) carries now, and never
+# below the start value, 8: past what was seen, both curves are the prior's shape, which cannot
+# say where the crossover is. On the real H200 an unbounded derivation jumped from 8 to 512 on
+# light-load data alone, and the pair then kept EAGLE at 128-256 requests, where the baseline
+# served more. Doubling follows a load that grows: each step measures EAGLE where the next one is
+# judged. The current load's share lets a pair that sits on its baseline at a load where the
+# curves say EAGLE would win try EAGLE there once (the threshold goes up to twice that load, so
+# the hysteresis lets the mode back): measured, the curves then keep it or switch back, and no
+# load is tried twice.
 AUTO_START = 8
 AUTO_GROWTH = 2.0
 # Under --threshold auto the hysteresis is at least this share of the threshold: a learned
@@ -295,30 +299,54 @@ AUTO_GROWTH = 2.0
 AUTO_HYSTERESIS_SHARE = 0.25
 
 
+# Past the load EAGLE was seen serving, its speed is judged against the baseline's: their TPOT
+# ratio (EAGLE over baseline) at that load, grown as load**AUTO_SPEEDUP_DECAY, since speculation
+# pays less as the batch grows. On the real H200 (accept 4.0) the ratio went 0.51, 0.72, 0.82,
+# 1.10 at 8, 32, 64, 128 requests: local slopes of 0.25, 0.19 and 0.42 in log-log. The smallest
+# is taken: a slope too small only costs a trial of EAGLE at a load where it then loses (the
+# bound lets one happen, and the measurement ends it), one too large keeps EAGLE off loads where
+# it wins, for good. Without it the prior's shape carried EAGLE's light-load lead to any load.
+AUTO_SPEEDUP_DECAY = 0.2
+
+
 def derive_threshold(
-    eagle: SpeedCurve, baseline: SpeedCurve, eagle_servers: int = 1, baseline_servers: int = 1
+    eagle: SpeedCurve,
+    baseline: SpeedCurve,
+    eagle_servers: int = 1,
+    baseline_servers: int = 1,
+    reach: float | None = None,
 ) -> int:
     """The largest load up to which EAGLE's predicted TPOT is no worse than the baseline's.
 
     Load ``L`` is spread evenly over each pool's servers (one each in a pair). The crossover is the
     first load where EAGLE is predicted slower: the threshold is the load just below it (at least
-    ``AUTO_MIN``), or ``AUTO_MAX`` when EAGLE is never slower up to it.
+    ``AUTO_MIN``), or ``AUTO_MAX`` when EAGLE is never slower up to it. With ``reach`` (the load
+    one EAGLE server was seen serving; None: a profile covers every load), EAGLE past it is at
+    least the baseline's TPOT times their ratio at ``reach``, grown by ``AUTO_SPEEDUP_DECAY``.
     """
+    ratio = 0.0
+    if reach is not None and reach >= 1:
+        at_reach = baseline.at(-(-int(reach * eagle_servers) // baseline_servers))
+        ratio = eagle.at(reach) / at_reach if at_reach > 0 else 0.0
     for load in range(AUTO_MIN, AUTO_MAX + 1):
-        e = eagle.at(-(-load // eagle_servers))
+        per_eagle = -(-load // eagle_servers)
+        e = eagle.at(per_eagle)
         b = baseline.at(-(-load // baseline_servers))
+        if ratio > 0 and reach is not None and per_eagle > reach:
+            e = max(e, b * ratio * (per_eagle / reach) ** AUTO_SPEEDUP_DECAY)
         if e > b:
             return max(AUTO_MIN, load - 1)
     return AUTO_MAX
 
 
-def auto_bound(reach: float | None, limit: int | None) -> int:
+def auto_bound(reach: float | None, limit: int | None, load: int = 0) -> int:
     """The largest threshold the curves may set: ``AUTO_GROWTH`` times ``reach`` (the load EAGLE
-    was seen serving; None: a profile says what lies beyond), at least ``AUTO_START``; and at
-    most EAGLE's running ``limit`` (past it requests queue, which no measured TPOT shows)."""
+    was seen serving; None: a profile says what lies beyond) or times the ``load`` carried now,
+    at least ``AUTO_START``; and at most EAGLE's running ``limit`` (past it requests queue,
+    which no measured TPOT shows)."""
     bound = AUTO_MAX
     if reach is not None:
-        bound = min(bound, max(AUTO_START, int(AUTO_GROWTH * reach)))
+        bound = min(bound, max(AUTO_START, int(AUTO_GROWTH * max(reach, load))))
     if limit is not None:
         bound = min(bound, max(AUTO_MIN, limit))
     return bound

@@ -287,17 +287,20 @@ class Pools:
         return tuple(self._view(s, now, probes) for s in self.servers)
 
     def _auto_settings(
-        self, eagle: Sequence[Server], baseline: Sequence[Server], current: Thresholds
+        self, eagle: Sequence[Server], baseline: Sequence[Server], current: Thresholds, load: int
     ) -> Thresholds | None:
-        """The new settings derived from the curves (``policy.learned_settings``), held to what
-        the EAGLE server was seen serving and to its running limit (``policy.auto_bound``; the
-        load spread over a pool's servers), or None to keep the current ones."""
-        derived = _derived(eagle, baseline)
+        """The new settings derived from the curves (``policy.learned_settings``), held to twice
+        what the EAGLE server was seen serving or the ``load`` carried now, and to its running
+        limit (``policy.auto_bound``; the load spread over a pool's servers), or None to keep
+        the current ones."""
         speed = eagle[0].speed
         n = len(eagle)
-        reach = None if speed is None or speed.seeded else speed.reach * n
+        reach = None if speed is None or speed.seeded else speed.reach
+        derived = _derived(eagle, baseline, reach)
         limit = speed.limit if speed is not None else None
-        bound = auto_bound(reach, limit * n if limit is not None else None)
+        bound = auto_bound(
+            reach * n if reach is not None else None, limit * n if limit is not None else None, load
+        )
         new = learned_settings(
             derived, (current.threshold, current.hysteresis), self.hysteresis, bound
         )
@@ -313,7 +316,7 @@ class Pools:
             for p in self.pairs:
                 if not (_measured(p.eagle) and _measured(p.baseline)):
                     continue
-                new = self._auto_settings([p.eagle], [p.baseline], p.settings)
+                new = self._auto_settings([p.eagle], [p.baseline], p.settings, self.pair_load(p))
                 if new is not None:
                     logger.info(
                         "pair %d: threshold %d, hysteresis %d (learned)",
@@ -327,7 +330,7 @@ class Pools:
         baseline = [s for s in self.servers if s.pool == "baseline"]
         if not eagle or not baseline or not all(_measured(s) for s in eagle[:1] + baseline[:1]):
             return
-        new = self._auto_settings(eagle, baseline, self.settings)
+        new = self._auto_settings(eagle, baseline, self.settings, self.policy_load())
         if new is not None:
             logger.info("threshold %d, hysteresis %d (learned)", new.threshold, new.hysteresis)
             self.settings = new
@@ -480,11 +483,11 @@ def _measured(s: Server) -> bool:
     return speed is not None and (speed.seeded or speed.scale is not None)
 
 
-def _derived(eagle: Sequence[Server], baseline: Sequence[Server]) -> int:
+def _derived(eagle: Sequence[Server], baseline: Sequence[Server], reach: float | None) -> int:
     e, b = eagle[0].curve, baseline[0].curve
     if e is None or b is None:
         return AUTO_MIN
-    return derive_threshold(e, b, len(eagle), len(baseline))
+    return derive_threshold(e, b, len(eagle), len(baseline), reach)
 
 
 __all__ = ["POOLS", "Lease", "Pair", "Pools", "Server"]

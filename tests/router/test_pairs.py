@@ -13,6 +13,7 @@ from dynspec.router.config import parse_config
 from dynspec.router.learning import SpeedLearner
 from dynspec.router.policy import (
     AUTO_MAX,
+    AUTO_SPEEDUP_DECAY,
     AUTO_START,
     PairChoice,
     PairView,
@@ -161,6 +162,21 @@ def test_derive_threshold_is_the_last_load_before_eagle_is_slower() -> None:
     # EAGLE never slower: the top; always slower: the bottom.
     assert derive_threshold(NEUTRAL_CURVE, NEUTRAL_CURVE) == AUTO_MAX
     assert derive_threshold(baseline, eagle) == 1
+
+
+def test_derive_threshold_past_reach_grows_eagle_s_ratio_to_the_baseline() -> None:
+    """Both curves the same shape, EAGLE 0.8x the baseline's TPOT everywhere: the curves alone
+    say EAGLE never loses, but past the load it was seen at (8) the ratio grows as
+    load**AUTO_SPEEDUP_DECAY and reaches 1 at 8 * 0.8**-5 = 24.4."""
+    baseline = curve(lambda b: 0.020 + 0.001 * (b - 1))
+    eagle = curve(lambda b: 0.8 * (0.020 + 0.001 * (b - 1)))
+    assert derive_threshold(eagle, baseline) == AUTO_MAX
+    assert AUTO_SPEEDUP_DECAY == 0.2
+    assert derive_threshold(eagle, baseline, reach=8) == 24
+    # Seen further: the same ratio holds further.
+    assert derive_threshold(eagle, baseline, reach=32) == 97
+    # Two servers per pool: reach is one server's load, the threshold the pools' total.
+    assert derive_threshold(eagle, baseline, 2, 2, reach=8) in (48, 49)
 
 
 def pair_pools(auto: bool = False, clock: list[float] | None = None) -> Pools:
