@@ -35,7 +35,7 @@ import tarfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -104,11 +104,19 @@ class Run:
     def say(self, text: str) -> None:
         print(f"[gpu-run {time.monotonic() - self.t0:5.0f}s] {text}", flush=True)
 
-    def spawn(self, name: str, argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+    def spawn(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log: Path,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """A child in its own process group; ``env`` is added to the run's environment."""
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as f:
             f.write(f"==> {shlex.join(argv)}\n".encode())
-        return self.children.start(name, argv, env=self.env, log=log, append=True)
+        merged = {**self.env, **(env or {})}
+        return self.children.start(name, argv, env=merged, log=log, append=True)
 
     def stop(self, proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
         """Stop the child's process group, and SIGKILL the group even when its leader is gone
@@ -153,9 +161,17 @@ def kill_tagged(tag: str) -> list[int]:
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def fetch(url: str, timeout: float = 10.0) -> str:
+def fetch(
+    url: str,
+    timeout: float = 10.0,
+    *,
+    headers: Mapping[str, str] | None = None,
+    data: bytes | None = None,
+    method: str | None = None,
+) -> str:
     """A loopback page's text (never through a proxy from the environment)."""
-    with _NO_PROXY.open(url, timeout=timeout) as r:
+    req = urllib.request.Request(url, data=data, headers=dict(headers or {}), method=method)
+    with _NO_PROXY.open(req, timeout=timeout) as r:
         return str(r.read().decode("utf-8", "replace"))
 
 
@@ -275,6 +291,61 @@ def wait_launcher(run: Run, proc: subprocess.Popen[bytes], log: Path) -> float:
     raise RunFailed(f"dynspec-launch was not ready in time; see {log} and the logs beside it")
 
 
+def start_launcher(
+    run: Run, launch: Sequence[str], env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``dynspec-launch``: its ``--dry-run`` first (a bad flag is one line, nothing started; its
+    command lines go to the meta), then the launcher itself, until its ready banner."""
+    dry = subprocess.run(
+        [*launch, "--dry-run"],
+        env={**run.env, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if dry.returncode != 0:
+        raise RunFailed(f"dynspec-launch --dry-run: {last_line_of(dry.stderr)}")
+    run.meta.update(launch_argv=list(launch[1:]), commands=dry_run_commands(dry.stdout))
+    run.say("launch: " + shlex.join(launch[3:]))
+    log = run.logs / "launcher.log"
+    proc = run.spawn("launcher", launch, log, env)
+    took = wait_launcher(run, proc, log)
+    run.meta["launch_ready_s"] = round(took, 1)
+    run.say(f"launcher ready after {took:.0f}s")
+    return proc
+
+
+def stop_launcher(run: Run, proc: subprocess.Popen[bytes]) -> None:
+    """SIGINT, as Ctrl-C: the router drains, then each server's process group is stopped."""
+    run.say("stopping the launcher (SIGINT: router drains, servers stop)")
+    proc.send_signal(signal.SIGINT)
+    try:
+        run.meta["launcher_exit"] = proc.wait(90)
+    except subprocess.TimeoutExpired:
+        run.meta["launcher_exit"] = "timeout"
+
+
+def compute_apps(*, header: bool = True, env: Mapping[str, str] | None = None) -> tuple[bool, str]:
+    """``nvidia-smi``'s compute processes (under MPS the servers run inside its server): whether
+    it answered, and its text (else the reason it did not)."""
+    fmt = "csv" if header else "csv,noheader"
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", f"--format={fmt}"],
+            env=None if env is None else dict(env),
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"nvidia-smi: {exc}"
+    if done.returncode != 0:
+        return False, (done.stderr.strip() or done.stdout.strip() or f"exit {done.returncode}")
+    return True, done.stdout.strip()
+
+
 # -- sweeps --------------------------------------------------------------------------------------
 
 
@@ -345,24 +416,7 @@ def plan_main(
         "--log-dir", str(run.logs), "--restart", "never", "--kill-grace", "15",
         "--startup-timeout", f"{max(60.0, run.left() - 240):.0f}", "--progress-every", "15",
     ]  # fmt: skip
-    dry = subprocess.run(
-        [*launch, "--dry-run"],
-        env=run.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if dry.returncode != 0:
-        raise RunFailed(f"dynspec-launch --dry-run: {last_line_of(dry.stderr)}")
-    run.meta["launch_argv"] = launch[1:]
-    run.meta["commands"] = dry_run_commands(dry.stdout)
-    run.say("launch: " + shlex.join(launch[3:]))
-    log = run.logs / "launcher.log"
-    proc = run.spawn("launcher", launch, log)
-    took = wait_launcher(run, proc, log)
-    run.meta["launch_ready_s"] = round(took, 1)
-    run.say(f"launcher ready after {took:.0f}s")
+    proc = start_launcher(run, launch)
     router, eagle, baseline = (f"http://127.0.0.1:{port}" for port in run.ports)
     files = [deploy / "grafana" / "dynspec.json", deploy / "prometheus" / "alerts.yml"]
     checks = RouterChecks(
@@ -392,12 +446,7 @@ def plan_main(
     run.meta["accept_after_sweep"] = gauge(fetch(f"{eagle}/metrics"), "sglang:spec_accept_length")
     with contextlib.suppress(OSError, ValueError):
         run.meta["router_status"] = json.loads(fetch(f"{router}/status"))
-    run.say("stopping the launcher (SIGINT: router drains, servers stop)")
-    proc.send_signal(signal.SIGINT)
-    try:
-        run.meta["launcher_exit"] = proc.wait(90)
-    except subprocess.TimeoutExpired:
-        run.meta["launcher_exit"] = "timeout"
+    stop_launcher(run, proc)
     return 0 if all(r.ok for r in results) else 1
 
 
