@@ -13,6 +13,9 @@ Plans, each one command on the GPU machine (at most about 9 minutes, checked aga
   ``--mps``: the routed pair and each server alone, C = 1..256 (``pair.py``).
 - ``eight``: eight H200s, a random 70B-shaped model at tp 4, one ``--layout`` per command
   (``eight.py``; ``--dry-run`` prints every command).
+- ``kill``: the pair of ``pair-a`` with ``--restart on-failure``; one server SIGKILLed under a
+  closed load of C=32 through the router, three times: restart times, failed requests, load
+  after, no GPU process left after the stop (``kill.py``; ``--dry-run`` prints its steps).
 
 Bad input stops the run with one line naming what failed and the log to read (exit 1), and no
 process of the run is left behind: every child runs in its own process group, stopped at the end.
@@ -458,7 +461,8 @@ def last_line_of(text: str) -> str:
 # -- entry ---------------------------------------------------------------------------------------
 
 
-PLANS = ("main", "levels", "pair-a", "pair-b", "eight")
+PLANS = ("main", "levels", "pair-a", "pair-b", "eight", "kill")
+KILL_SERVERS = ("eagle", "baseline")
 EIGHT_LAYOUTS = ("build", "split", "paired", "paired-mps", "2x-eagle", "2x-baseline", "2x-adaptive")
 
 
@@ -469,6 +473,14 @@ def _threshold(text: str) -> str:
         return str(positive_int(text))
     except (ValueError, TypeError, argparse.ArgumentTypeError):
         raise argparse.ArgumentTypeError(f"want a whole number >= 1 or auto: {text!r}") from None
+
+
+def _kills(text: str) -> tuple[str, ...]:
+    servers = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in servers if x not in KILL_SERVERS]
+    if not servers or bad:
+        raise argparse.ArgumentTypeError(f"want eagle or baseline, comma-separated: {text!r}")
+    return servers
 
 
 def _ports(text: str) -> tuple[int, int, int]:
@@ -515,7 +527,18 @@ def parser() -> FlagParser:
     p.add_argument("--layout", default="split", help="eight plan: " + ", ".join(EIGHT_LAYOUTS))
     p.add_argument("--draft", choices=("hi", "p54"), default="hi", help="eight plan: EAGLE draft")
     p.add_argument(
-        "--dry-run", action="store_true", help="eight plan: print every command, start nothing"
+        "--concurrency", type=positive_int, default=32, help="kill plan: closed-loop clients"
+    )
+    p.add_argument(
+        "--kills",
+        type=_kills,
+        default="eagle,baseline,eagle",
+        help="kill plan: the server SIGKILLed by each kill, in order",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="eight and kill plans: print every command, start nothing",
     )
     return p
 
@@ -533,6 +556,16 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         parser().error(f"--layout: unknown layout {args.layout!r}")
     if args.plan == "eight" and args.layout == "all" and not args.dry_run:
         parser().error("--layout all only with --dry-run (one layout per command)")
+    if args.dry_run and args.plan not in ("eight", "kill"):
+        parser().error("--dry-run: only the eight and kill plans have one")
+    if args.dry_run and args.plan == "kill":
+        from dynspec.bench.gpu.kill import dry_run as kill_dry_run
+
+        dry = Run(out=args.out, work=args.work, deadline=time.monotonic() + args.budget, env={})
+        dry.ports = args.ports
+        print(kill_dry_run(dry, args.models or args.work / "models", concurrency=args.concurrency,
+                           kills=args.kills), end="")  # fmt: skip
+        sys.exit(0)
     if args.dry_run:
         from dynspec.bench.gpu.eight import dry_run
 
@@ -586,6 +619,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                 levels=levels,
                 threshold=args.threshold or "auto",
             )
+        elif args.plan == "kill":
+            from dynspec.bench.gpu.kill import plan_kill
+
+            code = plan_kill(run, models, concurrency=args.concurrency, kills=args.kills)
         elif args.plan == "eight":
             from dynspec.bench.gpu.eight import plan_eight
 
