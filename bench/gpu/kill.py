@@ -6,7 +6,10 @@ kill: a closed loop of C=32 streamed chat requests through the router (``killloa
 random words in, 128 tokens out), the router's threshold set with ``PUT /admin/threshold`` so
 that all of that load sits on the server about to die, then SIGKILL to that server's main
 process (``sglang.launch_server``: the launcher's child listening on the server's port; its
-scheduler and detokenizer are its children, in its process group). Measured per kill: how long
+scheduler and detokenizer are its children, in its process group, and in SGLang 0.5.17 both call
+``kill_itself_when_parent_died()``, ``PR_SET_PDEATHSIG`` = SIGKILL, so the kernel ends them with
+it; the launcher then stops whatever of the group is left before it restarts the server, SIGTERM
+then SIGKILL after ``--kill-grace``). Measured per kill: how long
 until its workers were gone, the launcher started it again, the launcher saw it healthy, and the
 router did (``GET /status``, the server's ``healthy``); every request (``OUT/kill.jsonl``) and
 what failed: cut after its first byte, or failed before it (a router that retries such a request
