@@ -194,6 +194,7 @@ async def send_request(
     try:
         async with session.post(target.url, data=body, headers=headers) as resp:
             trace.backend = resp.headers.get("x-dynspec-backend")
+            trace.status = resp.status
             if resp.status != 200:
                 text = await resp.text()
                 trace.error = f"HTTP {resp.status}: {text[:200]}"
@@ -203,10 +204,12 @@ async def send_request(
                 if not line.startswith(_DATA):
                     continue
                 now = time.perf_counter()
+                if trace.first_byte is None:
+                    trace.first_byte = now
                 trace.end = now
                 payload = line[5:].strip()
                 if payload == _DONE:
-                    done = True
+                    done = trace.done = True
                     continue
                 if payload.startswith(b'{"error"'):
                     trace.error = payload[:200].decode(errors="replace")

@@ -41,6 +41,11 @@ class RequestTrace:
     error: str = ""
     # The router's pool for this request (``x-dynspec-backend``), when the target is a router.
     backend: str | None = None
+    # The response's HTTP status (None: no response); the first ``data:`` line's arrival, content
+    # or not (None: no byte of the body); whether the stream ended with ``data: [DONE]``.
+    status: int | None = None
+    first_byte: float | None = None
+    done: bool = False
 
     @property
     def ttft(self) -> float:

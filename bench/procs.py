@@ -4,6 +4,9 @@ stop of the whole group (SIGTERM, then SIGKILL after a grace period) that always
 
 Readiness is polled with the standard library's HTTP client, without proxies: it only ever asks
 loopback addresses, and a proxy variable in the environment must not take those requests elsewhere.
+
+The ``/proc`` readers at the end (Linux) follow processes the benchmarks did not start themselves:
+a launcher's servers and their workers.
 """
 
 from __future__ import annotations
@@ -193,3 +196,61 @@ def _label(argv: Sequence[str]) -> str:
     if len(argv) > 1 and Path(argv[0]).name.startswith("python"):
         return Path(argv[1]).name
     return Path(argv[0]).name
+
+
+# -- /proc ---------------------------------------------------------------------------------------
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent, start time in clock ticks) of a process, None when there is none."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+    fields = text[text.rfind(")") + 2 :].split()
+    return fields[0], int(fields[1]), int(fields[19])
+
+
+def alive(pid: int, started: int) -> bool:
+    """The same process (not a later one with its number) still runs (a zombie does not)."""
+    st = proc_stat(pid)
+    return st is not None and st[0] != "Z" and st[2] == started
+
+
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def parents() -> dict[int, int]:
+    """pid -> parent of every live process."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            st = proc_stat(int(entry.name))
+            if st is not None and st[0] != "Z":
+                found[int(entry.name)] = st[1]
+    return found
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below ``root`` (children, their children, ...)."""
+    tree = parents()
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        kids = [p for p, parent in tree.items() if parent == pid]
+        found += kids
+        todo += kids
+    return found

@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shlex
-import signal
-import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,14 +27,13 @@ from dynspec.bench.gpu.run import (
     SERVED,
     SGLANG_ARGS,
     Run,
-    RunFailed,
     check_model_loads,
-    dry_run_commands,
+    compute_apps,
     fetch,
     gauge,
-    last_line_of,
+    start_launcher,
+    stop_launcher,
     sweep,
-    wait_launcher,
 )
 
 TITLE = "One H200 = one pair, SGLang 0.5.17, random 8B (tp 1)"
@@ -145,11 +141,22 @@ def parse_levels(text: str) -> list[int]:
 # -- the run -------------------------------------------------------------------------------------
 
 
-def launch_argv(run: Run, models: Path, *, threshold: str, mps: bool) -> list[str]:
+def launch_argv(
+    run: Run,
+    models: Path,
+    *,
+    threshold: str,
+    mps: bool,
+    hysteresis: int | None = None,
+    restart: str = "never",
+) -> list[str]:
+    """``dynspec-launch --gpus 0``: the pair of these plans (and of ``kill``, which restarts its
+    servers: ``restart`` on-failure)."""
     argv = [
         run.python, "-m", "dynspec.launcher", "--gpus", "0",
         "--model-path", str(models / "llama8b"), "--draft-model-path", str(models / "eagle3-hi"),
         "--served-model-name", SERVED, *EAGLE_STEPS_ALL, "--threshold", threshold,
+        *(["--hysteresis", str(hysteresis)] if hysteresis is not None else []),
         "--host", "127.0.0.1", "--port", str(run.ports[0]),
         "--eagle-port", str(run.ports[1]), "--baseline-port", str(run.ports[2]),
         "--sglang-args", SGLANG_ARGS,
@@ -157,7 +164,7 @@ def launch_argv(run: Run, models: Path, *, threshold: str, mps: bool) -> list[st
         # lost to the baseline from C=128 on), graphs up to 128 keep its start short.
         "--eagle-args", "--max-running-requests 128",
         "--baseline-args", "--cuda-graph-max-bs-decode 256",
-        "--log-dir", str(run.logs), "--restart", "never", "--kill-grace", "15",
+        "--log-dir", str(run.logs), "--restart", restart, "--kill-grace", "15",
         "--startup-timeout", f"{max(60.0, run.left() - 240):.0f}", "--progress-every", "15",
     ]  # fmt: skip
     if mps:
@@ -181,21 +188,6 @@ def learned_threshold(status: Mapping[str, Any]) -> dict[str, Any]:
     return found
 
 
-def compute_apps() -> str:
-    """``nvidia-smi``'s compute processes (under MPS the servers run inside its server)."""
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"nvidia-smi: {exc}"
-    return done.stdout.strip() or done.stderr.strip()
-
-
 def record_status(run: Run, router: str, label: str) -> None:
     try:
         status = json.loads(fetch(f"{router}/status"))
@@ -217,24 +209,8 @@ def plan_pair(run: Run, models: Path, plan: PairPlan, *, levels: str, threshold:
         run.meta["expected_s"] = {k: round(v) for k, v in expected.items()}
         run.say(f"expected about {expected['total']:.0f}s in all")
     launch = launch_argv(run, models, threshold=threshold, mps=plan.mps)
-    dry = subprocess.run(
-        [*launch, "--dry-run"],
-        env=run.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if dry.returncode != 0:
-        raise RunFailed(f"dynspec-launch --dry-run: {last_line_of(dry.stderr)}")
-    run.meta.update(launch_argv=launch[1:], commands=dry_run_commands(dry.stdout))
-    run.say("launch: " + shlex.join(launch[3:]))
-    log = run.logs / "launcher.log"
-    proc = run.spawn("launcher", launch, log)
-    took = wait_launcher(run, proc, log)
-    run.meta["launch_ready_s"] = round(took, 1)
-    run.meta["compute_apps"] = compute_apps()
-    run.say(f"launcher ready after {took:.0f}s")
+    proc = start_launcher(run, launch)
+    run.meta["compute_apps"] = compute_apps()[1]
     router, eagle, baseline = (f"http://127.0.0.1:{p}" for p in run.ports)
     urls = {"routed": router, "eagle": eagle, "baseline": baseline}
     jsonl = run.out / f"sweep-{plan.name}.jsonl"
@@ -259,12 +235,7 @@ def plan_pair(run: Run, models: Path, plan: PairPlan, *, levels: str, threshold:
             with contextlib.suppress(OSError, ValueError):
                 accept = gauge(fetch(f"{eagle}/metrics"), "sglang:spec_accept_length")
                 run.meta["accept_after_sweep"] = accept
-    run.say("stopping the launcher (SIGINT: router drains, servers stop)")
-    proc.send_signal(signal.SIGINT)
-    try:
-        run.meta["launcher_exit"] = proc.wait(90)
-    except subprocess.TimeoutExpired:
-        run.meta["launcher_exit"] = "timeout"
+    stop_launcher(run, proc)
     write_summary(run.out / f"{plan.name}-summary.json", jsonl, run.meta)
     return 0
 

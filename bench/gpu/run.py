@@ -13,6 +13,9 @@ Plans, each one command on the GPU machine (at most about 9 minutes, checked aga
   ``--mps``: the routed pair and each server alone, C = 1..256 (``pair.py``).
 - ``eight``: eight H200s, a random 70B-shaped model at tp 4, one ``--layout`` per command
   (``eight.py``; ``--dry-run`` prints every command).
+- ``kill``: the pair of ``pair-a`` with ``--restart on-failure``; one server SIGKILLed under a
+  closed load of C=32 through the router, three times: restart times, failed requests, load
+  after, no GPU process left after the stop (``kill.py``; ``--dry-run`` prints its steps).
 
 Bad input stops the run with one line naming what failed and the log to read (exit 1), and no
 process of the run is left behind: every child runs in its own process group, stopped at the end.
@@ -35,7 +38,7 @@ import tarfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -104,11 +107,19 @@ class Run:
     def say(self, text: str) -> None:
         print(f"[gpu-run {time.monotonic() - self.t0:5.0f}s] {text}", flush=True)
 
-    def spawn(self, name: str, argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+    def spawn(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log: Path,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """A child in its own process group; ``env`` is added to the run's environment."""
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as f:
             f.write(f"==> {shlex.join(argv)}\n".encode())
-        return self.children.start(name, argv, env=self.env, log=log, append=True)
+        merged = {**self.env, **(env or {})}
+        return self.children.start(name, argv, env=merged, log=log, append=True)
 
     def stop(self, proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
         """Stop the child's process group, and SIGKILL the group even when its leader is gone
@@ -153,9 +164,17 @@ def kill_tagged(tag: str) -> list[int]:
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def fetch(url: str, timeout: float = 10.0) -> str:
+def fetch(
+    url: str,
+    timeout: float = 10.0,
+    *,
+    headers: Mapping[str, str] | None = None,
+    data: bytes | None = None,
+    method: str | None = None,
+) -> str:
     """A loopback page's text (never through a proxy from the environment)."""
-    with _NO_PROXY.open(url, timeout=timeout) as r:
+    req = urllib.request.Request(url, data=data, headers=dict(headers or {}), method=method)
+    with _NO_PROXY.open(req, timeout=timeout) as r:
         return str(r.read().decode("utf-8", "replace"))
 
 
@@ -275,6 +294,61 @@ def wait_launcher(run: Run, proc: subprocess.Popen[bytes], log: Path) -> float:
     raise RunFailed(f"dynspec-launch was not ready in time; see {log} and the logs beside it")
 
 
+def start_launcher(
+    run: Run, launch: Sequence[str], env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``dynspec-launch``: its ``--dry-run`` first (a bad flag is one line, nothing started; its
+    command lines go to the meta), then the launcher itself, until its ready banner."""
+    dry = subprocess.run(
+        [*launch, "--dry-run"],
+        env={**run.env, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if dry.returncode != 0:
+        raise RunFailed(f"dynspec-launch --dry-run: {last_line_of(dry.stderr)}")
+    run.meta.update(launch_argv=list(launch[1:]), commands=dry_run_commands(dry.stdout))
+    run.say("launch: " + shlex.join(launch[3:]))
+    log = run.logs / "launcher.log"
+    proc = run.spawn("launcher", launch, log, env)
+    took = wait_launcher(run, proc, log)
+    run.meta["launch_ready_s"] = round(took, 1)
+    run.say(f"launcher ready after {took:.0f}s")
+    return proc
+
+
+def stop_launcher(run: Run, proc: subprocess.Popen[bytes]) -> None:
+    """SIGINT, as Ctrl-C: the router drains, then each server's process group is stopped."""
+    run.say("stopping the launcher (SIGINT: router drains, servers stop)")
+    proc.send_signal(signal.SIGINT)
+    try:
+        run.meta["launcher_exit"] = proc.wait(90)
+    except subprocess.TimeoutExpired:
+        run.meta["launcher_exit"] = "timeout"
+
+
+def compute_apps(*, header: bool = True, env: Mapping[str, str] | None = None) -> tuple[bool, str]:
+    """``nvidia-smi``'s compute processes (under MPS the servers run inside its server): whether
+    it answered, and its text (else the reason it did not)."""
+    fmt = "csv" if header else "csv,noheader"
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", f"--format={fmt}"],
+            env=None if env is None else dict(env),
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"nvidia-smi: {exc}"
+    if done.returncode != 0:
+        return False, (done.stderr.strip() or done.stdout.strip() or f"exit {done.returncode}")
+    return True, done.stdout.strip()
+
+
 # -- sweeps --------------------------------------------------------------------------------------
 
 
@@ -345,24 +419,7 @@ def plan_main(
         "--log-dir", str(run.logs), "--restart", "never", "--kill-grace", "15",
         "--startup-timeout", f"{max(60.0, run.left() - 240):.0f}", "--progress-every", "15",
     ]  # fmt: skip
-    dry = subprocess.run(
-        [*launch, "--dry-run"],
-        env=run.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if dry.returncode != 0:
-        raise RunFailed(f"dynspec-launch --dry-run: {last_line_of(dry.stderr)}")
-    run.meta["launch_argv"] = launch[1:]
-    run.meta["commands"] = dry_run_commands(dry.stdout)
-    run.say("launch: " + shlex.join(launch[3:]))
-    log = run.logs / "launcher.log"
-    proc = run.spawn("launcher", launch, log)
-    took = wait_launcher(run, proc, log)
-    run.meta["launch_ready_s"] = round(took, 1)
-    run.say(f"launcher ready after {took:.0f}s")
+    proc = start_launcher(run, launch)
     router, eagle, baseline = (f"http://127.0.0.1:{port}" for port in run.ports)
     files = [deploy / "grafana" / "dynspec.json", deploy / "prometheus" / "alerts.yml"]
     checks = RouterChecks(
@@ -392,12 +449,7 @@ def plan_main(
     run.meta["accept_after_sweep"] = gauge(fetch(f"{eagle}/metrics"), "sglang:spec_accept_length")
     with contextlib.suppress(OSError, ValueError):
         run.meta["router_status"] = json.loads(fetch(f"{router}/status"))
-    run.say("stopping the launcher (SIGINT: router drains, servers stop)")
-    proc.send_signal(signal.SIGINT)
-    try:
-        run.meta["launcher_exit"] = proc.wait(90)
-    except subprocess.TimeoutExpired:
-        run.meta["launcher_exit"] = "timeout"
+    stop_launcher(run, proc)
     return 0 if all(r.ok for r in results) else 1
 
 
@@ -409,7 +461,8 @@ def last_line_of(text: str) -> str:
 # -- entry ---------------------------------------------------------------------------------------
 
 
-PLANS = ("main", "levels", "pair-a", "pair-b", "eight")
+PLANS = ("main", "levels", "pair-a", "pair-b", "eight", "kill")
+KILL_SERVERS = ("eagle", "baseline")
 EIGHT_LAYOUTS = ("build", "split", "paired", "paired-mps", "2x-eagle", "2x-baseline", "2x-adaptive")
 
 
@@ -420,6 +473,14 @@ def _threshold(text: str) -> str:
         return str(positive_int(text))
     except (ValueError, TypeError, argparse.ArgumentTypeError):
         raise argparse.ArgumentTypeError(f"want a whole number >= 1 or auto: {text!r}") from None
+
+
+def _kills(text: str) -> tuple[str, ...]:
+    servers = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in servers if x not in KILL_SERVERS]
+    if not servers or bad:
+        raise argparse.ArgumentTypeError(f"want eagle or baseline, comma-separated: {text!r}")
+    return servers
 
 
 def _ports(text: str) -> tuple[int, int, int]:
@@ -466,7 +527,18 @@ def parser() -> FlagParser:
     p.add_argument("--layout", default="split", help="eight plan: " + ", ".join(EIGHT_LAYOUTS))
     p.add_argument("--draft", choices=("hi", "p54"), default="hi", help="eight plan: EAGLE draft")
     p.add_argument(
-        "--dry-run", action="store_true", help="eight plan: print every command, start nothing"
+        "--concurrency", type=positive_int, default=32, help="kill plan: closed-loop clients"
+    )
+    p.add_argument(
+        "--kills",
+        type=_kills,
+        default="eagle,baseline,eagle",
+        help="kill plan: the server SIGKILLed by each kill, in order",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="eight and kill plans: print every command, start nothing",
     )
     return p
 
@@ -484,6 +556,16 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         parser().error(f"--layout: unknown layout {args.layout!r}")
     if args.plan == "eight" and args.layout == "all" and not args.dry_run:
         parser().error("--layout all only with --dry-run (one layout per command)")
+    if args.dry_run and args.plan not in ("eight", "kill"):
+        parser().error("--dry-run: only the eight and kill plans have one")
+    if args.dry_run and args.plan == "kill":
+        from dynspec.bench.gpu.kill import dry_run as kill_dry_run
+
+        dry = Run(out=args.out, work=args.work, deadline=time.monotonic() + args.budget, env={})
+        dry.ports = args.ports
+        print(kill_dry_run(dry, args.models or args.work / "models", concurrency=args.concurrency,
+                           kills=args.kills), end="")  # fmt: skip
+        sys.exit(0)
     if args.dry_run:
         from dynspec.bench.gpu.eight import dry_run
 
@@ -537,6 +619,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                 levels=levels,
                 threshold=args.threshold or "auto",
             )
+        elif args.plan == "kill":
+            from dynspec.bench.gpu.kill import plan_kill
+
+            code = plan_kill(run, models, concurrency=args.concurrency, kills=args.kills)
         elif args.plan == "eight":
             from dynspec.bench.gpu.eight import plan_eight
 

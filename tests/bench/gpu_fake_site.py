@@ -2,6 +2,10 @@
 
 The bundle's ``sglang.launch_server`` takes SGLang's flags and runs ``dynspec-sim`` (which speaks
 SGLang's HTTP surface, /metrics included); ``torch`` and ``transformers`` are just importable.
+With ``workers`` each server first forks a ``sglang::schedul`` child in its process group that
+dies with it (``PR_SET_PDEATHSIG``, as SGLang's scheduler and detokenizer do), and the fake
+``nvidia-smi --query-compute-apps`` lists those children of the run (by its ``GPU_RUN_TAG``) as
+the real one lists SGLang's schedulers.
 """
 
 from __future__ import annotations
@@ -24,6 +28,17 @@ args, _ = p.parse_known_args()
 if os.environ.get("FAKE_SGLANG_CRASH"):
     print("loading weights ... RuntimeError: CUDA out of memory (fake)", flush=True)
     sys.exit(1)
+if os.environ.get("FAKE_SGLANG_WORKERS"):
+    parent = os.getpid()
+    if os.fork() == 0:
+        import ctypes, signal, time
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(0)
+        with open("/proc/self/comm", "w") as f:
+            f.write("sglang::schedul")
+        while True:
+            time.sleep(3600)
 argv = [sys.executable, "-m", "dynspec.launcher.sim", "--port", args.port, "--host", args.host,
         "--mode", "eagle" if args.speculative_algorithm else "baseline",
         "--served-model-name", args.served_model_name, "--profile", "demo", "--speed", "20"]
@@ -41,20 +56,29 @@ FILES = {
 }
 NVIDIA_SMI = """#!/bin/sh
 case "$*" in
+  *compute-apps*)
+    for d in /proc/[0-9]*; do
+      { read -r name < "$d/comm"; } 2>/dev/null || continue
+      [ "$name" = "sglang::schedul" ] && [ -n "$GPU_RUN_TAG" ] || continue
+      grep -qzx "GPU_RUN_TAG=$GPU_RUN_TAG" "$d/environ" 2>/dev/null || continue
+      echo "${d#/proc/}, sglang::scheduler, 1024 MiB"
+    done ;;
   *memory.total*) echo "0, GPU-00000000-fake, 143771" ;;
   *) echo "0" ;;
 esac
 """
 
 
-def make_bundle(tmp: Path, crash: bool = False) -> Path:
-    """The fake bundle; with ``crash`` its servers exit 1 at start (as on a model that fails)."""
+def make_bundle(tmp: Path, crash: bool = False, workers: bool = False) -> Path:
+    """The fake bundle; with ``crash`` its servers exit 1 at start (as on a model that fails),
+    with ``workers`` each has a worker child (see above)."""
     site = tmp / "build" / "sgl-site"
     files = dict(FILES)
-    if crash:
-        files["sglang/launch_server.py"] = (
-            "import os\nos.environ['FAKE_SGLANG_CRASH'] = '1'\n" + LAUNCH_SERVER
-        )
+    for flag, wanted in (("FAKE_SGLANG_CRASH", crash), ("FAKE_SGLANG_WORKERS", workers)):
+        if wanted:
+            files["sglang/launch_server.py"] = (
+                f"import os\nos.environ['{flag}'] = '1'\n" + files["sglang/launch_server.py"]
+            )
     for rel, text in files.items():
         f = site / rel
         f.parent.mkdir(parents=True, exist_ok=True)
