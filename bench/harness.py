@@ -1,9 +1,10 @@
-"""The one home of what every simulated experiment (envelope, eight GPUs, ramp) does around its
-load: start ``dynspec-sim`` servers (alone or as a shared-GPU pair) and ``dynspec-router``s on free
-loopback ports, wait until they are healthy, stop their process groups, write the router's
-``--speed-profile`` at the simulators' wall-clock speed, plan the router flags of every way
-(the eight-GPU ways, the ramp's variants, and the threshold-0 rule, once), and the run metadata
-(machine, code commit, command) every record carries.
+"""The one home of what every simulated experiment (envelope, eight GPUs, ramp, replicas) does
+around its load: start ``dynspec-sim`` servers (alone, as a shared-GPU pair, or the set a way
+needs) and ``dynspec-router``s on free loopback ports, wait until they are healthy, stop their
+process groups, write the router's ``--speed-profile`` at the simulators' wall-clock speed, plan
+the router flags of every way (the eight-GPU ways, the ramp's variants, the router replicas, and
+the threshold-0 rule, once), and the run metadata (machine, code commit, command) every record
+carries.
 
 The low-level child handling (process groups, readiness polling) is ``bench/procs.py``, which the
 tests use too.
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,10 +41,12 @@ __all__ = [
     "load_average",
     "machine",
     "processes",
+    "replica_flags",
     "router_profile",
     "run_metadata",
     "start_pair_sim",
     "start_router",
+    "start_servers",
     "start_sim",
     "stop_group",
     "threshold_flags",
@@ -205,6 +208,62 @@ def start_pair_sim(
     return eagle, baseline
 
 
+def start_servers(
+    procs: Children,
+    want: Mapping[str, int],
+    *,
+    profile: str,
+    speed: float,
+    seed: int,
+    timeout: float,
+    sharing: str = "timeslice",
+    adaptive: str | None = None,
+) -> Servers:
+    """The simulated servers ``want`` counts per kind (``Servers``' fields, as ``needs`` gives
+    them): ``eagle`` / ``baseline`` servers of their own, ``adaptive`` ones (the ``adaptive``
+    profile's eagle mode; none without it) and shared-GPU ``pairs``; the k-th of a kind gets
+    ``seed + k``."""
+    got: dict[str, Any] = {}
+    for mode in ("eagle", "baseline"):
+        got[mode] = tuple(
+            start_sim(
+                procs,
+                profile=profile,
+                mode=mode,
+                name=f"sim-{mode}-{'ab'[k]}",
+                seed=seed + k,
+                speed=speed,
+                timeout=timeout,
+            )
+            for k in range(want.get(mode, 0))
+        )
+    got["adaptive"] = tuple(
+        start_sim(
+            procs,
+            profile=str(adaptive),
+            mode="eagle",
+            name=f"sim-adaptive-{'ab'[k]}",
+            seed=seed + k,
+            speed=speed,
+            timeout=timeout,
+        )
+        for k in range(want.get("adaptive", 0) if adaptive else 0)
+    )
+    got["pairs"] = tuple(
+        start_pair_sim(
+            procs,
+            profile=profile,
+            sharing=sharing,
+            name=f"sim-pair-{k}",
+            seed=seed + k,
+            speed=speed,
+            timeout=timeout,
+        )
+        for k in range(want.get("pairs", 0))
+    )
+    return Servers(**got)
+
+
 def _healthy(status: dict[str, Any]) -> int:
     """Healthy servers in a router's ``/status``: the pools' list, else the pairs' servers."""
     servers = list(status.get("servers") or [])
@@ -325,6 +384,24 @@ def way_flags(
         # An adaptive-EAGLE server is an EAGLE server: one pool, no switching.
         return ["--eagle-url", ",".join(servers.adaptive[:2])]
     raise ValueError(f"unknown way {way!r} (known: {', '.join(EIGHT_WAYS)})")
+
+
+def replica_flags(
+    way: str,
+    servers: Servers,
+    *,
+    threshold: int,
+    hysteresis: int,
+    signal: str,
+    load_interval: float | None = None,
+) -> list[str]:
+    """One of several router replicas in front of the same servers: the way's flags with a set
+    threshold, and ``--load-signal`` (``--load-interval`` with ``servers``) (pure)."""
+    flags = way_flags(way, servers, threshold=threshold, hysteresis=hysteresis)
+    flags += ["--load-signal", signal]
+    if signal == "servers" and load_interval is not None:
+        flags += ["--load-interval", repr(load_interval)]
+    return flags
 
 
 def healthy_needed(way: str, thr: int) -> int:
