@@ -115,16 +115,7 @@ def _start_servers(
     for way in ways:
         for kind, n in harness.needs(way).items():
             want[kind] = max(want.get(kind, 0), n)
-    return harness.start_servers(
-        procs,
-        want,
-        profile=cfg.profile,
-        speed=cfg.speed,
-        seed=cfg.seed,
-        timeout=cfg.startup_timeout,
-        sharing=cfg.sharing,
-        adaptive=adaptive,
-    )
+    return harness.start_servers(procs, want, cfg, adaptive)
 
 
 def run(cfg: FourWayConfig, progress: ProgressLine | None = None) -> FourWayResult:

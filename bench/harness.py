@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -36,6 +36,7 @@ from dynspec.launcher.sim.profile import Profile
 __all__ = [
     "Children",
     "Servers",
+    "SimSettings",
     "code_commit",
     "free_port",
     "load_average",
@@ -51,6 +52,7 @@ __all__ = [
     "stop_group",
     "threshold_flags",
     "variant_flags",
+    "wait_idle",
     "wall_clock_profile",
     "way_flags",
 ]
@@ -208,56 +210,54 @@ def start_pair_sim(
     return eagle, baseline
 
 
+class SimSettings(Protocol):
+    """What starting an experiment's simulators takes from its config."""
+
+    @property
+    def profile(self) -> str: ...
+    @property
+    def speed(self) -> float: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def startup_timeout(self) -> float: ...
+    @property
+    def sharing(self) -> str: ...
+
+
 def start_servers(
-    procs: Children,
-    want: Mapping[str, int],
-    *,
-    profile: str,
-    speed: float,
-    seed: int,
-    timeout: float,
-    sharing: str = "timeslice",
-    adaptive: str | None = None,
+    procs: Children, want: Mapping[str, int], sim: SimSettings, adaptive: str | None = None
 ) -> Servers:
     """The simulated servers ``want`` counts per kind (``Servers``' fields, as ``needs`` gives
     them): ``eagle`` / ``baseline`` servers of their own, ``adaptive`` ones (the ``adaptive``
-    profile's eagle mode; none without it) and shared-GPU ``pairs``; the k-th of a kind gets
-    ``seed + k``."""
+    profile's eagle mode; none without it) and shared-GPU ``pairs`` (``sim.sharing``); the k-th
+    of a kind gets ``sim.seed + k``."""
+    kinds = [("eagle", sim.profile, "eagle"), ("baseline", sim.profile, "baseline")]
+    if adaptive:
+        kinds.append(("adaptive", adaptive, "eagle"))
     got: dict[str, Any] = {}
-    for mode in ("eagle", "baseline"):
-        got[mode] = tuple(
+    for kind, profile, mode in kinds:
+        got[kind] = tuple(
             start_sim(
                 procs,
                 profile=profile,
                 mode=mode,
-                name=f"sim-{mode}-{'ab'[k]}",
-                seed=seed + k,
-                speed=speed,
-                timeout=timeout,
+                name=f"sim-{kind}-{'ab'[k]}",
+                seed=sim.seed + k,
+                speed=sim.speed,
+                timeout=sim.startup_timeout,
             )
-            for k in range(want.get(mode, 0))
+            for k in range(want.get(kind, 0))
         )
-    got["adaptive"] = tuple(
-        start_sim(
-            procs,
-            profile=str(adaptive),
-            mode="eagle",
-            name=f"sim-adaptive-{'ab'[k]}",
-            seed=seed + k,
-            speed=speed,
-            timeout=timeout,
-        )
-        for k in range(want.get("adaptive", 0) if adaptive else 0)
-    )
     got["pairs"] = tuple(
         start_pair_sim(
             procs,
-            profile=profile,
-            sharing=sharing,
+            profile=sim.profile,
+            sharing=sim.sharing,
             name=f"sim-pair-{k}",
-            seed=seed + k,
-            speed=speed,
-            timeout=timeout,
+            seed=sim.seed + k,
+            speed=sim.speed,
+            timeout=sim.startup_timeout,
         )
         for k in range(want.get("pairs", 0))
     )
@@ -295,6 +295,25 @@ def start_router(
         f"dynspec-router ({name}) does not see its {servers} servers healthy "
         f"(log: {procs.logs.get(proc.pid)})"
     )
+
+
+def wait_idle(urls: Sequence[str], timeout: float) -> bool:
+    """Until every router's ``/status`` shows nothing in flight, by its own count and by the load
+    its mode is switched by (``signal_load``: with ``--load-signal servers``, the servers' last
+    readings); False at the deadline. Between two loads, so that the next does not start in the
+    mode the last one left behind."""
+    deadline = time.monotonic() + timeout
+    while True:
+        idle = 0
+        for url in urls:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                st = httpx.get(url + "/status", timeout=2.0).json()
+                idle += st.get("load") == 0 and st.get("signal_load") in (0, None)
+        if idle == len(urls):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
 
 
 def threshold_flags(
