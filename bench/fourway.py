@@ -41,7 +41,6 @@ from dynspec.launcher.sim.profile import load_profile, shipped_profiles
 logger = logging.getLogger(__name__)
 
 WAYS = EIGHT_WAYS
-SINGLES = ("eagle", "baseline")
 
 
 def adaptive_profile(name: str) -> str | None:
