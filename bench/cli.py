@@ -49,6 +49,11 @@ COMMANDS = {
         "cli_ramp",
         True,
     ),
+    "replicas": Command(
+        "simulated: 1 and 3 router replicas, own counts vs the servers' shared load signal",
+        "cli_replicas",
+        True,
+    ),
     "overhead": Command(
         "router hot-path cost: direct vs dynspec-router vs SGLang's router", "overhead", True
     ),

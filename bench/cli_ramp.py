@@ -7,13 +7,14 @@ import argparse
 from dynspec.bench import ways
 from dynspec.bench.cli_common import (
     add_length_flags,
+    add_ramp_flags,
     add_simulate_flags,
     out_path,
     rerender,
     run_then_report,
     sim_profile,
 )
-from dynspec.common.cli import FlagParser, positive_float, positive_int
+from dynspec.common.cli import FlagParser, positive_float
 
 DESCRIPTION = (
     "Start simulated servers; on them, one after the other, run routers that learn from "
@@ -30,14 +31,7 @@ DESCRIPTION = (
 
 def add_arguments(p: FlagParser) -> None:
     add_simulate_flags(p)
-    p.add_argument("--peak", type=positive_int, default=256, help="highest concurrency")
-    p.add_argument("--cycles", type=positive_int, default=2, help="ramps up and down")
-    p.add_argument(
-        "--step-seconds",
-        type=positive_float,
-        default=10.0,
-        help="wall-clock seconds per concurrency step",
-    )
+    add_ramp_flags(p, peak=256, cycles=2, step_seconds=10.0)
     p.add_argument(
         "--variants",
         type=ways.parse_variants,

@@ -17,7 +17,6 @@ single server; near 1.00 means the simulator kept to its schedule and the client
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
 import logging
 import math
@@ -261,14 +260,7 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
             )
     else:
         router_line = "- Router: not reached (the run stopped before the routed sweep)."
-    stamps = [str(r["timestamp"]) for r in records if r.get("timestamp")]
-    run_time = ""
-    if meta.get("run_started") and stamps:
-        secs = (
-            dt.datetime.fromisoformat(max(stamps))
-            - dt.datetime.fromisoformat(str(meta["run_started"]))
-        ).total_seconds()
-        run_time = f"- Run time {secs / 60:.1f} min wall-clock."
+    run_time = report.run_time_line(records)
     miss = misses(rows)
     text = [
         f"# {title}",

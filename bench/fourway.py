@@ -41,7 +41,6 @@ from dynspec.launcher.sim.profile import load_profile, shipped_profiles
 logger = logging.getLogger(__name__)
 
 WAYS = EIGHT_WAYS
-SINGLES = ("eagle", "baseline")
 
 
 def adaptive_profile(name: str) -> str | None:
@@ -115,46 +114,7 @@ def _start_servers(
     for way in ways:
         for kind, n in harness.needs(way).items():
             want[kind] = max(want.get(kind, 0), n)
-    speed, wait = cfg.speed, cfg.startup_timeout
-    got: dict[str, Any] = {}
-    for mode in SINGLES:
-        got[mode] = tuple(
-            harness.start_sim(
-                procs,
-                profile=cfg.profile,
-                mode=mode,
-                name=f"sim-{mode}-{'ab'[k]}",
-                seed=cfg.seed + k,
-                speed=speed,
-                timeout=wait,
-            )
-            for k in range(want.get(mode, 0))
-        )
-    got["adaptive"] = tuple(
-        harness.start_sim(
-            procs,
-            profile=str(adaptive),
-            mode="eagle",
-            name=f"sim-adaptive-{'ab'[k]}",
-            seed=cfg.seed + k,
-            speed=speed,
-            timeout=wait,
-        )
-        for k in range(want.get("adaptive", 0) if adaptive else 0)
-    )
-    got["pairs"] = tuple(
-        harness.start_pair_sim(
-            procs,
-            profile=cfg.profile,
-            sharing=cfg.sharing,
-            name=f"sim-pair-{k}",
-            seed=cfg.seed + k,
-            speed=speed,
-            timeout=wait,
-        )
-        for k in range(want.get("pairs", 0))
-    )
-    return harness.Servers(**got)
+    return harness.start_servers(procs, want, cfg, adaptive)
 
 
 def run(cfg: FourWayConfig, progress: ProgressLine | None = None) -> FourWayResult:

@@ -16,7 +16,6 @@ evaluated. Records of the older four-way run (``routed-threshold``, ``routed-bal
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -337,15 +336,8 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
     baseline = [r for r in model if r.get("target") == "baseline"]
     suggestion = threshold.suggest(eagle, baseline) if eagle and baseline else None
     levels = sorted({int(r["max_concurrency"]) for r in records})
-    stamps = [str(r["timestamp"]) for r in records if r.get("timestamp")]
     runs = _runs_line(records)
-    run_time = ""
-    if meta.get("run_started") and stamps and not runs:
-        secs = (
-            dt.datetime.fromisoformat(max(stamps))
-            - dt.datetime.fromisoformat(str(meta["run_started"]))
-        ).total_seconds()
-        run_time = f"- Run time {secs / 60:.1f} min wall-clock."
+    run_time = "" if runs else report.run_time_line(records)
     not_run = [str(n) for n in meta.get("not_run") or []]
     commits = sorted({str(r["code_commit"]) for r in records if r.get("code_commit")})
     adaptive = meta.get("adaptive_profile")

@@ -1,9 +1,10 @@
-"""The one home of what every simulated experiment (envelope, eight GPUs, ramp) does around its
-load: start ``dynspec-sim`` servers (alone or as a shared-GPU pair) and ``dynspec-router``s on free
-loopback ports, wait until they are healthy, stop their process groups, write the router's
-``--speed-profile`` at the simulators' wall-clock speed, plan the router flags of every way
-(the eight-GPU ways, the ramp's variants, and the threshold-0 rule, once), and the run metadata
-(machine, code commit, command) every record carries.
+"""The one home of what every simulated experiment (envelope, eight GPUs, ramp, replicas) does
+around its load: start ``dynspec-sim`` servers (alone, as a shared-GPU pair, or the set a way
+needs) and ``dynspec-router``s on free loopback ports, wait until they are healthy, stop their
+process groups, write the router's ``--speed-profile`` at the simulators' wall-clock speed, plan
+the router flags of every way (the eight-GPU ways, the ramp's variants, the router replicas, and
+the threshold-0 rule, once), and the run metadata (machine, code commit, command) every record
+carries.
 
 The low-level child handling (process groups, readiness polling) is ``bench/procs.py``, which the
 tests use too.
@@ -21,10 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -35,19 +36,23 @@ from dynspec.launcher.sim.profile import Profile
 __all__ = [
     "Children",
     "Servers",
+    "SimSettings",
     "code_commit",
     "free_port",
     "load_average",
     "machine",
     "processes",
+    "replica_flags",
     "router_profile",
     "run_metadata",
     "start_pair_sim",
     "start_router",
+    "start_servers",
     "start_sim",
     "stop_group",
     "threshold_flags",
     "variant_flags",
+    "wait_idle",
     "wall_clock_profile",
     "way_flags",
 ]
@@ -205,6 +210,60 @@ def start_pair_sim(
     return eagle, baseline
 
 
+class SimSettings(Protocol):
+    """What starting an experiment's simulators takes from its config."""
+
+    @property
+    def profile(self) -> str: ...
+    @property
+    def speed(self) -> float: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def startup_timeout(self) -> float: ...
+    @property
+    def sharing(self) -> str: ...
+
+
+def start_servers(
+    procs: Children, want: Mapping[str, int], sim: SimSettings, adaptive: str | None = None
+) -> Servers:
+    """The simulated servers ``want`` counts per kind (``Servers``' fields, as ``needs`` gives
+    them): ``eagle`` / ``baseline`` servers of their own, ``adaptive`` ones (the ``adaptive``
+    profile's eagle mode; none without it) and shared-GPU ``pairs`` (``sim.sharing``); the k-th
+    of a kind gets ``sim.seed + k``."""
+    kinds = [("eagle", sim.profile, "eagle"), ("baseline", sim.profile, "baseline")]
+    if adaptive:
+        kinds.append(("adaptive", adaptive, "eagle"))
+    got: dict[str, Any] = {}
+    for kind, profile, mode in kinds:
+        got[kind] = tuple(
+            start_sim(
+                procs,
+                profile=profile,
+                mode=mode,
+                name=f"sim-{kind}-{'ab'[k]}",
+                seed=sim.seed + k,
+                speed=sim.speed,
+                timeout=sim.startup_timeout,
+            )
+            for k in range(want.get(kind, 0))
+        )
+    got["pairs"] = tuple(
+        start_pair_sim(
+            procs,
+            profile=sim.profile,
+            sharing=sim.sharing,
+            name=f"sim-pair-{k}",
+            seed=sim.seed + k,
+            speed=sim.speed,
+            timeout=sim.startup_timeout,
+        )
+        for k in range(want.get("pairs", 0))
+    )
+    return Servers(**got)
+
+
 def _healthy(status: dict[str, Any]) -> int:
     """Healthy servers in a router's ``/status``: the pools' list, else the pairs' servers."""
     servers = list(status.get("servers") or [])
@@ -236,6 +295,25 @@ def start_router(
         f"dynspec-router ({name}) does not see its {servers} servers healthy "
         f"(log: {procs.logs.get(proc.pid)})"
     )
+
+
+def wait_idle(urls: Sequence[str], timeout: float) -> bool:
+    """Until every router's ``/status`` shows nothing in flight, by its own count and by the load
+    its mode is switched by (``signal_load``: with ``--load-signal servers``, the servers' last
+    readings); False at the deadline. Between two loads, so that the next does not start in the
+    mode the last one left behind."""
+    deadline = time.monotonic() + timeout
+    while True:
+        idle = 0
+        for url in urls:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                st = httpx.get(url + "/status", timeout=2.0).json()
+                idle += st.get("load") == 0 and st.get("signal_load") in (0, None)
+        if idle == len(urls):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
 
 
 def threshold_flags(
@@ -325,6 +403,24 @@ def way_flags(
         # An adaptive-EAGLE server is an EAGLE server: one pool, no switching.
         return ["--eagle-url", ",".join(servers.adaptive[:2])]
     raise ValueError(f"unknown way {way!r} (known: {', '.join(EIGHT_WAYS)})")
+
+
+def replica_flags(
+    way: str,
+    servers: Servers,
+    *,
+    threshold: int,
+    hysteresis: int,
+    signal: str,
+    load_interval: float | None = None,
+) -> list[str]:
+    """One of several router replicas in front of the same servers: the way's flags with a set
+    threshold, and ``--load-signal`` (``--load-interval`` with ``servers``) (pure)."""
+    flags = way_flags(way, servers, threshold=threshold, hysteresis=hysteresis)
+    flags += ["--load-signal", signal]
+    if signal == "servers" and load_interval is not None:
+        flags += ["--load-interval", repr(load_interval)]
+    return flags
 
 
 def healthy_needed(way: str, thr: int) -> int:

@@ -243,6 +243,20 @@ async def send_request(
     return trace
 
 
+def spread(target: Target, replicas: Sequence[Target] = ()) -> Callable[[int], Target]:
+    """Where request ``i`` goes: ``target``, or with ``replicas`` the next one in turn.
+
+    Round-robin per request, as a Kubernetes Service spreads a router Deployment's load when
+    every request opens a connection (kube-proxy's IPVS ``rr``) or an L7 proxy spreads requests;
+    a Service balances connections, so clients that keep few long-lived connections spread
+    less evenly than this.
+    """
+    if not replicas:
+        return lambda i: target
+    ring = tuple(replicas)
+    return lambda i: ring[i % len(ring)]
+
+
 @dataclass
 class LevelRun:
     traces: list[RequestTrace]
@@ -270,8 +284,12 @@ async def run_level(
     headers: dict[str, str] | None = None,
     progress: Progress | None = None,
     on_measure: Callable[[], Awaitable[None]] | None = None,
+    replicas: Sequence[Target] = (),
 ) -> LevelRun:
     """One level: ``concurrency`` closed-loop workers, measured in a steady state.
+
+    With ``replicas`` (routers behind one address), request i goes to ``replicas[i % n]``:
+    ``spread``'s round-robin. ``target`` still names the level and builds the bodies.
 
     1. Warm-up: the first ``warmup`` requests. Measuring starts when all of them have ended, so
        that a slow one (e.g. a request a router sent to the pool it then left) is gone; requests
@@ -285,6 +303,7 @@ async def run_level(
     share the server), so neither a ramp-up nor a ramp-down dilutes them.
     """
     bodies = [request_body(target, model, p) for p in prompts]
+    dest = spread(target, replicas)
     measured: list[RequestTrace] = []
     every: list[RequestTrace] = []
     hdrs = {"Content-Type": "application/json", **(headers or {})}
@@ -302,7 +321,8 @@ async def run_level(
             if measuring and hook is not None:
                 h, hook = hook, None
                 await h()
-            k = state["sent"] % len(prompts)
+            i = state["sent"]
+            k = i % len(prompts)
             state["sent"] += 1
             trace = RequestTrace(send=time.perf_counter())
             every.append(trace)
@@ -310,7 +330,7 @@ async def run_level(
                 measured.append(trace)
             elif state["warm_left"] > 0:
                 state["warm_sent"] += 1
-            await send_request(session, target, bodies[k], prompts[k], hdrs, trace=trace)
+            await send_request(session, dest(i), bodies[k], prompts[k], hdrs, trace=trace)
             if measuring:
                 state["ended"] += 1
                 if progress is not None:

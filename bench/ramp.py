@@ -83,11 +83,14 @@ async def drive(
     *,
     steps: Sequence[int],
     step_seconds: float,
+    replicas: Sequence[Target] = (),
 ) -> tuple[list[RequestTrace], list[tuple[float, float]]]:
     """Closed-loop clients whose number follows ``steps``; returns every request's trace and
     each step's ``(start, end)`` (``perf_counter`` seconds). Ends after the last step: requests
-    still in flight are cancelled then (the server aborts them), so the run is bounded in time."""
+    still in flight are cancelled then (the server aborts them), so the run is bounded in time.
+    With ``replicas``, requests go round-robin over them (``load.spread``)."""
     bodies = [load.request_body(target, model, p) for p in prompts]
+    dest = load.spread(target, replicas)
     hdrs = {"Content-Type": "application/json"}
     traces: list[RequestTrace] = []
     state = {"want": 0, "active": 0, "sent": 0}
@@ -96,11 +99,12 @@ async def drive(
     async def client() -> None:
         try:
             while state["active"] <= state["want"]:
-                k = state["sent"] % len(prompts)
+                i = state["sent"]
+                k = i % len(prompts)
                 state["sent"] += 1
                 trace = RequestTrace(send=time.perf_counter())
                 traces.append(trace)
-                await load.send_request(session, target, bodies[k], prompts[k], hdrs, trace=trace)
+                await load.send_request(session, dest(i), bodies[k], prompts[k], hdrs, trace=trace)
                 if not trace.success:
                     await asyncio.sleep(0.05)  # a failing server must not make this spin
         finally:

@@ -8,6 +8,7 @@ exist (``max_concurrency``, ``completed``, ``duration``, ``output_throughput``, 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -63,6 +64,19 @@ def model_time(rec: Record, speed: float | None = None) -> Record:
         elif k in _RATE_KEYS:
             out[k] = v / speed
     return out
+
+
+def run_time_line(records: Sequence[Record]) -> str:
+    """``- Run time N min wall-clock.``: from the first record's ``run_started`` to the last
+    ``timestamp``; empty without them."""
+    stamps = [str(r["timestamp"]) for r in records if r.get("timestamp")]
+    started = records[0].get("run_started") if records else None
+    if not started or not stamps:
+        return ""
+    secs = (
+        dt.datetime.fromisoformat(max(stamps)) - dt.datetime.fromisoformat(str(started))
+    ).total_seconds()
+    return f"- Run time {secs / 60:.1f} min wall-clock."
 
 
 def targets(records: Iterable[Record]) -> list[str]:

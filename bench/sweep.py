@@ -137,6 +137,16 @@ def build_record(
     return rec
 
 
+def sweep_prompts(cfg: SweepConfig) -> list[load.Prompt]:
+    """The prompts of a sweep: the dataset's, else random ones (at most 512, reused in turn)."""
+    n_max = max(cfg.level_requests(c) for c in cfg.concurrencies)
+    if cfg.dataset is not None:
+        return load.sharegpt_prompts(cfg.dataset, n_max, None, cfg.seed)
+    return load.random_prompts(
+        min(n_max, 512), cfg.input_len, cfg.output_len, cfg.seed, cfg.range_ratio
+    )
+
+
 async def _switches(session: aiohttp.ClientSession, target: load.Target) -> int | None:
     text = await load.fetch_text(session, target.base_url + "/metrics")
     return None if text is None else load.mode_switches(text)
@@ -151,13 +161,7 @@ async def sweep(
     """Run the sweep; append each finished level to ``out`` as it ends; return all records."""
     progress = progress or ProgressLine(enabled=False)
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-    n_max = max(cfg.level_requests(c) for c in cfg.concurrencies)
-    if cfg.dataset is not None:
-        prompts = load.sharegpt_prompts(cfg.dataset, n_max, None, cfg.seed)
-    else:
-        prompts = load.random_prompts(
-            min(n_max, 512), cfg.input_len, cfg.output_len, cfg.seed, cfg.range_ratio
-        )
+    prompts = sweep_prompts(cfg)
     records: list[Record] = []
     async with load.make_session(cfg.request_timeout) as session:
         models = {t: await load.model_name(session, t, headers) for t in targets}

@@ -31,6 +31,13 @@ RAMP_PAIRS = (
     ("paired-auto", "paired-auto-seeded", 0.05),
 )
 
+# Several routers in front of the same servers (bench/replicas.py): the layouts, each run as the
+# eight-GPU way of that layout with a set threshold, and the variants: how many router replicas
+# and which load each compares with the threshold (``--load-signal``).
+REPLICA_LAYOUTS = {"split": "split-threshold", "paired": "paired-threshold"}
+REPLICA_VARIANTS = {"1-router": (1, "local"), "3-local": (3, "local"), "3-servers": (3, "servers")}
+REPLICA_REFERENCE = "1-router"
+
 
 def _names(text: str) -> list[str]:
     return [w for w in text.replace(" ", "").split(",") if w]
@@ -52,3 +59,21 @@ def parse_variants(text: str) -> list[str]:
             f"expected some of {','.join(RAMP_VARIANTS)}, each once, got {text!r}"
         )
     return names
+
+
+def _some_of(text: str, known: tuple[str, ...]) -> list[str]:
+    names = _names(text)
+    if not names or any(n not in known for n in names):
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(known)}, got {text!r}")
+    return [n for n in known if n in names]
+
+
+def parse_layouts(text: str) -> list[str]:
+    """``--layouts``: some of REPLICA_LAYOUTS, run in its order."""
+    return _some_of(text, tuple(REPLICA_LAYOUTS))
+
+
+def parse_replica_variants(text: str) -> list[str]:
+    """``replicas --variants``: some of REPLICA_VARIANTS, run in its order (the reference
+    first)."""
+    return _some_of(text, tuple(REPLICA_VARIANTS))

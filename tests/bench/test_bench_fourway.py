@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from utils import bench
 
 from dynspec.bench import fourway, fourway_report, harness, ways
 from dynspec.bench.fourway_report import evaluate, verdict_lines, verdicts
@@ -261,18 +259,6 @@ def full_records() -> list[dict[str, Any]]:
         r["timestamp"] = "2026-12-01T07:10:00+00:00"
         out.append(r)
     return out
-
-
-def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNSPEC_")}
-    return subprocess.run(
-        [sys.executable, "-m", "dynspec.bench", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=env,
-    )
 
 
 def test_report_states_simulated_machine_command_and_verdicts(tmp_path: Path) -> None:

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from utils import free_port, running
+from utils import bench, free_port, running
 
 from dynspec.bench import harness, load, ramp, ramp_report
 from dynspec.bench.load import Target
@@ -125,18 +123,6 @@ def ramp_records() -> list[dict[str, Any]]:
         for cycle in (1, 2):
             out.append({**meta, **step(v, 0, (cycle, 4), 100.0 * f, 3.0 / f, scope="cycle")})
     return out
-
-
-def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNSPEC_")}
-    return subprocess.run(
-        [sys.executable, "-m", "dynspec.bench", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=env,
-    )
 
 
 def test_report_rewrites_identically_from_its_jsonl(tmp_path: Path) -> None:

@@ -1,0 +1,350 @@
+"""Several routers in front of the same servers: do N replicas with the shared load signal act
+as one router does? (issue 19 item 2)
+
+``dynspec-bench replicas`` runs, for each layout and each variant, on fresh simulated servers:
+
+- layouts (``ways.REPLICA_LAYOUTS``): ``split``, an EAGLE and a baseline ``dynspec-sim`` with
+  routers ``--eagle-url/--baseline-url``; ``paired``, two ``dynspec-sim --pair`` processes with
+  routers ``--pair`` x2. Both with a set ``--threshold``/``--hysteresis`` (not ``auto``), so the
+  runs differ only in the load signal and the number of routers;
+- variants (``ways.REPLICA_VARIANTS``): ``1-router`` (one router, ``--load-signal local``: the
+  reference), ``3-local`` (three replicas, each counting its own requests) and ``3-servers``
+  (three replicas, ``--load-signal servers``: the servers' own counts from ``/v1/loads``).
+
+Each run: closed-loop streaming levels (``load.run_level``, measured as the sweep measures a
+level) and then a ramp (``ramp.schedule``: C stepping 1 -> peak -> 1, ``ramp.drive``), every
+request sent to the next replica in turn (``load.spread``, as a Kubernetes Service spreads them).
+Per level: output tok/s, the share answered by the baseline (``x-dynspec-backend``) and each
+replica's mode switches while it was measured; per ramp step the ramp's records; per run, each
+replica's switches over the whole run (from its ``/metrics``), the run's length and the load at
+which new requests moved to the baseline on the ramp's way up (``switch_load``). The analysis and
+the report are ``replicas_report.py``. Everything is SIMULATED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from dynspec.bench import harness, load, ramp, threshold
+from dynspec.bench.envelope import expected_tpot_ms
+from dynspec.bench.load import Prompt, Target
+from dynspec.bench.metrics import RequestTrace
+from dynspec.bench.report import Record, append_jsonl
+from dynspec.bench.sweep import ProgressLine, SweepConfig, build_record, sweep_prompts
+from dynspec.bench.ways import REPLICA_LAYOUTS, REPLICA_VARIANTS
+from dynspec.launcher.sim.profile import Profile, load_profile
+
+logger = logging.getLogger(__name__)
+
+LAYOUTS = tuple(REPLICA_LAYOUTS)
+VARIANTS = tuple(REPLICA_VARIANTS)
+# The router's own --load-interval default, in wall-clock seconds of a real deployment.
+ROUTER_LOAD_INTERVAL = 0.25
+SWITCHES = "dynspec_mode_switches_total"
+
+
+@dataclass(frozen=True)
+class ReplicasConfig:
+    profile: str
+    speed: float
+    sweep: SweepConfig
+    out: Path
+    layouts: Sequence[str] = LAYOUTS
+    variants: Sequence[str] = VARIANTS
+    threshold: int | None = None  # None: suggest-threshold on the profile's own curves
+    hysteresis: int | None = None
+    load_interval: float | None = None  # None: the router's default in model time (0.25 / speed)
+    peak: int = 128
+    cycles: int = 1
+    step_seconds: float = 5.0
+    sharing: str = "timeslice"
+    seed: int = 0
+    startup_timeout: float = 60.0
+    command: str = ""
+
+
+def profile_suggestion(profile: Profile) -> threshold.Suggestion:
+    """``suggest-threshold`` on the profile's own curves (each mode's decode-only TPOT and tok/s
+    at C = 1, 2, 4 ... 256), without a sweep (pure)."""
+    levels = [1 << k for k in range(9)]
+
+    def curve(mode: str) -> list[Record]:
+        m = profile.mode(mode)
+        limit = m.max_running_requests or (48 if mode == "eagle" else 1024)
+        return [
+            {
+                "target": mode,
+                "max_concurrency": c,
+                "completed": 1,
+                "median_tpot_ms": expected_tpot_ms(profile, mode, c),
+                "output_throughput": m.throughput_at(min(c, limit)),
+            }
+            for c in levels
+        ]
+
+    return threshold.suggest(curve("eagle"), curve("baseline"))
+
+
+def plan(cfg: ReplicasConfig) -> list[tuple[str, str]]:
+    """``(layout, variant)`` in the order they run: layout by layout, the reference first (pure)."""
+    layouts = [lay for lay in LAYOUTS if lay in cfg.layouts]
+    return [(lay, v) for lay in layouts for v in VARIANTS if v in cfg.variants]
+
+
+def load_interval(cfg: ReplicasConfig) -> float:
+    """The replicas' ``--load-interval`` (wall-clock): the router's default in model time, so a
+    reading is as old, next to the requests, as in a real deployment at 0.25 s."""
+    if cfg.load_interval is not None:
+        return cfg.load_interval
+    return round(ROUTER_LOAD_INTERVAL / cfg.speed, 4)
+
+
+# ---- what the load generator and the replicas' /metrics say (pure) ------------------------------
+
+
+def in_flight_at(traces: Sequence[RequestTrace], at: float) -> int:
+    """Requests the load generator had in flight at ``at``: sent by then and not yet ended (a
+    request with no end yet was cut off after the run, so it was still in flight)."""
+    return sum(1 for t in traces if t.send <= at and (t.end <= 0 or t.end > at))
+
+
+def switch_load(
+    traces: Sequence[RequestTrace], windows: Sequence[tuple[float, float]], steps: Sequence[int]
+) -> dict[str, Any]:
+    """The load at which new requests moved to the baseline: on the ramp's first way up (the
+    steps up to the first peak), the first request a baseline server answered, and the total
+    in flight, counting it, when it was sent. Empty when none went to the baseline."""
+    if not windows or not steps:
+        return {}
+    top = steps.index(max(steps))
+    start, end = windows[0][0], windows[min(top, len(windows) - 1)][1]
+    up = [t for t in traces if start <= t.send < end and t.backend == "baseline"]
+    if not up:
+        return {}
+    first = min(up, key=lambda t: t.send)
+    k = max(i for i, (a, _) in enumerate(windows) if a <= first.send)
+    return {
+        "switch_load": in_flight_at(traces, first.send),
+        "switch_step_c": steps[k],
+        "switch_at_s": first.send - start,
+    }
+
+
+def switches_by_label(text: str) -> dict[str, int]:
+    """``dynspec_mode_switches_total`` per label set (``to="baseline"``, with pairs
+    ``pair="0",to="eagle"``) from a router's ``/metrics`` text."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if line.startswith(SWITCHES + "{"):
+            labels, _, value = line[len(SWITCHES) + 1 :].rpartition("} ")
+            out[labels] = round(float(value))
+    return out
+
+
+async def _switches(session: aiohttp.ClientSession, urls: Sequence[str]) -> list[dict[str, int]]:
+    texts = await asyncio.gather(*(load.fetch_text(session, u + "/metrics") for u in urls))
+    return [switches_by_label(t or "") for t in texts]
+
+
+def _totals(counts: Sequence[dict[str, int]]) -> list[int]:
+    return [sum(c.values()) for c in counts]
+
+
+def _diff(after: Sequence[dict[str, int]], before: Sequence[dict[str, int]]) -> list[int]:
+    return [a - b for a, b in zip(_totals(after), _totals(before), strict=True)]
+
+
+# ---- one run: fresh servers and routers, the levels, the ramp -----------------------------------
+
+
+@dataclass(frozen=True)
+class _Run:
+    layout: str
+    variant: str
+    urls: tuple[str, ...]
+    extra: dict[str, Any]
+
+
+async def _levels(
+    session: aiohttp.ClientSession,
+    run: _Run,
+    cfg: ReplicasConfig,
+    prompts: Sequence[Prompt],
+    progress: ProgressLine,
+    *,
+    model: str,
+) -> list[Record]:
+    replicas = [Target(f"{run.variant}-{k}", u) for k, u in enumerate(run.urls)]
+    named = Target(run.variant, run.urls[0])
+    scfg = dataclasses.replace(cfg.sweep, extra={**cfg.sweep.extra, **run.extra})
+    records: list[Record] = []
+    for c in cfg.sweep.concurrencies:
+        n, w = scfg.level_requests(c), scfg.level_warmup(c)
+        progress.begin(f"{run.layout} {run.variant} C={c}")
+        before: list[list[dict[str, int]]] = [[{} for _ in run.urls]]
+
+        async def snapshot(box: list[list[dict[str, int]]] = before) -> None:
+            box[0] = await _switches(session, run.urls)
+
+        level = await load.run_level(
+            session,
+            named,
+            model,
+            prompts,
+            concurrency=c,
+            requests=n,
+            warmup=w,
+            progress=progress.update,
+            on_measure=snapshot,
+            replicas=replicas,
+        )
+        each = _diff(await _switches(session, run.urls), before[0])
+        level.mode_switches = sum(each)
+        rec = build_record(named, c, level, cfg=scfg, warmup=w, model=model)
+        rec.update({"scope": "level", "replica_switches": each})
+        rec["loadavg_1m"] = harness.load_average()
+        records.append(rec)
+        append_jsonl(cfg.out, rec)
+        share = float((rec.get("backend_share") or {}).get("baseline", 0.0))
+        progress.end(
+            f"{rec['completed']}/{n} ok, {rec['output_throughput']:.0f} tok/s, "
+            f"{100 * share:.0f}% baseline, switches {each}"
+        )
+        if rec["completed"] == 0:
+            raise RuntimeError(f"{run.variant}: every request at C={c} failed")
+        await asyncio.sleep(scfg.pause)
+        await _settle(run, cfg)
+    return records
+
+
+async def _settle(run: _Run, cfg: ReplicasConfig) -> None:
+    """Nothing in flight on any replica, by its count and its signal, before the next load."""
+    if not await asyncio.to_thread(harness.wait_idle, run.urls, cfg.startup_timeout):
+        logger.warning("%s %s: replicas still not idle; going on", run.layout, run.variant)
+
+
+async def _measure(
+    run: _Run, cfg: ReplicasConfig, prompts: Sequence[Prompt], progress: ProgressLine
+) -> list[Record]:
+    steps = ramp.schedule(cfg.peak, cfg.cycles)
+    replicas = [Target(f"{run.variant}-{k}", u) for k, u in enumerate(run.urls)]
+    async with load.make_session(cfg.sweep.request_timeout) as session:
+        model = await load.model_name(session, replicas[0])
+        started = time.perf_counter()
+        records = await _levels(session, run, cfg, prompts, progress, model=model)
+        before = await _switches(session, run.urls)
+        progress.begin(f"{run.layout} {run.variant} ramp 1..{cfg.peak}")
+        traces, windows = await ramp.drive(
+            session,
+            replicas[0],
+            model,
+            prompts,
+            steps=[c for _, c in steps],
+            step_seconds=cfg.step_seconds,
+            replicas=replicas,
+        )
+        after = await _switches(session, run.urls)
+        ended = time.perf_counter()
+    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    more = {**run.extra, "loadavg_1m": harness.load_average(), "timestamp": stamp}
+    ramped = ramp.records_of(run.variant, steps, traces, windows, more)
+    moved = switch_load(traces, windows, [c for _, c in steps])
+    summary: Record = {
+        "target": run.variant,
+        "scope": "run",
+        **more,
+        "run_seconds": ended - started,
+        "ramp_seconds": windows[-1][1] - windows[0][0] if windows else 0.0,
+        "replica_switches": _totals(after),
+        "ramp_replica_switches": _diff(after, before),
+        "replica_switches_by_label": after,
+        **moved,
+    }
+    for rec in [*ramped, summary]:
+        append_jsonl(cfg.out, rec)
+    progress.end(
+        f"switch load {moved.get('switch_load', '-')}, switches {_totals(after)} "
+        f"in {ended - started:.0f} s"
+    )
+    return [*records, *ramped, summary]
+
+
+def run_one(
+    cfg: ReplicasConfig,
+    layout: str,
+    variant: str,
+    *,
+    settings: dict[str, Any],
+    prompts: Sequence[Prompt],
+    progress: ProgressLine,
+) -> list[Record]:
+    """One layout and variant on fresh servers and routers, all stopped at the end."""
+    n, signal = REPLICA_VARIANTS[variant]
+    way = REPLICA_LAYOUTS[layout]
+    thr, hyst = int(settings["threshold"]), int(settings["hysteresis"])
+    with harness.processes() as procs:
+        servers = harness.start_servers(procs, harness.needs(way), cfg)
+        flags = harness.replica_flags(
+            way,
+            servers,
+            threshold=thr,
+            hysteresis=hyst,
+            signal=signal,
+            load_interval=settings["load_interval"],
+        )
+        healthy = harness.healthy_needed(way, thr)
+        urls = tuple(
+            harness.start_router(procs, f"router-{k}", flags, cfg.startup_timeout, healthy)[0]
+            for k in range(n)
+        )
+        extra = {
+            **settings,
+            "layout": layout,
+            "replicas": n,
+            "load_signal": signal,
+            "loadavg_start": harness.load_average(),
+        }
+        run = _Run(layout, variant, urls, extra)
+        return asyncio.run(_measure(run, cfg, prompts, progress))
+
+
+def run(cfg: ReplicasConfig, progress: ProgressLine | None = None) -> list[Record]:
+    """Every layout and variant, one after the other; records go to ``cfg.out`` as they end."""
+    progress = progress or ProgressLine(enabled=False)
+    suggestion = profile_suggestion(load_profile(cfg.profile))
+    thr = suggestion.threshold if cfg.threshold is None else cfg.threshold
+    hyst = suggestion.hysteresis if cfg.hysteresis is None else cfg.hysteresis
+    settings: dict[str, Any] = {
+        **harness.run_metadata("replicas", cfg.profile, cfg.speed, cfg.command),
+        "threshold": thr,
+        "hysteresis": hyst,
+        "threshold_by_hand": cfg.threshold is not None,
+        "load_interval": load_interval(cfg),
+        "sharing": cfg.sharing,
+        "step_seconds": cfg.step_seconds,
+        "peak": cfg.peak,
+        "requests_per_c": cfg.sweep.requests_per_c,
+        "min_requests": cfg.sweep.min_requests,
+        "dataset_name": "sharegpt" if cfg.sweep.dataset else "random",
+        "random_input_len": cfg.sweep.input_len,
+        "random_output_len": cfg.sweep.output_len,
+        "random_range_ratio": cfg.sweep.range_ratio,
+    }
+    prompts = sweep_prompts(cfg.sweep)
+    cfg.out.write_text("", encoding="utf-8")
+    records: list[Record] = []
+    for layout, variant in plan(cfg):
+        records += run_one(
+            cfg, layout, variant, settings=settings, prompts=prompts, progress=progress
+        )
+    return records
