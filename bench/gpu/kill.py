@@ -64,18 +64,17 @@ from dynspec.bench.gpu.killreport import (
     summary_checks,
     write_results,
 )
+from dynspec.bench.gpu.leftovers import compute_apps, tagged_pids
 from dynspec.bench.gpu.pair import LAUNCH_S, RESERVE_S, SETUP_S, STOP_S, launch_argv
 from dynspec.bench.gpu.run import (
     SERVED,
     Run,
     RunFailed,
     check_model_loads,
-    compute_apps,
     fetch,
     gauge,
     start_launcher,
     stop_launcher,
-    tagged_pids,
 )
 from dynspec.bench.procs import alive, cmdline, comm, descendants, parents, proc_stat
 from dynspec.launcher.process import group_members

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dynspec.bench.gpu.leftovers import compute_apps
 from dynspec.bench.gpu.run import (
     EAGLE_STEPS_ALL,
     SERVED,
     SGLANG_ARGS,
     Run,
     check_model_loads,
-    compute_apps,
     fetch,
     gauge,
     start_launcher,

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from dynspec.bench.gpu.leftovers import TAG_VAR, kill_tagged
 from dynspec.bench.procs import Children, http_status, stop_group
 from dynspec.common.cli import (
     FlagParser,
@@ -53,7 +54,6 @@ from dynspec.common.cli import (
 )
 
 PROG = "dynspec-bench gpu run"
-TAG_VAR = "GPU_RUN_TAG"
 # Never NVLink multicast (it can take a shared host's GPUs down); no hub; no DeepGEMM JIT.
 FIXED_ENV = {
     "NCCL_NVLS_ENABLE": "0",
@@ -133,32 +133,6 @@ class Run:
     def stop_all(self) -> None:
         for proc in reversed(list(self.children.procs)):
             self.stop(proc, grace=20.0)
-
-
-def tagged_pids(tag: str, proc: Path = Path("/proc")) -> list[int]:
-    """Processes whose environment carries this run's tag (SGLang servers that the launcher
-    started in sessions of their own, and their workers, included)."""
-    needle = f"{TAG_VAR}={tag}".encode()
-    found = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return sorted(found)
-
-
-def kill_tagged(tag: str) -> list[int]:
-    """SIGKILL what is left of this run (nothing, when every stop worked); returns those pids."""
-    pids = tagged_pids(tag) if tag and Path("/proc").is_dir() else []
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    return pids
 
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -329,26 +303,6 @@ def stop_launcher(run: Run, proc: subprocess.Popen[bytes]) -> None:
         run.meta["launcher_exit"] = "timeout"
 
 
-def compute_apps(*, header: bool = True, env: Mapping[str, str] | None = None) -> tuple[bool, str]:
-    """``nvidia-smi``'s compute processes (under MPS the servers run inside its server): whether
-    it answered, and its text (else the reason it did not)."""
-    fmt = "csv" if header else "csv,noheader"
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", f"--format={fmt}"],
-            env=None if env is None else dict(env),
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"nvidia-smi: {exc}"
-    if done.returncode != 0:
-        return False, (done.stderr.strip() or done.stdout.strip() or f"exit {done.returncode}")
-    return True, done.stdout.strip()
-
-
 # -- sweeps --------------------------------------------------------------------------------------
 
 
@@ -394,63 +348,6 @@ def accept_probe(run: Run, server: str) -> dict[str, float | None]:
 
 
 # -- plans ---------------------------------------------------------------------------------------
-
-
-def plan_main(
-    run: Run, models: Path, deploy: Path, *, levels: str, threshold: int, hysteresis: int
-) -> int:
-    from dynspec.bench.gpu.checks import RouterChecks
-
-    check_model_loads(models / "llama8b")
-    check_model_loads(models / "eagle3-hi")
-    launch = [
-        run.python, "-m", "dynspec.launcher", "--gpus", "0",
-        "--model-path", str(models / "llama8b"), "--draft-model-path", str(models / "eagle3-hi"),
-        "--served-model-name", SERVED, *EAGLE_STEPS_ALL,
-        "--threshold", str(threshold), "--hysteresis", str(hysteresis),
-        "--host", "127.0.0.1", "--port", str(run.ports[0]),
-        "--eagle-port", str(run.ports[1]), "--baseline-port", str(run.ports[2]),
-        "--sglang-args", SGLANG_ARGS,
-        # Swept alone up to C=128 too: the EAGLE server must run that many (the launcher's own
-        # cap, threshold + margin, is for serving behind the router).
-        "--eagle-args", "--max-running-requests 128",
-        # The sweep stops at C=128: larger decode graphs would only lengthen the start.
-        "--baseline-args", "--cuda-graph-max-bs-decode 128",
-        "--log-dir", str(run.logs), "--restart", "never", "--kill-grace", "15",
-        "--startup-timeout", f"{max(60.0, run.left() - 240):.0f}", "--progress-every", "15",
-    ]  # fmt: skip
-    proc = start_launcher(run, launch)
-    router, eagle, baseline = (f"http://127.0.0.1:{port}" for port in run.ports)
-    files = [deploy / "grafana" / "dynspec.json", deploy / "prometheus" / "alerts.yml"]
-    checks = RouterChecks(
-        router, eagle=eagle, baseline=baseline, threshold=threshold, deploy_files=files
-    )
-    try:
-        results = checks.run()
-    finally:
-        checks.close()
-    for r in results:
-        run.say(r.line())
-    run.meta["checks"] = [{"name": r.name, "ok": r.ok, "detail": r.detail} for r in results]
-    run.meta["check_facts"] = checks.facts
-    run.meta["accept_main"] = accept_probe(run, eagle)
-    run.say(f"EAGLE server accept length: {run.meta['accept_main']}")
-    jsonl = run.out / "sweep-main.jsonl"
-    targets = (("eagle", eagle), ("baseline", baseline), ("routed", router))
-    for i, (label, url) in enumerate(targets):
-        remaining = run.left() - 60  # keep a minute for the shutdown and the results
-        if remaining < 30:
-            run.say(f"no time left to sweep {label}")
-            run.meta.setdefault("not_swept", []).append(label)
-            continue
-        title = "One H200, SGLang 0.5.17, random 8B (tp 1)"
-        limit = remaining / (len(targets) - i)
-        sweep(run, [f"{label}={url}"], jsonl, title=title, levels=levels, limit=limit)
-    run.meta["accept_after_sweep"] = gauge(fetch(f"{eagle}/metrics"), "sglang:spec_accept_length")
-    with contextlib.suppress(OSError, ValueError):
-        run.meta["router_status"] = json.loads(fetch(f"{router}/status"))
-    stop_launcher(run, proc)
-    return 0 if all(r.ok for r in results) else 1
 
 
 def last_line_of(text: str) -> str:
@@ -631,6 +528,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                 start_timeout=args.start_timeout,
             )  # fmt: skip
         elif args.plan == "main":
+            from dynspec.bench.gpu.mainplan import plan_main
+
             code = plan_main(
                 run,
                 models,

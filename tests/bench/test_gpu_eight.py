@@ -135,7 +135,7 @@ def test_a_two_server_layout_starts_both_sweeps_its_router_and_stops_all(tmp_pat
     from gpu_fake_site import fake_path, make_bundle, make_models
     from utils import free_port
 
-    from dynspec.bench.gpu.run import tagged_pids
+    from dynspec.bench.gpu.leftovers import tagged_pids
 
     models = make_models(tmp_path)
     (models / models70b.TARGET).mkdir()

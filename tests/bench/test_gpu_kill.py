@@ -15,7 +15,7 @@ from gpu_fake_site import fake_path, make_bundle, make_models
 from utils import free_port
 
 from dynspec.bench.gpu import kill, killreport, pair
-from dynspec.bench.gpu.run import tagged_pids
+from dynspec.bench.gpu.leftovers import tagged_pids
 
 
 def test_three_kills_fit_one_device_command_by_the_measured_times() -> None:

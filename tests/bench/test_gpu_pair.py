@@ -15,7 +15,8 @@ from gpu_fake_site import fake_path, make_bundle, make_models
 from utils import free_port
 
 from dynspec.bench.gpu import pair
-from dynspec.bench.gpu.run import FIXED_ENV, PAIR_LEVELS, Run, tagged_pids
+from dynspec.bench.gpu.leftovers import tagged_pids
+from dynspec.bench.gpu.run import FIXED_ENV, PAIR_LEVELS, Run
 
 
 def measured() -> list[dict[str, object]]:

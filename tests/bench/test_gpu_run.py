@@ -16,7 +16,7 @@ import pytest
 from gpu_fake_site import fake_path, make_bundle, make_models
 from utils import free_port
 
-from dynspec.bench.gpu.run import tagged_pids
+from dynspec.bench.gpu.leftovers import tagged_pids
 
 
 def gpu_run(tmp: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
