@@ -477,10 +477,17 @@ def plan_kill(
     expected = plan_seconds(kills)
     run.meta["expected_s"] = {name: round(v) for name, v in expected.items()}
     run.say(f"expected about {expected['total']:.0f}s in all")
+    least = LAUNCH_S + need_seconds("baseline") + STOP_S
+    if run.left() < least:
+        # A launch that cannot be followed by one kill spends the GPU's time for nothing.
+        raise RunFailed(
+            f"{run.left():.0f}s of --budget left: the first start of both servers and one kill "
+            f"need about {least:.0f}s"
+        )
     first = steering(kills[0] if kills else "eagle", concurrency)
     launch = launch_argv(
         run, models, threshold=str(first["threshold"]), hysteresis=first["hysteresis"],
-        mps=False, restart="on-failure",
+        mps=False, restart="on-failure", after_s=need_seconds("baseline") + STOP_S,
     )  # fmt: skip
     key = secrets.token_hex(16)
     proc = start_launcher(run, launch, env={ADMIN_KEY_VAR: key})
@@ -530,7 +537,7 @@ def dry_run(run: Run, models: Path, *, concurrency: int, kills: Sequence[str]) -
     first = steering(kills[0] if kills else "eagle", concurrency)
     launch = launch_argv(
         run, models, threshold=str(first["threshold"]), hysteresis=first["hysteresis"],
-        mps=False, restart="on-failure",
+        mps=False, restart="on-failure", after_s=need_seconds("baseline") + STOP_S,
     )  # fmt: skip
     expected = plan_seconds(kills)
     lines = [

@@ -40,9 +40,11 @@ TITLE = "One H200 = one pair, SGLang 0.5.17, random 8B (tp 1)"
 DEVICE_LIMIT_S = 570.0  # one device command, SGLang start-ups included (the tool's limit is 600)
 
 # Measured on the H200 (bench/results/h200/run-main.json, run-levels-*.json): the bundle unpack,
-# SGLang's import probe and the 8B models take about 50 s; dynspec-launch --gpus 0 was ready
-# after 207 s (EAGLE first, then the baseline); the launcher's SIGINT stop and the results ~25 s.
-SETUP_S = 50.0
+# SGLang's import probe and the 8B models take about 50 s (68 s in the kill attempt of
+# bench/results/h200/kill-attempt-1: 34 s each); dynspec-launch --gpus 0 was ready after 207 s
+# (EAGLE first, then the baseline; a cold EAGLE start alone took over 142 s there, ~75 s of it
+# compiling kernels for its verify graphs); the launcher's SIGINT stop and the results ~25 s.
+SETUP_S = 60.0
 LAUNCH_S = 210.0
 STOP_S = 25.0
 SWEEP_START_S = 3.0  # one `dynspec-bench sweep` process: start, connect, write the table
@@ -149,9 +151,11 @@ def launch_argv(
     mps: bool,
     hysteresis: int | None = None,
     restart: str = "never",
+    after_s: float = 240.0,
 ) -> list[str]:
     """``dynspec-launch --gpus 0``: the pair of these plans (and of ``kill``, which restarts its
-    servers: ``restart`` on-failure)."""
+    servers: ``restart`` on-failure). Each server may take until ``after_s`` is all that is left
+    of the budget (what the plan needs once both run)."""
     argv = [
         run.python, "-m", "dynspec.launcher", "--gpus", "0",
         "--model-path", str(models / "llama8b"), "--draft-model-path", str(models / "eagle3-hi"),
@@ -165,7 +169,7 @@ def launch_argv(
         "--eagle-args", "--max-running-requests 128",
         "--baseline-args", "--cuda-graph-max-bs-decode 256",
         "--log-dir", str(run.logs), "--restart", restart, "--kill-grace", "15",
-        "--startup-timeout", f"{max(60.0, run.left() - 240):.0f}", "--progress-every", "15",
+        "--startup-timeout", f"{max(60.0, run.left() - after_s):.0f}", "--progress-every", "15",
     ]  # fmt: skip
     if mps:
         argv.append("--mps")
