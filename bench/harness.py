@@ -93,8 +93,8 @@ def machine() -> dict[str, Any]:
 
 
 def code_commit() -> str:
-    """The git commit of the router code that the children run (``+dirty`` with local edits),
-    or "unknown" outside a git checkout."""
+    """The git commit of the router code that the children run (``+dirty`` with local edits
+    outside ``bench/results``), or "unknown" outside a git checkout."""
     # Where the router's code lies (the children run it), found without importing it.
     spec = importlib.util.find_spec("dynspec.router")
     if spec is None or spec.origin is None:
@@ -108,8 +108,21 @@ def code_commit() -> str:
             timeout=10,
             check=True,
         ).stdout.strip()
+        # Results written by earlier runs of the same session are data, not code: they do not
+        # make the code dirty (a series of runs on one commit would otherwise read "+dirty"
+        # from its second run on).
         dirty = subprocess.run(
-            ["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
+            [
+                "git",
+                "-C",
+                str(folder),
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ":/",
+                ":(exclude,top)bench/results",
+            ],
             capture_output=True,
             text=True,
             timeout=10,
