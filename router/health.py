@@ -8,12 +8,12 @@ load does not empty a pool. Each server is polled by its own task.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 
 from dynspec.router.pool import Pools
 from dynspec.router.server import Server
+from dynspec.router.tasks import cancel_and_wait
 from dynspec.router.upstream import Client, ConnectError, UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -119,9 +119,5 @@ class HealthChecker:
         self._tasks = [asyncio.create_task(self._loop(s)) for s in self.pools.servers]
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(self._tasks)
         self._tasks = []

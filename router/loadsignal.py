@@ -22,7 +22,6 @@ through ``on_error`` (``dynspec_load_signal_errors_total{server}``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -32,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from dynspec.router.tasks import cancel_and_wait
 from dynspec.router.upstream import Client, UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -247,9 +247,5 @@ class LoadPoller:
         self._tasks = [asyncio.create_task(self._loop(u)) for u in self.servers]
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(self._tasks)
         self._tasks = []

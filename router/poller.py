@@ -10,7 +10,6 @@ once, not per poll. A body that does not parse is skipped and counted, and the p
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -21,6 +20,7 @@ import orjson
 
 from dynspec.router.learning import SpeedLearner
 from dynspec.router.server import Server
+from dynspec.router.tasks import cancel_and_wait
 from dynspec.router.upstream import Client, UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -206,9 +206,5 @@ class MetricsPoller:
             self._tasks = [asyncio.create_task(self._loop(s)) for s in self.servers]
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(self._tasks)
         self._tasks = []

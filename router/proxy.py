@@ -22,7 +22,6 @@ uvloop, a fifth of the relay's whole budget. A chunk here costs one integer incr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import itertools
 import logging
@@ -53,6 +52,7 @@ from dynspec.router.request import (
     read_body,
 )
 from dynspec.router.server import Server
+from dynspec.router.tasks import cancel_and_wait
 from dynspec.router.upstream import Client, ConnectError, NoAnswer, Response, UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -185,9 +185,7 @@ class Proxy:
 
     async def stop(self) -> None:
         if self._watchdog is not None:
-            self._watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watchdog
+            await cancel_and_wait([self._watchdog])
             self._watchdog = None
 
     async def _watch_timeouts(self) -> None:
