@@ -109,7 +109,13 @@ def kill_checks(kill: Mapping[str, Any]) -> dict[str, bool]:
         "failures_only_on_killed": not failed_on.get("other")
         and not failed_on.get("unknown")
         and not req.get("failed_before_kill"),
-        "none_failed_before_first_byte": req.get("before_first_byte") == 0,
+        # The router moves a request whose server closed the connection before answering at all
+        # to the other server, so none of those reaches the client as an error status. A 200
+        # whose head the router had relayed and whose server then died before the first token
+        # is a cut stream (the client has the head; nothing is replayed): counted, not a check.
+        "no_error_before_first_byte": all(
+            status == "200" for status in (req.get("before_first_byte_status") or {})
+        ),
         "traffic_back": (req.get("back_on_server") or 0) > 0,
         "load_zero_after": after.get("zero_after_s") is not None,
         "old_gpu_processes_gone": not gpu_before & set(kill.get("gpu_pids_after") or []),
@@ -120,7 +126,7 @@ def summary_checks(summary: Mapping[str, Any]) -> dict[str, bool]:
     kills = summary.get("kills") or []
     found = {"all_kills_made": len(kills) == len(summary.get("planned") or ())}
     for name in ("healthy_again", "workers_gone", "failures_only_on_killed",
-                 "none_failed_before_first_byte", "traffic_back", "load_zero_after",
+                 "no_error_before_first_byte", "traffic_back", "load_zero_after",
                  "old_gpu_processes_gone"):  # fmt: skip
         found[name] = bool(kills) and all((kc.get("checks") or {}).get(name) for kc in kills)
     orphans = summary.get("orphans")
