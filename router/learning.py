@@ -4,7 +4,8 @@ Two sources feed it, both O(1) per observation:
 - each finished streamed request (the proxy's finish hook): its mean TPOT, (duration - TTFT) /
   (output tokens - 1), against the server's mean in-flight count over the request's life;
 - each poll of a server's ``/metrics`` (``poller.py``): running / gen_throughput at the load
-  running + queued, the limit it runs at (queue > 0), and EAGLE's accept length.
+  running + queued when the gauges moved since the last poll and the running count held
+  (``steady``), the limit it runs at (queue > 0), and EAGLE's accept length.
 
 The curves are rebuilt from the buckets (``speed.build_curve``, O(buckets) per server) at most
 every ``REBUILD_S`` when observations arrive, never per routed request. Each server's
@@ -50,6 +51,26 @@ logger = logging.getLogger(__name__)
 REBUILD_S = 0.05
 # A poll whose server runs no request says nothing about its speed.
 _MIN_RUNNING = 1
+# A poll is learned when the running count moved by at most this share since the last (``steady``).
+STEADY_SHARE = 0.25
+
+
+def steady(previous: tuple[float, float] | None, running: float, gen_throughput: float) -> bool:
+    """Whether a poll's running / gen_throughput is a TPOT at load ``running``.
+
+    SGLang's ``gen_throughput`` is the tokens of the last decode-log interval (40 decode batches)
+    over its length, while ``num_running_reqs`` is the batch at its end; both gauges keep their
+    values while the server idles (for 30 s). At the tail of a burst the interval's tokens came
+    from many more requests than the one left running: on the real H200 such polls taught a
+    baseline 1.5 ms at load 1 (it runs 4.8 ms there) and set a learned threshold of 1. So a poll
+    is learned only when the gauges moved since the last poll (fresh) and the running count did
+    not move by more than ``STEADY_SHARE`` of it, or one request, across the poll interval."""
+    if previous is None:
+        return False
+    before, throughput_before = previous
+    if throughput_before == gen_throughput and before == running:
+        return False  # not updated since the last poll: nothing new, or an idle server's last
+    return abs(running - before) <= max(1.0, STEADY_SHARE * max(running, before))
 
 
 class ServerSpeed:
@@ -65,6 +86,7 @@ class ServerSpeed:
         "limit_seen",
         "polled",
         "pool",
+        "previous",
         "prior",
         "ratio",
         "reach",
@@ -104,6 +126,8 @@ class ServerSpeed:
         self.limit_seen: int | None = None
         self.direct = BucketSet(keep)
         self.polled = BucketSet(keep)
+        # The last poll's (running, gen_throughput): what tells a fresh, steady poll (``steady``).
+        self.previous: tuple[float, float] | None = None
         self.ratio = 1.0  # router-clock TPOT / server-clock TPOT
         # Whether ``ratio`` was measured on this server (else it is borrowed, or 1).
         self.calibrated = False
@@ -192,6 +216,9 @@ class SpeedLearner:
             return
         if accept_length is not None and accept_length > 0:
             speed.accept_length = accept_length
+        previous, speed.previous = speed.previous, None
+        if running is not None and gen_throughput is not None:
+            speed.previous = (running, gen_throughput)
         if running is None or running < _MIN_RUNNING:
             return
         if queued is not None and queued > 0:
@@ -200,6 +227,8 @@ class SpeedLearner:
             if speed.limit_seen is None or n > speed.limit_seen:
                 speed.limit_seen = n
         if gen_throughput is None or gen_throughput <= 0:
+            return
+        if not steady(previous, running, gen_throughput):
             return
         record = speed.server
         if record is not None and record.mate is not None and record.mate.in_flight > 0:

@@ -131,6 +131,8 @@ class Pools:
         self.hysteresis = hysteresis
         self.auto = auto
         self.derived_at = float("-inf")
+        # As ``Pair.held``, for the pools' one threshold (split layout).
+        self.held = False
         self.max_concurrency = max_concurrency
         self._mode: PoolName = "eagle"
         self.load = 0
@@ -159,7 +161,7 @@ class Pools:
         self.seq += 1
         now = self.clock()
         if self.auto:
-            self.derive(now)
+            self.derive(now, force=self._past_held())
         if self.pairs:
             return self._acquire_pair(exclude, now)
         snapshot = Snapshot(
@@ -286,13 +288,28 @@ class Pools:
         now = self.clock() if now is None else now
         return tuple(self._view(s, now, probes) for s in self.servers)
 
+    def _past_held(self) -> bool:
+        """Whether a new request would take an EAGLE-mode load past a threshold that its bound
+        held down. The bound grows with the load carried (``policy.auto_bound``), but it was
+        derived up to ``AUTO_EVERY_S`` ago: a closed loop stepping from 8 to 16 streams crossed
+        it before the next derivation on the real H200, and each level of the sweep began with
+        a switch to the baseline and back, both servers sharing the GPU meanwhile."""
+        if self.pairs:
+            return any(
+                p.held and p.mode == "eagle" and self.pair_load(p) + 1 > p.settings.threshold
+                for p in self.pairs
+            )
+        return (
+            self.held and self._mode == "eagle" and self.policy_load() + 1 > self.settings.threshold
+        )
+
     def _auto_settings(
         self, eagle: Sequence[Server], baseline: Sequence[Server], current: Thresholds, load: int
-    ) -> Thresholds | None:
+    ) -> tuple[Thresholds | None, bool]:
         """The new settings derived from the curves (``policy.learned_settings``), held to twice
         what the EAGLE server was seen serving or the ``load`` carried now, and to its running
         limit (``policy.auto_bound``; the load spread over a pool's servers), or None to keep
-        the current ones."""
+        the current ones; and whether the bound held the threshold below the curves' own."""
         speed = eagle[0].speed
         n = len(eagle)
         reach = None if speed is None or speed.seeded else speed.reach
@@ -304,19 +321,22 @@ class Pools:
         new = learned_settings(
             derived, (current.threshold, current.hysteresis), self.hysteresis, bound
         )
-        return Thresholds(*new) if new is not None else None
+        return (Thresholds(*new) if new is not None else None), derived > bound
 
-    def derive(self, now: float | None = None) -> None:
-        """Derive each threshold again from the curves (at most every ``AUTO_EVERY_S``)."""
+    def derive(self, now: float | None = None, *, force: bool = False) -> None:
+        """Derive each threshold again from the curves (at most every ``AUTO_EVERY_S`` unless
+        ``force``)."""
         now = self.clock() if now is None else now
-        if now - self.derived_at < AUTO_EVERY_S:
+        if not force and now - self.derived_at < AUTO_EVERY_S:
             return
         self.derived_at = now
         if self.pairs:
             for p in self.pairs:
                 if not (_measured(p.eagle) and _measured(p.baseline)):
                     continue
-                new = self._auto_settings([p.eagle], [p.baseline], p.settings, self.pair_load(p))
+                new, p.held = self._auto_settings(
+                    [p.eagle], [p.baseline], p.settings, self.pair_load(p)
+                )
                 if new is not None:
                     logger.info(
                         "pair %d: threshold %d, hysteresis %d (learned)",
@@ -330,7 +350,7 @@ class Pools:
         baseline = [s for s in self.servers if s.pool == "baseline"]
         if not eagle or not baseline or not all(_measured(s) for s in eagle[:1] + baseline[:1]):
             return
-        new = self._auto_settings(eagle, baseline, self.settings, self.policy_load())
+        new, self.held = self._auto_settings(eagle, baseline, self.settings, self.policy_load())
         if new is not None:
             logger.info("threshold %d, hysteresis %d (learned)", new.threshold, new.hysteresis)
             self.settings = new

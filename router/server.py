@@ -85,8 +85,8 @@ class Server:
 class Pair:
     __slots__ = (
         "baseline",
-        "derived_at",
         "eagle",
+        "held",
         "index",
         "mode",
         "probing",
@@ -103,9 +103,11 @@ class Pair:
         self.mode: PoolName = "eagle"
         self.settings = settings
         self.switches = 0
-        # A probe request in flight (at most one per pair), and when the threshold was derived.
+        # A probe request in flight (at most one per pair).
         self.probing = False
-        self.derived_at = float("-inf")
+        # --threshold auto: the last derived threshold was held down by its bound (the curves
+        # allowed more), so a load past it derives again at once (``Pools.acquire``).
+        self.held = False
 
     @property
     def label(self) -> str:

@@ -269,6 +269,42 @@ def test_threshold_auto_learns_per_pair_and_an_operator_turns_it_off() -> None:
     assert not pools.auto and all(p.settings.threshold == 5 for p in pools.pairs)
 
 
+def test_a_load_past_a_bound_held_threshold_derives_again_at_once() -> None:
+    """A closed loop stepping past a threshold its bound held down stays on EAGLE when the
+    curves allow it (on the real H200 each sweep level began with a switch to the baseline and
+    back, up to AUTO_EVERY_S later); past the curves' own crossover it switches."""
+    now = [0.0]
+    pools = pair_pools(auto=True, clock=now)
+    pools.pairs[1].eagle.healthy = pools.pairs[1].baseline.healthy = False
+    lr = SpeedLearner(pools.servers, clock=lambda: now[0])
+    for _ in range(20):  # EAGLE 10 ms, baseline 30 ms, both seen at load 1
+        lr.finished(E0, 1, duration=1.0, ttft=0.0, output_tokens=101)
+        lr.finished(B0, 1, duration=3.0, ttft=0.0, output_tokens=101)
+    lr.rebuild()
+    now[0] = 3.0
+    leases = [pools.acquire() for _ in range(AUTO_START)]
+    pair = pools.pairs[0]
+    assert pair.settings.threshold == AUTO_START and pair.held
+    # Within AUTO_EVERY_S of that derivation, the step past it: derived again, still EAGLE.
+    now[0] = 3.5
+    leases += [pools.acquire() for _ in range(AUTO_START)]
+    assert [x.pool for x in leases] == ["eagle"] * 2 * AUTO_START
+    assert pair.mode == "eagle" and pair.switches == 0
+    assert pair.settings.threshold == 2 * AUTO_START  # twice the load carried (8)
+    # EAGLE measured slower than the baseline from load 12 on: the curves' crossover is below
+    # the load, not held by the bound, and the next request past it switches.
+    for _ in range(40):
+        lr.finished(E0, 12, duration=6.0, ttft=0.0, output_tokens=101)
+        lr.finished(B0, 12, duration=4.0, ttft=0.0, output_tokens=101)
+    lr.rebuild()
+    now[0] = 6.0
+    pools.acquire()
+    assert not pair.held and pair.settings.threshold < 2 * AUTO_START
+    assert pair.mode == "baseline" and pair.switches == 1
+    for lease in leases:
+        lease.release()
+
+
 @pytest.mark.parametrize(
     "reach, limit, bound",
     [

@@ -141,9 +141,9 @@ async def _serve(bodies: dict[str, tuple[int, bytes]]) -> tuple[asyncio.Server, 
 async def test_poll_rounds_feed_the_learner_count_errors_and_warn_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    good_body = SGLANG_TEXT.encode()
     info = orjson.dumps({"internal_states": [{"effective_max_running_requests_per_dp": 30}]})
-    good, good_url = await _serve({"/metrics": (200, good_body), "/get_server_info": (200, info)})
+    good_bodies = {"/metrics": (200, SGLANG_TEXT.encode()), "/get_server_info": (200, info)}
+    good, good_url = await _serve(good_bodies)
     bad, bad_url = await _serve({"/metrics": (200, b"<html>oops</html>")})
     bare, bare_url = await _serve({"/metrics": (200, b"up 1\n")})
     errors: list[str] = []
@@ -155,7 +155,11 @@ async def test_poll_rounds_feed_the_learner_count_errors_and_warn_once(
     poller = MetricsPoller(lr, records, client, interval=1.0, on_error=errors.append)
     try:
         with caplog.at_level(logging.WARNING, logger="dynspec.router.poller"):
-            for _ in range(3):
+            for i in range(4):
+                # SGLang's gauges move between polls under steady load (a poll whose gauges did
+                # not move is not learned: learning.steady).
+                text = SGLANG_TEXT.replace("1211.5", f"{1211.5 + i / 1000:.3f}")
+                good_bodies["/metrics"] = (200, text.encode())
                 for record in records:
                     await poller.poll_once(record)
         lr.rebuild()
@@ -166,8 +170,9 @@ async def test_poll_rounds_feed_the_learner_count_errors_and_warn_once(
     speed = lr.servers[good_url]
     assert speed.accept_length == pytest.approx(3.0)
     assert lr.curve(good_url).limit == 30
-    # Three polls at load 25 against the neutral prior's one observation's worth.
+    # Three polls learned at load 25 (the first has no poll before it to be steady against)
+    # against the neutral prior's one observation's worth.
     assert lr.curve(good_url).at(25) == pytest.approx(22 / 2211.5, rel=0.03)
-    assert errors == [bad_url] * 3
+    assert errors == [bad_url] * 4
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and bare_url in warnings[0]

@@ -191,9 +191,9 @@ def test_a_poll_is_not_learned_while_the_pair_mate_runs() -> None:
     lr = SpeedLearner([eagle, baseline], clock=clock)
     before, seen = lr.curve(E), lr.servers[E].seen
     baseline.in_flight = 1
-    for _ in range(10):
+    for i in range(10):
         clock.now += 1
-        lr.polled(E, running=4, queued=0, gen_throughput=40.0)
+        lr.polled(E, running=4, queued=0, gen_throughput=40.0 + i / 100)
     lr.rebuild()
     assert lr.curve(E) == before and lr.servers[E].seen == seen
     baseline.in_flight = 0
@@ -205,18 +205,42 @@ def test_a_poll_is_not_learned_while_the_pair_mate_runs() -> None:
 def test_polls_feed_the_curve_on_the_router_clock() -> None:
     lr, clock = learner()
     # The server's own clock runs twice as fast: its figures are twice the router's.
-    for _ in range(40):
+    for i in range(40):
         clock.now += 0.25
-        lr.polled(E, running=4, queued=0, gen_throughput=4 / 0.040)
+        lr.polled(E, running=4, queued=0, gen_throughput=4 / 0.040 + i % 2 / 1e6)
         lr.finished(E, 4, duration=0.2, ttft=0.0, output_tokens=11)  # 20 ms, router clock
     lr.rebuild()
     assert lr.curve(E).at(4) == pytest.approx(0.020, rel=0.02)
     # Then only polls, at a higher load: put on the router's clock too.
-    for _ in range(40):
+    for i in range(40):
         clock.now += 0.25
-        lr.polled(E, running=16, queued=0, gen_throughput=16 / 0.100)
+        lr.polled(E, running=16, queued=0, gen_throughput=16 / 0.100 + i % 2 / 1e6)
     lr.rebuild()
     assert lr.curve(E).at(16) == pytest.approx(0.050, rel=0.05)
+
+
+def test_a_poll_is_learned_only_when_fresh_and_steady() -> None:
+    """The real H200's tail polls (running 1, gen_throughput of the batch that just finished)
+    taught a baseline 1.5 ms at load 1 where it runs 4.8 ms; a learned threshold of 1 followed."""
+    lr, clock = learner()
+    before = lr.curve(E)
+    # A burst's tail: the running count falls faster than the throughput gauge follows.
+    for running, throughput in ((128, 10_000.0), (60, 9_000.0), (10, 8_000.0), (2, 5_000.0)):
+        clock.now += 1
+        lr.polled(E, running=running, queued=0, gen_throughput=throughput)
+    # Then the server idles and its gauges hold their last values.
+    for _ in range(5):
+        clock.now += 1
+        lr.polled(E, running=2, queued=0, gen_throughput=5_000.0)
+    lr.rebuild()
+    assert lr.curve(E) == before and lr.servers[E].reach == 0
+    # Steady and fresh: learned, at 4 / 200 tok/s = 20 ms.
+    for i in range(20):
+        clock.now += 1
+        lr.polled(E, running=4 + i % 2, queued=0, gen_throughput=(4 + i % 2) / 0.020)
+    lr.rebuild()
+    assert lr.curve(E).at(4) == pytest.approx(0.020, rel=0.05)
+    assert 4 <= lr.servers[E].reach <= 5
 
 
 def test_polls_learn_the_running_limit_and_accept_length() -> None:
