@@ -26,6 +26,7 @@ are compared on the same clock from the first observation on.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -81,6 +82,7 @@ class ServerSpeed:
         "calibrated",
         "curve",
         "direct",
+        "floor",
         "limit_profile",
         "limit_reported",
         "limit_seen",
@@ -118,6 +120,9 @@ class ServerSpeed:
         # The largest load an observation of it was learned at (0: none yet): how far its own
         # data, not the prior's shape, says what its speed is (``policy.auto_bound``).
         self.reach = 0.0
+        # The smallest load an observation of it was learned at (inf: none yet): below it the
+        # curve is the prior's shape (``policy.derive_threshold``'s floor).
+        self.floor = math.inf
         # The server's record, when the learner was built from records (the live router).
         self.server: Server | None = None
         self.limit_profile = limit
@@ -198,6 +203,7 @@ class SpeedLearner:
         tpot = (duration - ttft) / (output_tokens - 1)
         speed.direct.add(mean_in_flight, tpot, now, speed.prior)
         speed.reach = max(speed.reach, mean_in_flight)
+        speed.floor = min(speed.floor, mean_in_flight)
         speed.seen = now
         self._changed(now)
 
@@ -237,6 +243,7 @@ class SpeedLearner:
         load = running + (queued or 0.0)
         speed.polled.add(load, running / gen_throughput, now, speed.prior)
         speed.reach = max(speed.reach, load)
+        speed.floor = min(speed.floor, load)
         speed.seen = now
         self._changed(now)
 
@@ -310,5 +317,6 @@ class SpeedLearner:
             "curve": curve.points(),
             "running_limit": curve.limit,
             "learned_reach": speed.reach,
+            "learned_floor": speed.floor if speed.floor != math.inf else None,
             "spec_accept_length": speed.accept_length,
         }

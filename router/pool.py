@@ -23,6 +23,7 @@ it is the in-flight counts here, and no other per-request work is done.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -313,7 +314,7 @@ class Pools:
         speed = eagle[0].speed
         n = len(eagle)
         reach = None if speed is None or speed.seeded else speed.reach
-        derived = _derived(eagle, baseline, reach)
+        derived = _derived(eagle, baseline, reach, _floor(eagle, baseline))
         limit = speed.limit if speed is not None else None
         bound = auto_bound(
             reach * n if reach is not None else None, limit * n if limit is not None else None, load
@@ -503,11 +504,24 @@ def _measured(s: Server) -> bool:
     return speed is not None and (speed.seeded or speed.scale is not None)
 
 
-def _derived(eagle: Sequence[Server], baseline: Sequence[Server], reach: float | None) -> int:
+def _floor(eagle: Sequence[Server], baseline: Sequence[Server]) -> int:
+    """The lowest load (the pools' together) at which both were seen, from each pool's first
+    server; a pool seeded by a profile is known at every load."""
+    floor = AUTO_MIN
+    for servers in (eagle, baseline):
+        speed = servers[0].speed
+        if speed is not None and not speed.seeded and speed.floor != math.inf:
+            floor = max(floor, round(speed.floor * len(servers)))
+    return floor
+
+
+def _derived(
+    eagle: Sequence[Server], baseline: Sequence[Server], reach: float | None, floor: int
+) -> int:
     e, b = eagle[0].curve, baseline[0].curve
     if e is None or b is None:
         return AUTO_MIN
-    return derive_threshold(e, b, len(eagle), len(baseline), reach)
+    return derive_threshold(e, b, len(eagle), len(baseline), reach=reach, floor=floor)
 
 
 __all__ = ["POOLS", "Lease", "Pair", "Pools", "Server"]

@@ -179,6 +179,27 @@ def test_derive_threshold_past_reach_grows_eagle_s_ratio_to_the_baseline() -> No
     assert derive_threshold(eagle, baseline, 2, 2, reach=8) in (48, 49)
 
 
+# /status of the real H200 pair after its first sweep (bench/results/h200/pair-a, 2026-12-02):
+# EAGLE seen at 1..64, the baseline at 16 and 105..256 only; below 16 its curve is the neutral
+# prior's shape scaled to what was seen above (1.72 ms at load 1, where it runs 4.8 ms).
+H200_EAGLE = (1.74, 2.0, 2.0, 2.0, 2.0, 2.17, 2.35, 2.7, 3.76, 3.89, 5.55, 6.52, 9.66, 12.45,
+              18.67, 24.89, 37.34, 49.78)  # fmt: skip
+H200_BASELINE = (1.72, 1.83, 1.93, 2.04, 2.26, 2.47, 3.09, 5.86, 11.6, 11.6, 11.6, 11.6, 11.6,
+                 11.6, 21.91, 30.46, 42.87, 56.63)  # fmt: skip
+
+
+def test_derive_threshold_compares_only_where_both_were_seen() -> None:
+    eagle = SpeedCurve(tuple(t / 1000 for t in H200_EAGLE))
+    baseline = SpeedCurve(tuple(t / 1000 for t in H200_BASELINE))
+    # Compared at every load, the baseline's extrapolated 1.72 ms beat EAGLE's 1.74 at load 1.
+    assert derive_threshold(eagle, baseline, reach=64) == 1
+    # From 16 on (the baseline's lowest load seen): EAGLE leads up to its measured ~100.
+    t = derive_threshold(eagle, baseline, reach=64, floor=16)
+    assert 64 <= t <= 128
+    # A floor where EAGLE already loses: the crossover lies below it, so just below.
+    assert derive_threshold(baseline, eagle, floor=16) == 15
+
+
 def pair_pools(auto: bool = False, clock: list[float] | None = None) -> Pools:
     now = clock if clock is not None else [0.0]
     pools = Pools(
@@ -303,6 +324,25 @@ def test_a_load_past_a_bound_held_threshold_derives_again_at_once() -> None:
     assert pair.mode == "baseline" and pair.switches == 1
     for lease in leases:
         lease.release()
+
+
+def test_a_baseline_seen_only_at_high_load_does_not_win_low_load() -> None:
+    """EAGLE seen at 1, 8 and 20 requests (5, 6, 8 ms), the baseline at 40 only (15 ms; the
+    neutral shape puts it at 4.3 ms at load 1, under EAGLE's 4.9): the pair's threshold is not
+    set by the baseline's extrapolated low-load speed, and EAGLE still leads at 40."""
+    now = [0.0]
+    pools = pair_pools(auto=True, clock=now)
+    lr = SpeedLearner(pools.servers, clock=lambda: now[0])
+    for _ in range(20):
+        for load, seconds in ((1, 0.5), (8, 0.6), (20, 0.8)):
+            lr.finished(E0, load, duration=seconds, ttft=0.0, output_tokens=101)
+        lr.finished(B0, 40, duration=1.5, ttft=0.0, output_tokens=101)
+    lr.rebuild()
+    assert (lr.servers[E0].floor, lr.servers[B0].floor) == (1, 40)
+    assert lr.curve(B0).at(1) < lr.curve(E0).at(1)  # the extrapolation that misled
+    now[0] = 3.0
+    pools.derive()
+    assert pools.pairs[0].settings.threshold == 40  # twice EAGLE's reach of 20, not 1
 
 
 @pytest.mark.parametrize(
