@@ -140,6 +140,12 @@ class ServerSpeed:
         self.accept_length: float | None = None
         self.curve: SpeedCurve = SpeedCurve(prior, limit)
 
+    def learned(self, load: float, now: float) -> None:
+        """An observation at ``load`` was learned: the loads its own data covers, and when."""
+        self.reach = max(self.reach, load)
+        self.floor = min(self.floor, load)
+        self.seen = now
+
     @property
     def limit(self) -> int | None:
         if self.limit_reported is not None:
@@ -202,9 +208,7 @@ class SpeedLearner:
         now = self.clock()
         tpot = (duration - ttft) / (output_tokens - 1)
         speed.direct.add(mean_in_flight, tpot, now, speed.prior)
-        speed.reach = max(speed.reach, mean_in_flight)
-        speed.floor = min(speed.floor, mean_in_flight)
-        speed.seen = now
+        speed.learned(mean_in_flight, now)
         self._changed(now)
 
     def polled(
@@ -242,9 +246,7 @@ class SpeedLearner:
         now = self.clock()
         load = running + (queued or 0.0)
         speed.polled.add(load, running / gen_throughput, now, speed.prior)
-        speed.reach = max(speed.reach, load)
-        speed.floor = min(speed.floor, load)
-        speed.seen = now
+        speed.learned(load, now)
         self._changed(now)
 
     def set_limit(self, url: str, limit: int | None) -> None:
