@@ -1,29 +1,18 @@
-"""One bounded GPU attempt: servers through ``dynspec-launch``, router checks, sweeps, results.
+"""The GPU plans' toolkit: one bounded attempt on a GPU machine (``Run``), its set-up (the SGLang
+bundle, the test models), ``dynspec-launch`` started and stopped, the steady-state sweep every plan
+measures with, and a session kept across device commands.
 
-Plans, each one command on the GPU machine (at most about 9 minutes, checked against ``--budget``):
-
-- ``main``: ``dynspec-launch --gpus 0`` starts the EAGLE-3 server (draft ``hi``: every draft
-  accepted) and the baseline on the one GPU, one after the other, and the router in front; the
-  router checks run; then ``dynspec-bench sweep`` of each server alone and of the routed system.
-- ``levels``: EAGLE-3 servers alone, one after the other (each started, swept, and left idle
-  while the next starts): SGLang's ``--speculative-adaptive`` with every draft accepted, then the
-  drafts built for accept length about 3 and 2, then none accepted, as long as the budget lasts
-  (``levels.py``).
-- ``pair-a`` / ``pair-b``: one H200 = one pair behind ``--threshold auto``, without and with
-  ``--mps``: the routed pair and each server alone, C = 1..256 (``pair.py``).
-- ``eight``: eight H200s, a random 70B-shaped model at tp 4, one ``--layout`` per command
-  (``eight.py``; ``--dry-run`` prints every command).
-- ``kill``: the pair of ``pair-a`` with ``--restart on-failure``; one server SIGKILLed under a
-  closed load of C=32 through the router, three times: restart times, failed requests, load
-  after, no GPU process left after the stop (``kill.py``; ``--dry-run`` prints its steps).
-
-Bad input stops the run with one line naming what failed and the log to read (exit 1), and no
-process of the run is left behind: every child runs in its own process group, stopped at the end.
+Every plan module (``mainplan``, ``levels``, ``steady``, ``kill``, ``eight``) imports this one and
+nothing else of bench/gpu but its own helpers; ``cli.py`` imports the plans. A device command is at
+most 10 minutes, so a plan that needs more keeps its launcher running when the command ends
+(``--keep``: the launcher is a session leader, which the device tool leaves running while the
+machine stays held) and the next command with the same ``--work`` resumes it (``Session``): the
+sweep skips the points already measured.
 """
 
 from __future__ import annotations
 
-import argparse
+import asyncio
 import contextlib
 import importlib.util
 import json
@@ -36,22 +25,16 @@ import subprocess
 import sys
 import tarfile
 import time
+import traceback
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
 from dynspec.bench.gpu.leftovers import TAG_VAR, kill_tagged
-from dynspec.bench.procs import Children, http_status, stop_group
-from dynspec.common.cli import (
-    FlagParser,
-    non_negative_int,
-    port,
-    positive_float,
-    positive_int,
-)
+from dynspec.bench.procs import Children, alive, http_status, proc_stat, stop_group
 
 PROG = "dynspec-bench gpu run"
 # Never NVLink multicast (it can take a shared host's GPUs down); no hub; no DeepGEMM JIT.
@@ -77,9 +60,35 @@ LEVELS = "1,2,4,8,16,32,64,128"
 PAIR_LEVELS = "1,2,4,8,16,32,64,128,256"
 SERVED = "llama8b-random"
 
+# Measured on the H200 (bench/results/h200/run-main.json, run-levels-*.json, kill/): the bundle
+# unpack, SGLang's import probe and the 8B models take about 50 s (68 s in kill-attempt-1);
+# dynspec-launch --gpus 0 was ready after 207 s (EAGLE first, then the baseline; a cold EAGLE
+# start alone took over 142 s, ~75 s of it compiling kernels for its verify graphs); the
+# launcher's SIGINT stop and the results ~25 s.
+SETUP_S = 60.0
+LAUNCH_S = 210.0
+STOP_S = 25.0
+RESERVE_S = 45.0  # kept for stopping the launcher and writing the results
+DEVICE_LIMIT_S = 570.0  # one device command (the tool's limit is 600)
+
 
 class RunFailed(Exception):
     """Stops the run: one line, exit 1."""
+
+
+@dataclass(frozen=True)
+class Steady:
+    """What every GPU plan's levels are: at least ``per_c`` x C measured requests AND at least
+    ``min_seconds`` (whichever is longer), after a warm pass over every level on every server,
+    the targets taking turns within a level, ``repeats`` times: one short run per point moved by
+    10-20% between commands on the H200 (EAGLE alone at C=64: 8,625-10,438 tok/s)."""
+
+    repeats: int = 3
+    min_seconds: float = 15.0
+    per_c: int = 10
+    input_len: int = 256
+    output_len: int = 128
+    pause: float = 0.5
 
 
 @dataclass
@@ -95,11 +104,19 @@ class Run:
 
     tag: str = ""  # in every child's environment: how leftovers are found at the end
     ports: tuple[int, int, int] = (8000, 30001, 30002)  # router, EAGLE, baseline
+    steady: Steady = field(default_factory=Steady)
+    keep: bool = False  # a kept session: leave its processes running at the end
 
     @property
     def logs(self) -> Path:
         # Not under --out: only a few files come back from the GPU machine (logs.tar.gz does).
         return self.work / "logs"
+
+    @property
+    def results(self) -> Path:
+        """Where a plan writes its results: kept on the machine across the commands of one
+        session, copied to ``--out`` at the end of each."""
+        return self.work / "results"
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -306,29 +323,82 @@ def stop_launcher(run: Run, proc: subprocess.Popen[bytes]) -> None:
 # -- sweeps --------------------------------------------------------------------------------------
 
 
+def sweep_config(run: Run, levels: Sequence[int], deadline: float | None) -> Any:
+    from dynspec.bench.sweep import SweepConfig
+
+    st = run.steady
+    return SweepConfig(
+        concurrencies=sorted(set(levels)), requests_per_c=st.per_c, min_requests=8,
+        input_len=st.input_len, output_len=st.output_len, request_timeout=120.0,
+        pause=st.pause, repeats=st.repeats, min_seconds=st.min_seconds, resume=True,
+        deadline=deadline,
+    )  # fmt: skip
+
+
+def warm(run: Run, urls: Mapping[str, str], levels: Sequence[int]) -> None:
+    """Every server at every level of the plan once, nothing recorded (SGLang's triton kernels
+    compile on their first use at a batch size: that must not land in a measured level)."""
+    from dynspec.bench import load
+    from dynspec.bench.sweep import ProgressLine, sweep_prompts
+    from dynspec.bench.sweep import warm as warm_levels
+
+    cfg = sweep_config(run, levels, None)
+    targets = [load.Target(label, url) for label, url in urls.items()]
+    began = time.monotonic()
+
+    async def go() -> None:
+        async with load.make_session(cfg.request_timeout) as session:
+            models = {t: await load.model_name(session, t) for t in targets}
+            progress = ProgressLine(sys.stdout)
+            await warm_levels(session, targets, cfg, models=models, prompts=sweep_prompts(cfg),
+                              headers={}, progress=progress)  # fmt: skip
+
+    asyncio.run(go())
+    run.meta.setdefault("warm_s", []).append(round(time.monotonic() - began, 1))
+    run.say(f"warm pass over {len(targets)} servers x {len(cfg.concurrencies)} levels done")
+
+
 def sweep(
-    run: Run, targets: Sequence[str], out: Path, *, title: str, levels: str, limit: float
+    run: Run,
+    targets: Sequence[Any],
+    out: Path,
+    *,
+    levels: Sequence[int],
+    limit: float | None = None,
+    on_record: Any = None,
+    on_start: Any = None,
 ) -> bool:
-    """``dynspec-bench sweep``; stopped (finished levels kept) when ``limit`` seconds pass."""
-    argv = [run.python, "-m", "dynspec.bench", "sweep"]
-    for t in targets:
-        argv += ["--url", t]
-    argv += ["--concurrency", levels, "--input-len", "256", "--output-len", "128"]
-    argv += ["--requests-per-c", "2", "--min-requests", "8", "--request-timeout", "120"]
-    argv += ["--pause", "0.5", "--no-progress", "--append", "--out", str(out), "--title", title]
-    log = run.logs / "sweep.log"
-    proc = run.spawn("sweep", argv, log)
+    """The steady-state sweep (``Steady``) of ``targets`` (``load.Target``), resuming ``out``;
+    no level is started that would end past ``limit`` seconds from now or past the budget less
+    ``RESERVE_S``. True when every point is in ``out``."""
+    from dynspec.bench.sweep import ProgressLine, pending
+    from dynspec.bench.sweep import sweep as run_sweep
+
+    deadline = run.deadline - RESERVE_S
+    if limit is not None:
+        deadline = min(deadline, time.monotonic() + limit)
+    cfg = sweep_config(run, levels, deadline)
     try:
-        proc.wait(max(1.0, limit))
-        finished = proc.returncode == 0
-    except subprocess.TimeoutExpired:
-        run.say(f"sweep of {', '.join(targets)} stopped at its time limit (finished levels kept)")
-        proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(30)
-        finished = False
-    run.stop(proc)
-    return finished
+        progress = ProgressLine(sys.stdout)
+        asyncio.run(run_sweep(targets, cfg, out, progress, on_record=on_record, on_start=on_start))
+    except RuntimeError as exc:  # every request of a level failed
+        raise RunFailed(str(exc)) from None
+    from dynspec.bench.gpu.steadyreport import write_report
+
+    write_report(out)
+    left = pending(targets, cfg, out)
+    if left:
+        run.say(f"{len(left)} points left (the budget): the next command with --keep resumes")
+    return not left
+
+
+def pending_points(
+    run: Run, targets: Sequence[Any], out: Path, levels: Sequence[int]
+) -> list[tuple[str, int, int]]:
+    """The (target, level, repeat) points of the sweep not in ``out`` yet."""
+    from dynspec.bench.sweep import pending
+
+    return pending(targets, sweep_config(run, levels, None), out)
 
 
 def accept_probe(run: Run, server: str) -> dict[str, float | None]:
@@ -347,219 +417,204 @@ def accept_probe(run: Run, server: str) -> dict[str, float | None]:
     }
 
 
-# -- plans ---------------------------------------------------------------------------------------
-
-
 def last_line_of(text: str) -> str:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     return lines[-1] if lines else ""
 
 
-# -- entry ---------------------------------------------------------------------------------------
+# -- the launch of a pair on one GPU ---------------------------------------------------------------
 
 
-PLANS = ("main", "levels", "pair-a", "pair-b", "eight", "kill")
-KILL_SERVERS = ("eagle", "baseline")
-EIGHT_LAYOUTS = ("build", "split", "paired", "paired-mps", "2x-eagle", "2x-baseline", "2x-adaptive")
+def launch_argv(
+    run: Run,
+    models: Path,
+    *,
+    threshold: str,
+    mps: bool = False,
+    hysteresis: int | None = None,
+    restart: str = "never",
+    after_s: float = 240.0,
+) -> list[str]:
+    """``dynspec-launch --gpus 0``: the EAGLE-3 server (draft ``hi``: every draft accepted) and
+    the baseline on one GPU, the router in front (the plans ``pair-*``, ``router-cost`` and
+    ``kill``, which restarts its servers: ``restart`` on-failure). Each server may take until
+    ``after_s`` is all that is left of the budget (what the plan needs once both run)."""
+    argv = [
+        run.python, "-m", "dynspec.launcher", "--gpus", "0",
+        "--model-path", str(models / "llama8b"), "--draft-model-path", str(models / "eagle3-hi"),
+        "--served-model-name", SERVED, *EAGLE_STEPS_ALL, "--threshold", threshold,
+        *(["--hysteresis", str(hysteresis)] if hysteresis is not None else []),
+        "--host", "127.0.0.1", "--port", str(run.ports[0]),
+        "--eagle-port", str(run.ports[1]), "--baseline-port", str(run.ports[2]),
+        "--sglang-args", SGLANG_ARGS,
+        # Swept alone too: the EAGLE server runs up to 128 (C=256 alone queues the rest; it has
+        # lost to the baseline from C=128 on), graphs up to 128 keep its start short.
+        "--eagle-args", "--max-running-requests 128",
+        "--baseline-args", "--cuda-graph-max-bs-decode 256",
+        "--log-dir", str(run.logs), "--restart", restart, "--kill-grace", "15",
+        "--startup-timeout", f"{max(60.0, run.left() - after_s):.0f}", "--progress-every", "15",
+    ]  # fmt: skip
+    if mps:
+        argv.append("--mps")
+    return argv
 
 
-def _threshold(text: str) -> str:
-    if text == "auto":
-        return text
+# -- a session kept across device commands ---------------------------------------------------------
+
+
+def session_file(run: Run) -> Path:
+    return run.work / "session.json"
+
+
+def keep_session(run: Run, procs: Mapping[str, subprocess.Popen[bytes]], **extra: Any) -> None:
+    """Leave ``procs`` (session leaders: ``Children`` starts every child in a session of its own)
+    running past this command, for the next one with the same ``--work`` (``extra`` is kept in
+    the session's file too)."""
+    kept = {}
+    for name, proc in procs.items():
+        st = proc_stat(proc.pid)
+        if st is None:
+            raise RunFailed(f"{name} (pid {proc.pid}) is gone: nothing to keep")
+        kept[name] = [proc.pid, st[2]]
+        if proc in run.children.procs:
+            run.children.procs.remove(proc)
+    run.keep = True
+    state = {"tag": run.tag, "ports": list(run.ports), "procs": kept, "plan": run.meta.get("plan")}
+    state.update(extra)
+    session_file(run).write_text(json.dumps(state))
+    run.say("kept running for the next command: " + ", ".join(kept))
+
+
+def kept_session(run: Run, plan: str) -> dict[str, Any] | None:
+    """The session an earlier command of this plan left running, if every process of it still
+    runs; a file whose processes are gone is removed (the next command starts afresh)."""
+    path = session_file(run)
     try:
-        return str(positive_int(text))
-    except (ValueError, TypeError, argparse.ArgumentTypeError):
-        raise argparse.ArgumentTypeError(f"want a whole number >= 1 or auto: {text!r}") from None
+        state: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    procs = state.get("procs", {})
+    if state.get("plan") != plan or not all(alive(pid, start) for pid, start in procs.values()):
+        gone = [name for name, (pid, start) in procs.items() if not alive(pid, start)]
+        run.say(f"not resuming the kept session ({', '.join(gone) or 'another plan'} gone): "
+                "starting afresh")  # fmt: skip
+        for pid, start in procs.values():
+            if alive(pid, start):
+                stop_kept(pid, start)
+        path.unlink(missing_ok=True)
+        return None
+    return state
 
 
-def _kills(text: str) -> tuple[str, ...]:
-    servers = tuple(x.strip() for x in text.split(",") if x.strip())
-    bad = [x for x in servers if x not in KILL_SERVERS]
-    if not servers or bad:
-        raise argparse.ArgumentTypeError(f"want eagle or baseline, comma-separated: {text!r}")
-    return servers
+def stop_kept(pid: int, start: int, grace: float = 90.0) -> None:
+    """SIGINT a kept session leader (as Ctrl-C: the launcher drains and stops its servers), then
+    SIGKILL its process group if it has not ended within ``grace`` seconds."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGINT)
+    limit = time.monotonic() + grace
+    while alive(pid, start) and time.monotonic() < limit:
+        time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
-def _ports(text: str) -> tuple[int, int, int]:
-    values = tuple(port(x) for x in text.split(","))
-    if len(values) != 3 or len(set(values)) != 3:
-        raise ValueError("want three different ports: router,EAGLE,baseline")
-    return values
+# -- the attempt ---------------------------------------------------------------------------------
 
 
-def parser() -> FlagParser:
-    p = FlagParser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--plan", choices=PLANS, default="main", help="what to run")
-    p.add_argument("--bundle", type=Path, help="sgl-site.tar.xz (default: the installed SGLang)")
-    p.add_argument("--out", type=Path, required=True, help="results folder")
-    p.add_argument("--work", type=Path, default=Path("/tmp/dynspec-gpu"), help="models, site")
-    p.add_argument(
-        "--budget", type=positive_float, default=540.0, help="seconds for the whole attempt"
-    )
-    p.add_argument(
-        "--levels", help=f"sweep concurrency levels (default {LEVELS}; pair-*, eight: to 256)"
-    )
-    p.add_argument(
-        "--threshold",
-        type=_threshold,
-        help="router threshold: N or auto (default: 32 for main, auto for pair-*)",
-    )
-    p.add_argument(
-        "--hysteresis", type=non_negative_int, default=8, help="router hysteresis (main)"
-    )
-    p.add_argument(
-        "--start-timeout", type=positive_float, default=240.0, help="seconds per server start"
-    )
-    p.add_argument(
-        "--deploy",
-        type=Path,
-        default=Path(__file__).resolve().parents[2] / "deploy",
-        help="the dashboard and alerts whose sglang:* metric names are checked",
-    )
-    p.add_argument("--models", type=Path, help="prebuilt models (default: build into --work)")
-    p.add_argument("--servers", help="levels plan: which EAGLE servers (default: all, in order)")
-    p.add_argument(
-        "--ports", type=_ports, default="8000,30001,30002", help="router, EAGLE, baseline ports"
-    )
-    p.add_argument("--layout", default="split", help="eight plan: " + ", ".join(EIGHT_LAYOUTS))
-    p.add_argument("--draft", choices=("hi", "p54"), default="hi", help="eight plan: EAGLE draft")
-    p.add_argument(
-        "--concurrency", type=positive_int, default=32, help="kill plan: closed-loop clients"
-    )
-    p.add_argument(
-        "--kills",
-        type=_kills,
-        default="eagle,baseline,eagle",
-        help="kill plan: the server SIGKILLed by each kill, in order",
-    )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="eight and kill plans: print every command, start nothing",
-    )
-    return p
+@dataclass(frozen=True)
+class Attempt:
+    """One device command: where it writes, how long it may take, what it brings."""
+
+    plan: str
+    out: Path
+    work: Path
+    budget: float
+    ports: tuple[int, int, int]
+    bundle: Path | None
+    models: Path | None
+    drafts: tuple[str, ...]
+    commit: str
+    steady: Steady
+    keep: bool = False  # keep the session (launcher) running when the plan is not finished
 
 
-def pack_logs(run: Run) -> None:
-    if not run.logs.is_dir():
-        return
-    with tarfile.open(run.out / "logs.tar.gz", "w:gz") as t:
-        t.add(run.logs, arcname="logs")
+Body = Callable[[Run, Path, "dict[str, Any] | None"], int]
 
 
-def main(argv: Sequence[str] | None = None) -> NoReturn:
-    args = parser().parse_args(argv)
-    if args.plan == "eight" and args.layout not in (*EIGHT_LAYOUTS, "all"):
-        parser().error(f"--layout: unknown layout {args.layout!r}")
-    if args.plan == "eight" and args.layout == "all" and not args.dry_run:
-        parser().error("--layout all only with --dry-run (one layout per command)")
-    if args.dry_run and args.plan not in ("eight", "kill"):
-        parser().error("--dry-run: only the eight and kill plans have one")
-    if args.dry_run and args.plan == "kill":
-        from dynspec.bench.gpu.kill import dry_run as kill_dry_run
-
-        dry = Run(out=args.out, work=args.work, deadline=time.monotonic() + args.budget, env={})
-        dry.ports = args.ports
-        print(kill_dry_run(dry, args.models or args.work / "models", concurrency=args.concurrency,
-                           kills=args.kills), end="")  # fmt: skip
-        sys.exit(0)
-    if args.dry_run:
-        from dynspec.bench.gpu.eight import dry_run
-
-        work: Path = args.work
-        print(dry_run(args.layout, python=sys.executable, models=args.models or work / "models",
-                      work=work, ports=args.ports, draft=args.draft, startup_timeout=400.0),
-              end="")  # fmt: skip
-        sys.exit(0)
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
+def attempt(a: Attempt, body: Body) -> NoReturn:
+    """Run ``body(run, models, session)`` as one bounded attempt and exit with its code: set-up
+    (bundle, versions, models; skipped when an earlier command's session is resumed), then the
+    plan, then, whatever happened, every child stopped (unless the plan kept its session),
+    whatever carries the run's tag killed, ``meta.json`` and the logs written, and the results
+    copied to ``--out``. A ``RunFailed`` is one line and exit 1."""
     env = dict(os.environ)
     env.update(FIXED_ENV)
-    run = Run(out=out, work=args.work, deadline=time.monotonic() + args.budget, env=env)
-    run.tag = f"{os.getpid()}-{time.time_ns()}"
-    run.ports = args.ports
+    run = Run(out=a.out, work=a.work, deadline=time.monotonic() + a.budget, env=env)
+    run.ports, run.steady = a.ports, a.steady
+    session = kept_session(run, a.plan)
+    if session is None:
+        shutil.rmtree(run.logs, ignore_errors=True)
+        shutil.rmtree(run.results, ignore_errors=True)
+        run.tag = f"{os.getpid()}-{time.time_ns()}"
+    else:
+        run.tag = str(session["tag"])
+        run.ports = tuple(session["ports"])
+        with contextlib.suppress(OSError, ValueError):
+            run.meta = json.loads((run.results / "meta.json").read_text())
     env[TAG_VAR] = run.tag
-    shutil.rmtree(run.logs, ignore_errors=True)
-    run.meta.update(
-        tag=run.tag, plan=args.plan, started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    )
-    code = 1
-    failure: str | None = None
+    run.results.mkdir(parents=True, exist_ok=True)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    run.meta.update(tag=run.tag, plan=a.plan, commit=a.commit, steady=vars(a.steady))
+    run.meta.setdefault("started", started)
+    command: dict[str, Any] = {"started": started, "resumed": session is not None}
+    run.meta.setdefault("device_commands", []).append(command)
+    code, failure = 1, None
     try:
-        extra = site_paths(run, args.bundle)
+        extra = site_paths(run, a.bundle)
         here = env.get("PYTHONPATH", "")
         run.env["PYTHONPATH"] = os.pathsep.join([*([here] if here else []), *extra])
-        run.meta["versions"] = probe_python(run)
-        run.meta["sglang_args"] = SGLANG_ARGS
-        run.say(f"versions: {run.meta['versions']}")
-        if args.models is not None:
-            models = args.models
-        else:
-            models = args.work / "models"
-            if args.plan == "levels":
-                from dynspec.bench.gpu.levels import level_servers
-
-                drafts = [d for _, d, _ in level_servers(args.servers)]
-            else:
-                drafts = ["hi"]
-            if args.plan != "eight":
-                build_models(run, models, drafts)
+        models = a.models or a.work / "models"
+        if session is None:
+            run.meta["versions"] = probe_python(run)
+            run.meta["sglang_args"] = SGLANG_ARGS
+            run.say(f"versions: {run.meta['versions']}")
+            if a.models is None and a.drafts:
+                build_models(run, models, a.drafts)
                 run.say("models built")
-        levels = args.levels or (LEVELS if args.plan in ("main", "levels") else PAIR_LEVELS)
-        if args.plan in ("pair-a", "pair-b"):
-            from dynspec.bench.gpu.pair import PAIR_PLANS, plan_pair
-
-            code = plan_pair(
-                run,
-                models,
-                PAIR_PLANS[args.plan],
-                levels=levels,
-                threshold=args.threshold or "auto",
-            )
-        elif args.plan == "kill":
-            from dynspec.bench.gpu.kill import plan_kill
-
-            code = plan_kill(run, models, concurrency=args.concurrency, kills=args.kills)
-        elif args.plan == "eight":
-            from dynspec.bench.gpu.eight import plan_eight
-
-            code = plan_eight(
-                run, models, args.layout, levels=levels, draft=args.draft,
-                start_timeout=args.start_timeout,
-            )  # fmt: skip
-        elif args.plan == "main":
-            from dynspec.bench.gpu.mainplan import plan_main
-
-            code = plan_main(
-                run,
-                models,
-                args.deploy,
-                levels=levels,
-                threshold=int(args.threshold or 32),
-                hysteresis=args.hysteresis,
-            )
         else:
-            from dynspec.bench.gpu.levels import plan_levels
-
-            code = plan_levels(run, models, levels, args.start_timeout, args.servers)
+            run.say(f"resuming the session kept by the last command (tag {run.tag})")
+        code = body(run, models, session)
     except RunFailed as exc:
         failure = str(exc)
     except KeyboardInterrupt:
         failure = "interrupted"
+    except Exception as exc:  # a fault of the plan's code: one line here, the traceback in logs
+        run.logs.mkdir(parents=True, exist_ok=True)
+        (run.logs / "traceback.txt").write_text(traceback.format_exc())
+        failure = f"{type(exc).__name__}: {exc} (traceback in logs/traceback.txt)"
     finally:
         run.stop_all()
-        run.meta["leftovers_killed"] = kill_tagged(run.tag)
-        run.meta["elapsed_s"] = round(time.monotonic() - run.t0, 1)
+        if not run.keep:
+            run.meta["leftovers_killed"] = kill_tagged(run.tag)
+            session_file(run).unlink(missing_ok=True)
+        command["elapsed_s"] = round(time.monotonic() - run.t0, 1)
         if failure:
             run.meta["failure"] = failure
-        (out / "meta.json").write_text(json.dumps(run.meta, indent=1, default=str))
+        (run.results / "meta.json").write_text(json.dumps(run.meta, indent=1, default=str))
         with contextlib.suppress(OSError, tarfile.TarError):
             pack_logs(run)
+        a.out.mkdir(parents=True, exist_ok=True)
+        for f in run.results.iterdir():
+            if f.is_file():
+                shutil.copy2(f, a.out / f.name)
     if failure:
         print(f"{PROG}: error: {failure}", file=sys.stderr)
         sys.exit(1)
     sys.exit(code)
 
 
-if __name__ == "__main__":
-    main()
+def pack_logs(run: Run) -> None:
+    if not run.logs.is_dir():
+        return
+    with tarfile.open(run.results / "logs.tar.gz", "w:gz") as t:
+        t.add(run.logs, arcname="logs")
