@@ -6,11 +6,18 @@ import argparse
 import asyncio
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dynspec.bench.cli_common import PROG, add_load_flags, on_sigterm, stopped_code, sweep_config
-from dynspec.common.cli import FlagParser, UsageError
+from dynspec.common.cli import (
+    FlagParser,
+    UsageError,
+    non_negative_float,
+    positive_float,
+    positive_int,
+)
 
 if TYPE_CHECKING:
     from dynspec.bench.load import Target
@@ -40,8 +47,38 @@ def add_arguments(p: FlagParser) -> None:
     )
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     add_load_flags(p)
+    p.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=1,
+        help="runs of each target at each level, the targets taking turns (A, B, A, B, ...)",
+    )
+    p.add_argument(
+        "--min-seconds",
+        type=non_negative_float,
+        default=0.0,
+        help="a level measures until it has its requests AND has lasted this long",
+    )
+    p.add_argument(
+        "--warm-pass",
+        action="store_true",
+        help="first run every target at every level once (one round of C requests, not "
+        "recorded): no measured level is a server's first traffic at that batch size",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=positive_float,
+        default=None,
+        help="seconds: start no level that would end later (estimated from the levels before); "
+        "the finished levels are kept and --resume goes on from there",
+    )
     p.add_argument("--out", type=Path, default=Path("sweep.jsonl"), help="JSONL results file")
     p.add_argument("--append", action="store_true", help="append to an existing --out file")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="append to --out, skipping the (target, level, repeat) points already in it",
+    )
     p.add_argument("--title", default="dynspec-bench sweep", help="plot and table title")
 
 
@@ -80,13 +117,17 @@ def _finish(out: Path, title: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dynspec.bench.sweep import ProgressLine, sweep
+    from dynspec.bench.sweep import ProgressLine, pending, sweep
 
     chosen = targets(args.url, args.endpoint)
-    cfg = sweep_config(args)
+    deadline = time.monotonic() + args.time_limit if args.time_limit else None
+    cfg = sweep_config(
+        args, repeats=args.repeats, min_seconds=args.min_seconds, resume=args.resume,
+        deadline=deadline, warm_pass=args.warm_pass,
+    )  # fmt: skip
     out: Path = args.out
-    if out.exists() and out.stat().st_size > 0 and not args.append:
-        raise UsageError(f"--out {out} exists; use --append or another --out")
+    if out.exists() and out.stat().st_size > 0 and not (args.append or args.resume):
+        raise UsageError(f"--out {out} exists; use --append, --resume or another --out")
     out.parent.mkdir(parents=True, exist_ok=True)
     progress = ProgressLine(enabled=not args.no_progress)
     signal.signal(signal.SIGTERM, on_sigterm)
@@ -97,4 +138,7 @@ def run(args: argparse.Namespace) -> int:
         _finish(out, args.title)
         return stopped_code(exc)
     _finish(out, args.title)
+    left = pending(chosen, cfg, out)
+    if left:
+        print(f"{PROG}: {len(left)} points left for --resume (--time-limit)", file=sys.stderr)
     return 0

@@ -57,6 +57,8 @@ class Target:
     label: str
     base_url: str
     endpoint: str = "chat"
+    # The levels this target runs at in a sweep (None: every level of the sweep).
+    levels: frozenset[int] | None = None
 
     @property
     def url(self) -> str:
@@ -285,6 +287,7 @@ async def run_level(
     progress: Progress | None = None,
     on_measure: Callable[[], Awaitable[None]] | None = None,
     replicas: Sequence[Target] = (),
+    min_seconds: float = 0.0,
 ) -> LevelRun:
     """One level: ``concurrency`` closed-loop workers, measured in a steady state.
 
@@ -294,7 +297,9 @@ async def run_level(
     1. Warm-up: the first ``warmup`` requests. Measuring starts when all of them have ended, so
        that a slow one (e.g. a request a router sent to the pool it then left) is gone; requests
        sent meanwhile are warm-up too.
-    2. The next ``requests`` requests are measured (their TTFT, TPOT, ITL, E2E).
+    2. The next ``requests`` requests are measured (their TTFT, TPOT, ITL, E2E), and more while
+       the first measured send is less than ``min_seconds`` ago: a level lasts at least that
+       long however fast the server is, so that a fast level is not a few batches' noise.
     3. Workers keep the load up with filler requests until the last measured request ends; then
        the fillers are cancelled (the server aborts them).
 
@@ -312,11 +317,18 @@ async def run_level(
     all_ended = asyncio.Event()
     if requests <= 0:
         all_ended.set()
+    closed = False  # no more measured sends: enough requests, and min_seconds since the first
+
+    def still_measuring() -> bool:
+        nonlocal closed
+        if not closed and len(measured) >= max(1, requests):
+            closed = time.perf_counter() - measured[0].send >= min_seconds
+        return not closed
 
     async def worker() -> None:
         nonlocal hook
         while not all_ended.is_set():
-            measuring = state["warm_left"] <= 0 and len(measured) < requests
+            measuring = state["warm_left"] <= 0 and still_measuring()
             first_warm = state["sent"] < warmup
             if measuring and hook is not None:
                 h, hook = hook, None
@@ -334,8 +346,8 @@ async def run_level(
             if measuring:
                 state["ended"] += 1
                 if progress is not None:
-                    progress(state["ended"], requests)
-                if state["ended"] >= requests:
+                    progress(min(state["ended"], requests), requests)
+                if state["ended"] >= len(measured) and not still_measuring():
                     all_ended.set()
             elif first_warm:
                 state["warm_left"] -= 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -139,7 +140,9 @@ def markdown_table(records: Sequence[Record], title: str | None = None) -> str:
 
 
 def plot(records: Sequence[Record], path: Path, title: str) -> None:
-    """Output tok/s and p50 TPOT against concurrency, one line per target, log-scale x."""
+    """Output tok/s and p50 TPOT against concurrency, one line per target, log-scale x; where a
+    level ran several times (``repeat``), the line goes through the medians and a bar spans the
+    min-max."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -150,16 +153,20 @@ def plot(records: Sequence[Record], path: Path, title: str) -> None:
     fig, (ax_tp, ax_tpot) = plt.subplots(1, 2, figsize=(11, 4.2))
     levels: set[int] = set()
     for name in targets(records):
-        rows = sorted(
-            (r for r in records if str(r.get("target")) == name and r.get("completed")),
-            key=lambda r: int(r["max_concurrency"]),
-        )
-        if not rows:
+        by_c: dict[int, list[Record]] = {}
+        for r in records:
+            if str(r.get("target")) == name and r.get("completed"):
+                by_c.setdefault(int(r["max_concurrency"]), []).append(r)
+        if not by_c:
             continue
-        cs = [int(r["max_concurrency"]) for r in rows]
+        cs = sorted(by_c)
         levels.update(cs)
-        ax_tp.plot(cs, [float(r["output_throughput"]) for r in rows], marker="o", label=name)
-        ax_tpot.plot(cs, [float(r["median_tpot_ms"]) for r in rows], marker="o", label=name)
+        for ax, key in ((ax_tp, "output_throughput"), (ax_tpot, "median_tpot_ms")):
+            values = [sorted(float(r[key]) for r in by_c[c]) for c in cs]
+            mid = [statistics.median(v) for v in values]
+            low = [m - v[0] for m, v in zip(mid, values, strict=True)]
+            high = [v[-1] - m for m, v in zip(mid, values, strict=True)]
+            ax.errorbar(cs, mid, yerr=[low, high], marker="o", capsize=3, label=name)
     for ax, ylabel in ((ax_tp, "output tokens/s (all requests)"), (ax_tpot, "p50 TPOT (ms)")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(levels))

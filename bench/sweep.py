@@ -1,7 +1,16 @@
 """A concurrency sweep: every level against every target, one JSONL line per finished level.
 
-Levels run in order of concurrency, and within a level the targets take turns, so that a slow
-drift of the machine (other work, thermal) spreads over all targets instead of biasing one.
+Levels run in order of concurrency, and within a level the targets take turns, once per repeat
+(A, B, C, A, B, C, ...), so that a slow drift of the machine (other work, thermal, a kernel's first
+use) spreads over all targets instead of biasing one, and each point's repeats show its spread.
+
+A steady-state sweep (what a 5% comparison needs) asks for levels of at least ``min_seconds``
+(``run_level`` keeps measuring until both the request count and the time are reached), a warm
+pass first (``warm``: every target at every level once, one round of C requests, not recorded,
+so that no measured level is the first traffic at a batch size), several ``repeats``, and may be
+split over several processes: with ``resume`` the points already in ``out`` are skipped, and a
+``deadline`` stops the sweep before a level that would not end in time (``pending`` says what is
+left).
 """
 
 from __future__ import annotations
@@ -12,7 +21,7 @@ import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -41,6 +50,11 @@ class SweepConfig:
     request_timeout: float = 600.0
     pause: float = 1.0
     extra: dict[str, Any] = field(default_factory=dict)
+    repeats: int = 1  # runs of each (target, level), interleaved with the other targets
+    min_seconds: float = 0.0  # a measured level lasts at least this long
+    resume: bool = False  # skip the (target, level, repeat) points already in ``out``
+    deadline: float | None = None  # time.monotonic(): no level is started that would end later
+    warm_pass: bool = False  # ``warm`` every target at every level before measuring
 
     def level_requests(self, c: int) -> int:
         return (
@@ -122,6 +136,7 @@ def build_record(
         win = metrics.window(run.everything, *run.window, tokens_per_chunk=per_chunk)
     rec.update(metrics.compute(run.traces, run.duration, win))
     rec["warmup_failed"] = run.warmup_failed
+    rec["min_seconds"] = cfg.min_seconds
     rec.update(run.extra)
     pools = Counter(t.backend for t in run.traces if t.backend)
     if pools:
@@ -152,55 +167,159 @@ async def _switches(session: aiohttp.ClientSession, target: load.Target) -> int 
     return None if text is None else load.mode_switches(text)
 
 
+Point = tuple[str, int, int]  # (target label, concurrency, repeat from 1)
+
+
+def points(targets: Sequence[load.Target], cfg: SweepConfig) -> list[Point]:
+    """Every point of the sweep, in the order it runs them."""
+    return [
+        (t.label, c, rep)
+        for c in cfg.concurrencies
+        for rep in range(1, cfg.repeats + 1)
+        for t in targets
+        if t.levels is None or c in t.levels
+    ]
+
+
+def earlier(out: Path | None) -> list[Record]:
+    """What an earlier run of the sweep wrote to ``out``."""
+    if out is None or not out.exists():
+        return []
+    from dynspec.bench.report import load_jsonl
+
+    return load_jsonl(out)
+
+
+def point(rec: Record) -> Point:
+    """A record's point (a record without ``repeat`` is repeat 1)."""
+    return str(rec["target"]), int(rec["max_concurrency"]), int(rec.get("repeat") or 1)
+
+
+def pending(targets: Sequence[load.Target], cfg: SweepConfig, out: Path | None) -> list[Point]:
+    done = {point(r) for r in earlier(out)}
+    return [p for p in points(targets, cfg) if p not in done]
+
+
+def estimate_seconds(c: int, cfg: SweepConfig, seen: Sequence[Record]) -> float:
+    """How long one level at ``c`` takes, from the target's earlier records (``seen``): its
+    measured requests at the tok/s of the nearest level measured at or below ``c`` (tok/s grows
+    with C, so this errs long), at least ``min_seconds``, plus the warm-up round and the tail
+    (one request each) and the pause. A target with no record yet: twice ``min_seconds`` and 10 s.
+    """
+    below = [r for r in seen if int(r["max_concurrency"]) <= c and r.get("output_throughput")]
+    if not below:
+        return 2 * cfg.min_seconds + 10.0 + cfg.pause
+    near = max(below, key=lambda r: int(r["max_concurrency"]))
+    tok_s = float(near["output_throughput"])
+    one_round = c * cfg.output_len / tok_s
+    measured = max(cfg.min_seconds, cfg.level_requests(c) * cfg.output_len / tok_s)
+    return measured + 2 * one_round + cfg.pause + 1.0
+
+
+async def warm(
+    session: aiohttp.ClientSession,
+    targets: Sequence[load.Target],
+    cfg: SweepConfig,
+    *,
+    models: dict[load.Target, str],
+    prompts: Sequence[load.Prompt],
+    headers: dict[str, str],
+    progress: ProgressLine,
+) -> None:
+    """Every target at each of its levels once: one round of C requests, not recorded."""
+    for target in targets:
+        for c in cfg.concurrencies:
+            if target.levels is not None and c not in target.levels:
+                continue
+            progress.begin(f"{target.label} C={c} warm")
+            run = await load.run_level(
+                session, target, models[target], prompts,
+                concurrency=c, requests=c, warmup=0, headers=headers,
+            )  # fmt: skip
+            ok = sum(1 for t in run.traces if t.success)
+            progress.end(f"warm, {ok}/{c} ok")
+
+
+OnRecord = Callable[[Record], None]
+
+
 async def sweep(
     targets: Sequence[load.Target],
     cfg: SweepConfig,
     out: Path | None,
     progress: ProgressLine | None = None,
+    *,
+    on_record: OnRecord | None = None,
+    on_start: Callable[[str], None] | None = None,
 ) -> list[Record]:
-    """Run the sweep; append each finished level to ``out`` as it ends; return all records."""
+    """Run the sweep; append each finished level to ``out`` as it ends; return all records.
+
+    ``on_start(label)`` runs before each level and ``on_record`` may add to its record before
+    it is written (the GPU plans add what the router and the servers say over the level). Stops
+    early, with the points left unrun, at ``cfg.deadline``.
+    """
     progress = progress or ProgressLine(enabled=False)
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     prompts = sweep_prompts(cfg)
     records: list[Record] = []
+    before_now = earlier(out) if cfg.resume else []
+    done = {point(r) for r in before_now}
+    todo = [p for p in points(targets, cfg) if p not in done]
+    seen: dict[str, list[Record]] = {t.label: [] for t in targets}
+    for r in before_now:
+        seen.setdefault(str(r["target"]), []).append(r)
+    by_label = {t.label: t for t in targets}
     async with load.make_session(cfg.request_timeout) as session:
         models = {t: await load.model_name(session, t, headers) for t in targets}
-        for c in cfg.concurrencies:
-            for target in targets:
-                n, w = cfg.level_requests(c), cfg.level_warmup(c)
-                progress.begin(f"{target.label} C={c}")
-                before: list[int | None] = [None]
+        if cfg.warm_pass:
+            await warm(session, targets, cfg, models=models, prompts=prompts, headers=headers,
+                       progress=progress)  # fmt: skip
+        for label, c, rep in todo:
+            target = by_label[label]
+            if cfg.deadline is not None:
+                need = estimate_seconds(c, cfg, seen[label])
+                if time.monotonic() + need > cfg.deadline:
+                    logger.info("%s C=%d #%d needs about %.0fs: past the deadline", label, c, rep,
+                                need)  # fmt: skip
+                    break
+            n, w = cfg.level_requests(c), cfg.level_warmup(c)
+            progress.begin(f"{label} C={c}" + (f" #{rep}" if cfg.repeats > 1 else ""))
+            before: list[int | None] = [None]
 
-                async def snapshot(t: load.Target = target, box: list[int | None] = before) -> None:
-                    box[0] = await _switches(session, t)
+            async def snapshot(t: load.Target = target, box: list[int | None] = before) -> None:
+                box[0] = await _switches(session, t)
 
-                run = await load.run_level(
-                    session,
-                    target,
-                    models[target],
-                    prompts,
-                    concurrency=c,
-                    requests=n,
-                    warmup=w,
-                    headers=headers,
-                    progress=progress.update,
-                    on_measure=snapshot,
+            if on_start is not None:
+                on_start(label)
+            cpu0 = time.process_time()
+            run = await load.run_level(
+                session, target, models[target], prompts,
+                concurrency=c, requests=n, warmup=w, headers=headers,
+                progress=progress.update, on_measure=snapshot, min_seconds=cfg.min_seconds,
+            )  # fmt: skip
+            after = await _switches(session, target)
+            if before[0] is not None and after is not None:
+                run.mode_switches = after - before[0]
+            rec = build_record(target, c, run, cfg=cfg, warmup=w, model=models[target])
+            rec["repeat"] = rep
+            # This process's CPU over the level: a load generator that saturates a core is
+            # measuring itself (its sends and reads), not the server.
+            rec["client_cpu_s"] = round(time.process_time() - cpu0, 3)
+            if on_record is not None:
+                on_record(rec)
+            records.append(rec)
+            seen[label].append(rec)
+            if out is not None:
+                append_jsonl(out, rec)
+            progress.end(
+                f"{rec['completed']}/{rec['num_prompts']} ok, {rec['output_throughput']:.0f} tok/s,"
+                f" TPOT p50 {rec['median_tpot_ms']:.1f} ms, achieved C {rec['concurrency']:.1f},"
+                f" {rec['duration']:.1f}s"
+            )
+            if rec["completed"] == 0:
+                raise RuntimeError(
+                    f"{label}: every request at C={c} failed"
+                    f" ({next(iter(rec.get('errors', {'?': 0})))})"
                 )
-                after = await _switches(session, target)
-                if before[0] is not None and after is not None:
-                    run.mode_switches = after - before[0]
-                rec = build_record(target, c, run, cfg=cfg, warmup=w, model=models[target])
-                records.append(rec)
-                if out is not None:
-                    append_jsonl(out, rec)
-                progress.end(
-                    f"{rec['completed']}/{n} ok, {rec['output_throughput']:.0f} tok/s,"
-                    f" TPOT p50 {rec['median_tpot_ms']:.1f} ms, achieved C {rec['concurrency']:.1f}"
-                )
-                if rec["completed"] == 0:
-                    raise RuntimeError(
-                        f"{target.label}: every request at C={c} failed"
-                        f" ({next(iter(rec.get('errors', {'?': 0})))})"
-                    )
-                await asyncio.sleep(cfg.pause)
+            await asyncio.sleep(cfg.pause)
     return records

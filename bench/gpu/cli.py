@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from dynspec.common.cli import FlagParser, UsageError, add_log_level, configure_logging, run_main
+from dynspec.common.cli import (
+    FlagParser,
+    UsageError,
+    add_log_level,
+    configure_logging,
+    non_negative_float,
+    non_negative_int,
+    port,
+    positive_float,
+    positive_int,
+    run_main,
+)
+
+if TYPE_CHECKING:
+    from dynspec.bench.gpu.toolkit import Body
 
 PROG = "dynspec-bench gpu"
 COMMANDS = {
@@ -68,13 +86,279 @@ def cmd_models(argv: Sequence[str]) -> NoReturn:
 
 
 def cmd_run(argv: Sequence[str]) -> NoReturn:
-    from dynspec.bench.gpu import run
+    """``dynspec-bench gpu run``: one bounded attempt of one plan (``toolkit.attempt``)."""
+    from dynspec.bench.gpu import toolkit
 
-    run.main(argv)
+    p = run_parser()
+    args = p.parse_args(argv)
+    if args.plan == "eight" and args.layout not in (*EIGHT_LAYOUTS, "all"):
+        p.error(f"--layout: unknown layout {args.layout!r}")
+    if args.plan == "eight" and args.layout == "all" and not args.dry_run:
+        p.error("--layout all only with --dry-run (one layout per command)")
+    if args.dry_run and args.plan not in ("eight", "kill"):
+        p.error("--dry-run: only the eight and kill plans have one")
+    steady_plans = ("pair-a", "pair-b", "router-cost")
+    if (args.keep or args.router_cost) and args.plan not in steady_plans:
+        p.error(f"--keep and --router-cost: only the {', '.join(steady_plans)} plans")
+    if args.router_cost and args.plan == "router-cost":
+        p.error("--router-cost: the router-cost plan measures nothing else")
+    if args.dry_run:
+        print(dry_run(args), end="")
+        sys.exit(0)
+    a = toolkit.Attempt(
+        plan=args.plan, out=args.out, work=args.work, budget=args.budget, ports=args.ports,
+        bundle=args.bundle, models=args.models, drafts=drafts(args), commit=commit(args.commit),
+        steady=toolkit.Steady(repeats=args.repeats, min_seconds=args.min_seconds,
+                              per_c=args.requests_per_c, output_len=args.output_len),
+        keep=args.keep,
+    )  # fmt: skip
+    toolkit.attempt(a, plan_body(args))
+
+
+def plan_body(args: argparse.Namespace) -> Body:
+    """The plan's part of the attempt: ``body(run, models, session) -> exit code``."""
+    from dynspec.bench.gpu.toolkit import LEVELS, PAIR_LEVELS
+
+    levels = args.levels or (LEVELS if args.plan in ("main", "levels") else PAIR_LEVELS)
+    if args.plan in ("pair-a", "pair-b", "router-cost"):
+        from dynspec.bench.gpu import steady
+
+        study = steady.STUDIES[args.plan]
+        if args.threshold is not None and args.plan != "router-cost":
+            study = dataclasses.replace(study, threshold=args.threshold)
+        if args.plan == "router-cost":
+            wanted = parse_levels(args.levels) if args.levels else list(steady.COST_LEVELS)
+        else:
+            wanted = parse_levels(levels)
+        if args.router_cost:
+            study = steady.with_router_cost(study, wanted)
+        return lambda run, models, session: steady.plan_steady(
+            run, models, study, levels=wanted, session=session, keep=args.keep
+        )
+    if args.plan == "kill":
+        from dynspec.bench.gpu.kill import plan_kill
+
+        return lambda run, models, _s: plan_kill(
+            run, models, concurrency=args.concurrency, kills=args.kills
+        )
+    if args.plan == "eight":
+        from dynspec.bench.gpu.eight import plan_eight
+
+        return lambda run, models, _s: plan_eight(
+            run, models, args.layout, levels=parse_levels(levels), draft=args.draft,
+            start_timeout=args.start_timeout,
+        )  # fmt: skip
+    if args.plan == "main":
+        from dynspec.bench.gpu.mainplan import plan_main
+
+        return lambda run, models, _s: plan_main(
+            run, models, args.deploy, levels=parse_levels(levels),
+            threshold=int(args.threshold or 32), hysteresis=args.hysteresis,
+        )  # fmt: skip
+    from dynspec.bench.gpu.levels import plan_levels
+
+    return lambda run, models, _s: plan_levels(
+        run, models, parse_levels(levels), args.start_timeout, args.servers
+    )
+
+
+PLANS = ("main", "levels", "pair-a", "pair-b", "router-cost", "eight", "kill")
+KILL_SERVERS = ("eagle", "baseline")
+EIGHT_LAYOUTS = ("build", "split", "paired", "paired-mps", "2x-eagle", "2x-baseline", "2x-adaptive")
+RUN_HELP = """One bounded attempt on a GPU machine (at most --budget seconds; the levels are the
+steady instrument's: --requests-per-c x C requests and --min-seconds each, after a warm pass,
+targets interleaved, --repeats runs of each point). Plans: main (router checks and sweeps),
+levels (EAGLE-3 variants alone), pair-a / pair-b (one GPU = one pair behind --threshold auto,
+calibrated at launch; pair-b with --mps), router-cost (the router against the EAGLE server's own
+port), eight (eight GPUs, one --layout a command), kill (SIGKILL a server under load)."""
+
+
+def drafts(args: argparse.Namespace) -> tuple[str, ...]:
+    """The EAGLE drafts the plan's servers load (built unless --models is given)."""
+    from dynspec.bench.gpu.toolkit import PROG as RUN_PROG
+    from dynspec.bench.gpu.toolkit import RunFailed
+
+    if args.plan == "eight":
+        return ()  # the eight plan's build layout makes its own models
+    if args.plan != "levels":
+        return ("hi",)
+    from dynspec.bench.gpu.levels import level_servers
+
+    try:
+        return tuple(d for _, d, _ in level_servers(args.servers))
+    except RunFailed as exc:
+        print(f"{RUN_PROG}: error: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+def commit(given: str | None) -> str:
+    """The commit the code came from: given (the device copy has no .git), else git's, with
+    ``+dirty`` for uncommitted changes, else "unknown"."""
+    if given:
+        return given
+    here = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--", "."],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.strip() + ("+dirty" if dirty.strip() else "")  # fmt: skip
+
+
+def dry_run(args: argparse.Namespace) -> str:
+    from dynspec.bench.gpu.toolkit import Run
+
+    models: Path = args.models or args.work / "models"
+    if args.plan == "kill":
+        from dynspec.bench.gpu.kill import dry_run as kill_dry_run
+
+        dry = Run(out=args.out, work=args.work, deadline=time.monotonic() + args.budget, env={})
+        dry.ports = args.ports
+        return kill_dry_run(dry, models, concurrency=args.concurrency, kills=args.kills)
+    from dynspec.bench.gpu.eight import dry_run as eight_dry_run
+
+    return eight_dry_run(args.layout, python=sys.executable, models=models, work=args.work,
+                         ports=args.ports, draft=args.draft, startup_timeout=400.0)  # fmt: skip
+
+
+def parse_levels(text: str) -> list[int]:
+    return sorted({int(x) for x in text.split(",") if x.strip()})
+
+
+def _threshold(text: str) -> str:
+    if text == "auto":
+        return text
+    try:
+        return str(positive_int(text))
+    except (ValueError, TypeError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"want a whole number >= 1 or auto: {text!r}") from None
+
+
+def _kills(text: str) -> tuple[str, ...]:
+    servers = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in servers if x not in KILL_SERVERS]
+    if not servers or bad:
+        raise argparse.ArgumentTypeError(f"want eagle or baseline, comma-separated: {text!r}")
+    return servers
+
+
+def _ports(text: str) -> tuple[int, int, int]:
+    values = tuple(port(x) for x in text.split(","))
+    if len(values) != 3 or len(set(values)) != 3:
+        raise ValueError("want three different ports: router,EAGLE,baseline")
+    return values
+
+
+def _levels(text: str) -> str:
+    try:
+        if parse_levels(text) and min(parse_levels(text)) >= 1:
+            return text
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"want concurrency levels >= 1, comma-separated: {text!r}")
+
+
+def run_parser() -> FlagParser:
+    from dynspec.bench.gpu.toolkit import LEVELS
+    from dynspec.bench.gpu.toolkit import PROG as RUN_PROG
+
+    p = FlagParser(prog=RUN_PROG, description=RUN_HELP)
+    p.add_argument("--plan", choices=PLANS, default="main", help="what to run")
+    p.add_argument("--bundle", type=Path, help="sgl-site.tar.xz (default: the installed SGLang)")
+    p.add_argument("--out", type=Path, required=True, help="results folder")
+    p.add_argument("--work", type=Path, default=Path("/tmp/dynspec-gpu"), help="models, site")
+    p.add_argument(
+        "--budget", type=positive_float, default=540.0, help="seconds for the whole attempt"
+    )
+    p.add_argument(
+        "--levels",
+        type=_levels,
+        help=f"sweep concurrency levels (default {LEVELS}; pair-*, eight: to 256; router-cost: "
+        "16,64,128,256)",
+    )
+    p.add_argument(
+        "--threshold",
+        type=_threshold,
+        help="router threshold: N or auto (default: 32 for main, auto for pair-*)",
+    )
+    p.add_argument(
+        "--hysteresis", type=non_negative_int, default=8, help="router hysteresis (main)"
+    )
+    p.add_argument(
+        "--repeats", type=positive_int, default=3, help="runs of each point, targets interleaved"
+    )
+    p.add_argument(
+        "--min-seconds",
+        type=non_negative_float,
+        default=15.0,
+        help="a level measures at least this long (and at least --requests-per-c x C requests)",
+    )
+    p.add_argument(
+        "--requests-per-c", type=positive_int, default=10, help="measured requests per level / C"
+    )
+    p.add_argument("--output-len", type=positive_int, default=128, help="output tokens a request")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="pair-*, router-cost: when the budget ends before the sweep, leave the launcher "
+        "running for the next command with the same --work, which resumes the sweep",
+    )
+    p.add_argument(
+        "--router-cost",
+        action="store_true",
+        help="pair-*: also measure a second router (threshold above any load) against EAGLE "
+        "alone at C=16,64,128,256, in the same launch",
+    )
+    p.add_argument(
+        "--commit", help="the code's commit, for meta.json (the device copy has no .git)"
+    )
+    p.add_argument(
+        "--start-timeout", type=positive_float, default=240.0, help="seconds per server start"
+    )
+    p.add_argument(
+        "--deploy",
+        type=Path,
+        default=Path(__file__).resolve().parents[2] / "deploy",
+        help="the dashboard and alerts whose sglang:* metric names are checked",
+    )
+    p.add_argument("--models", type=Path, help="prebuilt models (default: build into --work)")
+    p.add_argument("--servers", help="levels plan: which EAGLE servers (default: all, in order)")
+    p.add_argument(
+        "--ports", type=_ports, default="8000,30001,30002", help="router, EAGLE, baseline ports"
+    )
+    p.add_argument("--layout", default="split", help="eight plan: " + ", ".join(EIGHT_LAYOUTS))
+    p.add_argument("--draft", choices=("hi", "p54"), default="hi", help="eight plan: EAGLE draft")
+    p.add_argument(
+        "--concurrency", type=positive_int, default=32, help="kill plan: closed-loop clients"
+    )
+    p.add_argument(
+        "--kills",
+        type=_kills,
+        default="eagle,baseline,eagle",
+        help="kill plan: the server SIGKILLed by each kill, in order",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="eight and kill plans: print every command, start nothing",
+    )
+    return p
 
 
 def cmd_report(argv: Sequence[str]) -> NoReturn:
-    from dynspec.bench.gpu import eight, pair
+    from dynspec.bench.gpu import eight, steadyreport
 
     p = FlagParser(prog=f"{PROG} report", description=COMMANDS["report"])
     p.add_argument("sweeps", type=Path, nargs="+", help="sweep-pair-a.jsonl, sweep-pair-b.jsonl")
@@ -90,7 +374,7 @@ def cmd_report(argv: Sequence[str]) -> NoReturn:
         text = (
             eight.eight_markdown(args.sweeps)
             if args.eight
-            else pair.markdown(pair.read_rows(args.sweeps))
+            else steadyreport.markdown(steadyreport.read(args.sweeps))
         )
         print(text, end="")
         return 0

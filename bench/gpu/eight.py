@@ -15,6 +15,7 @@ stops. ``--dry-run`` prints every command (and the servers' environment) without
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import signal
@@ -25,22 +26,23 @@ from pathlib import Path
 
 from dynspec.bench.gpu import models70b
 from dynspec.bench.gpu.levels import ADAPTIVE_CONFIG, ADAPTIVE_FILE
-from dynspec.bench.gpu.pair import markdown, read_rows, record_status
-from dynspec.bench.gpu.run import (
+from dynspec.bench.gpu.steady import learned
+from dynspec.bench.gpu.steadyreport import markdown, read
+from dynspec.bench.gpu.toolkit import (
     EAGLE_STEPS_ALL,
-    EIGHT_LAYOUTS,
     FIXED_ENV,
     PAIR_LEVELS,
     SGLANG_ARGS,
     Run,
     RunFailed,
+    fetch,
     last_line,
     sweep,
     wait_healthy,
     wait_launcher,
 )
 
-LAYOUTS = EIGHT_LAYOUTS
+LAYOUTS = ("build", "split", "paired", "paired-mps", "2x-eagle", "2x-baseline", "2x-adaptive")
 SERVED = "llama70b-random"
 TP = 4
 GPU_SETS = ("0,1,2,3", "4,5,6,7")
@@ -227,7 +229,7 @@ def run_steps(
 
 
 def plan_eight(
-    run: Run, models: Path, layout: str, *, levels: str, draft: str, start_timeout: float
+    run: Run, models: Path, layout: str, *, levels: Sequence[int], draft: str, start_timeout: float
 ) -> int:
     run.work.mkdir(parents=True, exist_ok=True)
     Path(ADAPTIVE_FILE.format(work=run.work)).write_text(json.dumps(ADAPTIVE_CONFIG))
@@ -241,10 +243,12 @@ def plan_eight(
     # A 70B server at tp 4 loads 35 GB per GPU and captures its graphs: give it the time left.
     procs = run_steps(run, steps, max(start_timeout, run.left() - 150))
     router = f"http://127.0.0.1:{run.ports[0]}"
-    jsonl = run.out / "sweep-eight.jsonl"
-    sweep(run, [f"{layout}={router}"], jsonl, title=TITLE, levels=levels,
-          limit=max(30.0, run.left() - 60))  # fmt: skip
-    record_status(run, router, layout)
+    from dynspec.bench.load import Target
+
+    jsonl = run.results / "sweep-eight.jsonl"
+    sweep(run, [Target(layout, router)], jsonl, levels=levels)
+    with contextlib.suppress(OSError, ValueError):
+        run.meta.setdefault("learned", {})[layout] = learned(json.loads(fetch(f"{router}/status")))
     for proc in reversed(procs):
         proc.send_signal(signal.SIGINT)
         try:
@@ -258,4 +262,4 @@ EIGHT_GROUPS = {"others": ("split", "2x-eagle", "2x-baseline", "2x-adaptive")}
 
 
 def eight_markdown(paths: Sequence[Path]) -> str:
-    return markdown(read_rows(paths), EIGHT_GROUPS, routed=("paired", "paired-mps"))
+    return markdown(read(paths), routed=("paired", "paired-mps"), alone=EIGHT_GROUPS["others"])

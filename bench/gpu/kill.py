@@ -65,14 +65,18 @@ from dynspec.bench.gpu.killreport import (
     write_results,
 )
 from dynspec.bench.gpu.leftovers import compute_apps, tagged_pids
-from dynspec.bench.gpu.pair import LAUNCH_S, RESERVE_S, SETUP_S, STOP_S, launch_argv
-from dynspec.bench.gpu.run import (
+from dynspec.bench.gpu.toolkit import (
+    LAUNCH_S,
+    RESERVE_S,
     SERVED,
+    SETUP_S,
+    STOP_S,
     Run,
     RunFailed,
     check_model_loads,
     fetch,
     gauge,
+    launch_argv,
     start_launcher,
     stop_launcher,
 )
@@ -262,7 +266,7 @@ def upstream_errors(k: KillRun) -> dict[str, float]:
 def load_argv(run: Run, kill: int, concurrency: int, router: str) -> list[str]:
     return [
         run.python, "-m", "dynspec.bench.gpu.killload", "--url", router, "--model", SERVED,
-        "--out", str(run.out / "kill.jsonl"), "--kill", str(kill), "--t0", repr(run.t0),
+        "--out", str(run.results / "kill.jsonl"), "--kill", str(kill), "--t0", repr(run.t0),
         "--concurrency", str(concurrency), "--drain", f"{DRAIN_S:g}",
         "--max-seconds", f"{max(30.0, run.left() - RESERVE_S / 2):.0f}",
     ]  # fmt: skip
@@ -431,7 +435,7 @@ def one_kill(k: KillRun, kill: dict[str, Any]) -> None:
     kill["gpu_after"] = apps
     kill["gpu_pids_after"] = gpu_pids("\n".join(apps))
     k.remember()
-    records = read_records(run.out / "kill.jsonl", index)
+    records = read_records(run.results / "kill.jsonl", index)
     kill["requests"] = kill_requests(
         records, server=server, killed_at=kill["killed_at"], back_at=back_at
     )
@@ -517,7 +521,7 @@ def plan_kill(
                 kill["instead_of"] = planned
             summary["kills"].append(kill)
             one_kill(k, kill)
-            write_results(run.out, summary)
+            write_results(run.results, summary)
             if kill.get("router_healthy_s") is None:
                 stopped = f"kill {index}: {server} was not healthy again"
     finally:
@@ -526,7 +530,7 @@ def plan_kill(
         summary["orphans"] = orphan_check(k)
         summary["checks"] = summary_checks(summary)
         run.meta["kill_checks"] = summary["checks"]
-        write_results(run.out, summary)
+        write_results(run.results, summary)
     missed = [name for name, ok in summary["checks"].items() if not ok]
     run.say("kill checks: " + ("all passed" if not missed else "MISSED " + ", ".join(missed)))
     return 0 if not missed else 1

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dynspec.bench.gpu.run import (
+from dynspec.bench.gpu.toolkit import (
     EAGLE_STEPS_ALL,
     SERVED,
     SGLANG_ARGS,
@@ -22,6 +22,7 @@ from dynspec.bench.gpu.run import (
     gauge,
     sweep,
     wait_healthy,
+    warm,
 )
 
 # SGLang 0.5.17's default adaptive tiers (by running batch size: candidate draft steps; no drafting
@@ -77,9 +78,11 @@ def level_servers(names: str | None) -> list[tuple[str, str, tuple[str, ...]]]:
 
 
 def plan_levels(
-    run: Run, models: Path, levels: str, start_timeout: float, servers: str | None = None
+    run: Run, models: Path, levels: Sequence[int], start_timeout: float, servers: str | None = None
 ) -> int:
-    jsonl = run.out / "sweep-levels.jsonl"
+    from dynspec.bench.load import Target
+
+    jsonl = run.results / "sweep-levels.jsonl"
     run.meta["level_servers"] = {}
     run.work.mkdir(parents=True, exist_ok=True)
     Path(ADAPTIVE_FILE.format(work=run.work)).write_text(json.dumps(ADAPTIVE_CONFIG))
@@ -116,9 +119,8 @@ def plan_levels(
         info: dict[str, Any] = {"draft": draft, "argv": argv[1:], "start_s": round(took, 1)}
         info["probe"] = accept_probe(run, url)
         run.say(f"{name} accept: {info['probe']}")
-        title = "One H200, SGLang 0.5.17, EAGLE-3 variants"
-        limit = min(150.0, run.left() - 60)
-        sweep(run, [f"{name}={url}"], jsonl, title=title, levels=levels, limit=limit)
+        warm(run, {name: url}, levels)
+        sweep(run, [Target(name, url)], jsonl, levels=levels)
         info["accept_after_sweep"] = gauge(fetch(f"{url}/metrics"), "sglang:spec_accept_length")
         run.meta["level_servers"][name] = info
     if failed:

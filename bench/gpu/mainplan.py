@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
-from dynspec.bench.gpu.run import (
+from dynspec.bench.gpu.toolkit import (
     EAGLE_STEPS_ALL,
     SERVED,
     SGLANG_ARGS,
@@ -17,14 +18,17 @@ from dynspec.bench.gpu.run import (
     check_model_loads,
     fetch,
     gauge,
+    pending_points,
     start_launcher,
     stop_launcher,
     sweep,
+    warm,
 )
+from dynspec.bench.load import Target
 
 
 def plan_main(
-    run: Run, models: Path, deploy: Path, *, levels: str, threshold: int, hysteresis: int
+    run: Run, models: Path, deploy: Path, *, levels: Sequence[int], threshold: int, hysteresis: int
 ) -> int:
     from dynspec.bench.gpu.checks import RouterChecks
 
@@ -62,17 +66,12 @@ def plan_main(
     run.meta["check_facts"] = checks.facts
     run.meta["accept_main"] = accept_probe(run, eagle)
     run.say(f"EAGLE server accept length: {run.meta['accept_main']}")
-    jsonl = run.out / "sweep-main.jsonl"
-    targets = (("eagle", eagle), ("baseline", baseline), ("routed", router))
-    for i, (label, url) in enumerate(targets):
-        remaining = run.left() - 60  # keep a minute for the shutdown and the results
-        if remaining < 30:
-            run.say(f"no time left to sweep {label}")
-            run.meta.setdefault("not_swept", []).append(label)
-            continue
-        title = "One H200, SGLang 0.5.17, random 8B (tp 1)"
-        limit = remaining / (len(targets) - i)
-        sweep(run, [f"{label}={url}"], jsonl, title=title, levels=levels, limit=limit)
+    jsonl = run.results / "sweep-main.jsonl"
+    # One steady sweep, the three targets taking turns at each level.
+    targets = [Target("eagle", eagle), Target("baseline", baseline), Target("routed", router)]
+    warm(run, {"eagle": eagle, "baseline": baseline}, levels)
+    if not sweep(run, targets, jsonl, levels=levels):
+        run.meta["not_swept"] = [list(p) for p in pending_points(run, targets, jsonl, levels)]
     run.meta["accept_after_sweep"] = gauge(fetch(f"{eagle}/metrics"), "sglang:spec_accept_length")
     with contextlib.suppress(OSError, ValueError):
         run.meta["router_status"] = json.loads(fetch(f"{router}/status"))

@@ -214,3 +214,45 @@ def test_envelope_smoke(tmp_path: Path) -> None:
     r = bench("envelope", "--from-jsonl", str(stem.with_suffix(".jsonl")))
     assert r.returncode == 0, r.stderr
     assert stem.with_suffix(".md").read_text() == md
+
+
+def test_steady_levels_last_min_seconds_take_turns_and_resume(
+    eagle_sim: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "s.jsonl"
+    common = ["--url", f"a={eagle_sim}", "--url", f"b={eagle_sim}", "--concurrency", "1,4"]
+    common += ["--requests-per-c", "2", "--min-requests", "2", "--output-len", "8"]
+    common += ["--min-seconds", "0.6", "--pause", "0", "--no-progress", "--out", str(out)]
+    first = bench("sweep", *common, "--warm-pass")
+    assert first.returncode == 0, first.stderr
+    assert [json.loads(ln)["repeat"] for ln in out.read_text().splitlines()] == [1] * 4
+    # A time limit shorter than any level (estimated from the levels before): nothing starts,
+    # and the sweep says what is left.
+    short = bench("sweep", *common, "--repeats", "2", "--resume", "--time-limit", "1")
+    assert short.returncode == 0, short.stderr
+    assert "4 points left for --resume" in short.stderr
+    # --resume runs only the points not in the file, in the sweep's order (A, B at each level).
+    second = bench("sweep", *common, "--repeats", "2", "--resume")
+    assert second.returncode == 0, second.stderr
+    rows = [json.loads(ln) for ln in out.read_text().splitlines()]
+    points = [(r["target"], r["max_concurrency"], r["repeat"]) for r in rows]
+    assert points[4:] == [(t, c, 2) for c in (1, 4) for t in ("a", "b")]
+    for r in rows:
+        # At least min-seconds, though the request count alone would end sooner.
+        assert r["duration"] >= 0.6 and r["completed"] > 2 * r["max_concurrency"], r
+        assert r["min_seconds"] == 0.6 and r["client_cpu_s"] > 0
+    again = bench("sweep", *common, "--repeats", "2", "--resume")
+    assert again.returncode == 0 and len(out.read_text().splitlines()) == len(rows)
+
+
+def test_level_estimate_errs_long_from_the_level_below() -> None:
+    from dynspec.bench.sweep import SweepConfig, estimate_seconds
+
+    cfg = SweepConfig(concurrencies=[16, 64], requests_per_c=10, output_len=128, min_seconds=15,
+                      pause=0.5)  # fmt: skip
+    assert estimate_seconds(16, cfg, []) == 2 * 15 + 10 + 0.5  # nothing seen yet
+    seen = [{"max_concurrency": 16, "output_throughput": 5000.0}]
+    # 640 requests x 128 tokens at C=16's 5000 tok/s: 16.4 s, plus two rounds of 64 and the pause.
+    expect = 640 * 128 / 5000 + 2 * 64 * 128 / 5000 + 0.5 + 1.0
+    assert abs(estimate_seconds(64, cfg, seen) - expect) < 1e-9
+    assert estimate_seconds(16, cfg, seen) == 15 + 2 * 16 * 128 / 5000 + 1.5  # min_seconds rules

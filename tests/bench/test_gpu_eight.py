@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from dynspec.bench.gpu import eight, models70b
-from dynspec.bench.gpu.pair import tok_s
-from dynspec.bench.gpu.run import EIGHT_LAYOUTS
+from dynspec.bench.gpu.eight import LAYOUTS as EIGHT_LAYOUTS
+from dynspec.bench.gpu.steadyreport import stats
 
 MULTICAST_OFF = (
     "NCCL_NVLS_ENABLE=0",
@@ -127,8 +127,15 @@ def test_eight_report_compares_paired_with_the_best_other_layout(
     path = tmp_path / "sweep-eight.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
     text = eight.eight_markdown([path])
-    assert f"| {paired / 12000:.2f} (2x-baseline) |" in text
-    assert set(tok_s(rows)) == {"split", "2x-eagle", "2x-baseline", "2x-adaptive", "paired"}
+    ratio = f"{paired / 12000:.2f}"
+    assert f"| 64 | {ratio} | {ratio} | 2x-baseline |" in text
+    assert set(stats(rows, "output_throughput")) == {
+        "split",
+        "2x-eagle",
+        "2x-baseline",
+        "2x-adaptive",
+        "paired",
+    }
 
 
 def test_a_two_server_layout_starts_both_sweeps_its_router_and_stops_all(tmp_path: Path) -> None:
@@ -147,7 +154,7 @@ def test_a_two_server_layout_starts_both_sweeps_its_router_and_stops_all(tmp_pat
         [sys.executable, "-m", "dynspec.bench", "gpu", "run", "--plan", "eight",
          "--layout", "2x-eagle", "--levels", "1,8", "--bundle", str(make_bundle(tmp_path)),
          "--models", str(models), "--out", str(tmp_path / "out"), "--work", str(tmp_path / "w"),
-         "--ports", ports, "--budget", "200"],
+         "--ports", ports, "--budget", "200", "--repeats", "1", "--min-seconds", "0"],
         capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

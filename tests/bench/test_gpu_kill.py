@@ -14,13 +14,14 @@ from typing import Any
 from gpu_fake_site import fake_path, make_bundle, make_models
 from utils import free_port
 
-from dynspec.bench.gpu import kill, killreport, pair
+from dynspec.bench.gpu import kill, killreport
 from dynspec.bench.gpu.leftovers import tagged_pids
+from dynspec.bench.gpu.toolkit import DEVICE_LIMIT_S
 
 
 def test_three_kills_fit_one_device_command_by_the_measured_times() -> None:
     parts = kill.plan_seconds(kill.KILLS)
-    assert parts["total"] < pair.DEVICE_LIMIT_S, parts
+    assert parts["total"] < DEVICE_LIMIT_S, parts
     assert [k for k in parts if k.startswith("kill")] == [
         "kill1_eagle",
         "kill2_baseline",

@@ -1,0 +1,263 @@
+"""The steady-state plans on one GPU: ``pair-a`` / ``pair-b`` (the routed pair against each of its
+servers alone, without and with ``--mps``) and ``router-cost`` (the router in front of the EAGLE
+server against that server's own port).
+
+One ``dynspec-launch --gpus 0`` (the EAGLE-3 server with every draft accepted, then the baseline
+once EAGLE is healthy, the router in front). ``pair-*`` give the router ``--threshold auto`` and
+no speed profile, so the launcher calibrates each server before the router opens
+(``--calibrate auto``) and the router starts from that measurement; ``router-cost`` gives it a
+threshold above any load (every request on EAGLE). ``pair-*`` with ``--router-cost`` also start a
+second router, the launcher's own command line with that threshold on the next port, so one
+launch measures both. Then the warm pass (every server at every level once), then the sweep
+(``toolkit.Steady``: >= 10 x C requests and >= 15 s a level, the targets taking turns, 3
+repeats), over as many device commands as it takes (``--keep``).
+
+What each level records besides the sweep's figures (``on_record``): for a router, its learned
+threshold and mode from ``/status``, and the router process's CPU seconds over the level (its
+tree, from /proc); for the EAGLE server, SGLang's ``spec_accept_length``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dynspec.bench.gpu.leftovers import compute_apps
+from dynspec.bench.gpu.toolkit import (
+    Run,
+    RunFailed,
+    check_model_loads,
+    fetch,
+    gauge,
+    keep_session,
+    launch_argv,
+    start_launcher,
+    stop_kept,
+    stop_launcher,
+    sweep,
+    warm,
+)
+from dynspec.bench.host import cpu_seconds
+from dynspec.bench.procs import alive, cmdline, descendants, free_port, http_status
+
+TITLE = "One H200 = one pair, SGLang 0.5.17, random 8B (tp 1)"
+COST_LEVELS = (16, 64, 128, 256)  # router-cost's levels; with --router-cost: the plan's >= 16
+COST_FROM = 16
+ABOVE_ANY_LOAD = 1_000_000  # a threshold no closed loop here reaches: every request on EAGLE
+
+
+@dataclass(frozen=True)
+class Target:
+    label: str
+    what: str  # routed (the launcher's router), cost (the second router), eagle, baseline
+    levels: tuple[int, ...] | None = None  # None: every level of the plan
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    threshold: str
+    mps: bool
+    targets: tuple[Target, ...]
+
+
+ROUTED = Target("routed", "routed")
+EAGLE = Target("eagle", "eagle")
+BASELINE = Target("baseline", "baseline")
+STUDIES = {
+    "pair-a": Study("pair-a", "auto", False, (ROUTED, EAGLE, BASELINE)),
+    "pair-b": Study("pair-b", "auto", True, (ROUTED, EAGLE, BASELINE)),
+    # The launcher's own router with a threshold above any load against EAGLE's own port.
+    "router-cost": Study(
+        "router-cost",
+        str(ABOVE_ANY_LOAD),
+        False,
+        (Target("routed_eagle", "routed"), Target("eagle", "eagle")),
+    ),
+}
+
+
+def with_router_cost(study: Study, levels: Sequence[int]) -> Study:
+    """``study`` with the second router (threshold above any load) as a target, right before
+    EAGLE alone, at the study's ``levels`` from ``COST_FROM`` up (where a router's cost could
+    show: below, a few requests in flight)."""
+    cost = Target("routed_eagle", "cost", tuple(c for c in levels if c >= COST_FROM))
+    targets = list(study.targets)
+    targets.insert(targets.index(EAGLE), cost)
+    return Study(study.name, study.threshold, study.mps, tuple(targets))
+
+
+def cost_router_argv(commands: Sequence[str], port: int) -> list[str]:
+    """The launcher's router command line (from its ``--dry-run``) on ``port`` with a threshold
+    above any load and no speed profile: the same router, every request on EAGLE."""
+    lines = [c for c in commands if " -m dynspec.router " in f" {c} "]
+    if not lines:
+        raise RunFailed("the launcher's --dry-run printed no router command")
+    argv = [a for a in shlex.split(lines[-1]) if "=" not in a or a.startswith("-")]
+    argv = drop_flag(drop_flag(drop_flag(argv, "--port"), "--threshold"), "--speed-profile")
+    return [*argv, "--port", str(port), "--threshold", str(ABOVE_ANY_LOAD)]
+
+
+def drop_flag(argv: Sequence[str], flag: str) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == flag:
+            skip = True
+        elif not a.startswith(flag + "="):
+            out.append(a)
+    return out
+
+
+def router_pid(launcher_pid: int, port: int) -> int | None:
+    """The launcher's router: its child whose command line is ``-m dynspec.router ... --port``."""
+    for pid in descendants(launcher_pid):
+        argv = cmdline(pid)
+        if "dynspec.router" in argv and str(port) in argv:
+            return pid
+    return None
+
+
+def learned(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The threshold fields of the router's ``/status``, whichever of them it has."""
+    keys = ("policy", "threshold", "threshold_auto", "hysteresis", "mode")
+    found = {k: status[k] for k in keys if k in status}
+    pairs = status.get("pairs")
+    if isinstance(pairs, list):
+        found["pairs"] = [
+            {k: p.get(k) for k in ("threshold", "mode", "load", "learned_floor") if k in p}
+            for p in pairs
+            if isinstance(p, Mapping)
+        ]
+    return found
+
+
+class Levels:
+    """``on_record``: what the router and the servers say about each level."""
+
+    def __init__(
+        self, targets: Sequence[Target], urls: Mapping[str, str], routers: Mapping[str, int]
+    ) -> None:
+        self.what = {t.label: t.what for t in targets}
+        self.urls, self.routers = urls, routers  # routers: what -> pid
+        self.cpu = {what: cpu_seconds(pid) for what, pid in routers.items()}
+
+    def start(self, label: str) -> None:
+        what = self.what[label]
+        if what in self.routers:
+            self.cpu[what] = cpu_seconds(self.routers[what])
+
+    def __call__(self, rec: dict[str, Any]) -> None:
+        what = self.what[rec["target"]]
+        if what in self.routers:
+            rec["router_cpu_s"] = round(cpu_seconds(self.routers[what]) - self.cpu[what], 3)
+        with contextlib.suppress(OSError, ValueError):
+            if what in self.routers:
+                rec["router"] = learned(json.loads(fetch(f"{self.urls[what]}/status")))
+            elif what == "eagle":
+                text = fetch(f"{self.urls['eagle']}/metrics")
+                rec["spec_accept_length"] = gauge(text, "sglang:spec_accept_length")
+
+
+def plan_steady(
+    run: Run,
+    models: Path,
+    study: Study,
+    *,
+    levels: Sequence[int],
+    session: dict[str, Any] | None,
+    keep: bool,
+) -> int:
+    from dynspec.bench import load
+
+    check_model_loads(models / "llama8b")
+    check_model_loads(models / "eagle3-hi")
+    router, eagle, baseline = (f"http://127.0.0.1:{p}" for p in run.ports)
+    cost_port = int(session["cost_port"]) if session and "cost_port" in session else free_port()
+    urls = {"routed": router, "cost": f"http://127.0.0.1:{cost_port}", "eagle": eagle,
+            "baseline": baseline}  # fmt: skip
+    wanted = sorted(set(levels) | {c for t in study.targets for c in t.levels or ()})
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    if session is None:
+        launch = launch_argv(run, models, threshold=study.threshold, mps=study.mps)
+        procs["launcher"] = start_launcher(run, launch)
+        run.meta["compute_apps"] = compute_apps()[1]
+        copy_calibration(run)
+        if any(t.what == "cost" for t in study.targets):
+            argv = cost_router_argv(run.meta["commands"], cost_port)
+            run.meta["cost_router_argv"] = argv
+            procs["cost_router"] = run.spawn("cost-router", argv, run.logs / "cost-router.log")
+            if not wait_up(urls["cost"] + "/health", procs["cost_router"]):
+                raise RunFailed(f"the cost router did not come up; see {run.logs}/cost-router.log")
+        servers = {t.what: urls[t.what] for t in study.targets if t.what in ("eagle", "baseline")}
+        warm(run, servers, wanted)
+        pids = {"launcher": procs["launcher"].pid}
+        if "cost_router" in procs:
+            pids["cost_router"] = procs["cost_router"].pid
+    else:
+        pids = {name: int(pid) for name, (pid, _start) in session["procs"].items()}
+    routers = {"routed": router_pid(pids["launcher"], run.ports[0])}
+    if "cost_router" in pids:
+        routers["cost"] = pids["cost_router"]
+    hook = Levels(study.targets, urls, {w: p for w, p in routers.items() if p is not None})
+    targets = [
+        load.Target(t.label, urls[t.what], levels=frozenset(t.levels) if t.levels else None)
+        for t in study.targets
+    ]
+    jsonl = run.results / f"sweep-{study.name}.jsonl"
+    run.say(f"sweep {', '.join(t.label for t in study.targets)} at C={wanted}")
+    done = sweep(run, targets, jsonl, levels=wanted, on_record=hook, on_start=hook.start)
+    if not done and keep:
+        if session is None:
+            keep_session(run, procs, cost_port=cost_port)
+        else:
+            run.keep = True
+        return 0
+    stop_all(run, procs, session)
+    return 0
+
+
+def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> bool:
+    limit = time.monotonic() + timeout
+    while time.monotonic() < limit and proc.poll() is None:
+        if http_status(url) == 200:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def stop_all(
+    run: Run, procs: Mapping[str, subprocess.Popen[bytes]], session: dict[str, Any] | None
+) -> None:
+    """The launcher (SIGINT: its router drains, its servers stop) and the cost router, whether
+    this command started them or an earlier one kept them; then what the GPU still runs."""
+    if session is None:
+        if "cost_router" in procs:
+            run.stop(procs["cost_router"], grace=20.0)
+        stop_launcher(run, procs["launcher"])
+    else:
+        for name in ("cost_router", "launcher"):
+            if name in session["procs"]:
+                pid, start = session["procs"][name]
+                run.say(f"stopping the kept {name} (pid {pid})")
+                stop_kept(int(pid), int(start))
+        pid, start = session["procs"]["launcher"]
+        # Not this command's child: its exit code is its parent's to read, not ours.
+        run.meta["launcher_exit"] = "running" if alive(int(pid), int(start)) else "stopped"
+    run.meta["compute_apps_after"] = compute_apps(header=False)[1]
+
+
+def copy_calibration(run: Run) -> None:
+    """The launcher's calibration profile(s), into the results (what the router started from)."""
+    folder = run.logs / "calibration"
+    for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        (run.results / f"calibration-{f.name}").write_bytes(f.read_bytes())
+        run.meta.setdefault("calibration", []).append(f.name)

@@ -1,0 +1,248 @@
+"""The steady-state plans' report: each point's median and min-max over its repeats, the routed
+pair over the better server alone and the router over a direct connection, judged on medians
+with the spread beside them. Joins the JSONL of any number of device commands (a record without
+``repeat`` is one run: the plans before the steady instrument)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dynspec.bench.report import Record, load_jsonl
+
+PAIR_GOAL = 0.95  # routed >= 0.95 x the better server alone, at every C
+COST_GOAL = 0.97  # routed >= 0.97 x direct at every C ...
+COST_TTFT_MS = 5.0  # ... and TTFT p50 within +5 ms
+ALONE = ("eagle", "baseline")
+ROUTED = ("routed",)
+COST = ("routed_eagle", "eagle")
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    lo: float
+    hi: float
+    n: int
+
+    def cell(self, digits: int = 0) -> str:
+        if self.n == 1:
+            return f"{self.median:,.{digits}f}"
+        return f"{self.median:,.{digits}f} ({self.lo:,.{digits}f}-{self.hi:,.{digits}f})"
+
+
+def spread(values: Sequence[float]) -> Spread:
+    return Spread(statistics.median(values), min(values), max(values), len(values))
+
+
+def read(paths: Iterable[Path]) -> list[Record]:
+    rows: list[Record] = []
+    for path in paths:
+        rows += load_jsonl(path)
+    return rows
+
+
+def by_point(rows: Iterable[Record], key: str) -> dict[str, dict[int, dict[int, float]]]:
+    """target -> C -> repeat -> value (the last record of a point wins)."""
+    out: dict[str, dict[int, dict[int, float]]] = {}
+    for r in rows:
+        if r.get(key) is None:
+            continue
+        c, rep = int(r["max_concurrency"]), int(r.get("repeat") or 1)
+        out.setdefault(str(r["target"]), {}).setdefault(c, {})[rep] = float(r[key])
+    return out
+
+
+def stats(rows: Iterable[Record], key: str) -> dict[str, dict[int, Spread]]:
+    return {
+        t: {c: spread(list(reps.values())) for c, reps in sorted(per_c.items())}
+        for t, per_c in by_point(rows, key).items()
+    }
+
+
+def pair_ratios(
+    rows: Sequence[Record], routed_label: str = "routed", others: Sequence[str] = ALONE
+) -> dict[int, dict[str, Any]]:
+    """Per C: routed's median tok/s over the better of ``others`` (by median), and the spread of
+    the same ratio taken repeat by repeat (each repeat's targets ran back to back)."""
+    tok = by_point(rows, "output_throughput")
+    out: dict[int, dict[str, Any]] = {}
+    for c, routed in sorted(tok.get(routed_label, {}).items()):
+        alone = [a for a in others if c in tok.get(a, {})]
+        if not alone:
+            continue
+        best = max(alone, key=lambda a: statistics.median(tok[a][c].values()))
+        per_rep = [v / tok[best][c][r] for r, v in routed.items() if r in tok[best][c]]
+        ratio = statistics.median(routed.values()) / statistics.median(tok[best][c].values())
+        out[c] = {
+            "ratio": ratio,
+            "better": best,
+            "per_repeat": spread(per_rep) if per_rep else None,
+        }
+    return out
+
+
+def cost_rows(rows: Sequence[Record]) -> dict[int, dict[str, Any]]:
+    """Per C: the router's median tok/s over the EAGLE server's own port, and the TTFT p50 it
+    adds (median of the repeat-by-repeat differences), with their spreads."""
+    tok = by_point(rows, "output_throughput")
+    ttft = by_point(rows, "median_ttft_ms")
+    cpu = by_point(rows, "router_cpu_s")
+    client = by_point(rows, "client_cpu_s")
+    dur = by_point(rows, "duration")
+    routed, direct = COST
+    out: dict[int, dict[str, Any]] = {}
+    for c, mine in sorted(tok.get(routed, {}).items()):
+        theirs = tok.get(direct, {}).get(c)
+        if not theirs:
+            continue
+        reps = [r for r in mine if r in theirs]
+        added = [ttft[routed][c][r] - ttft[direct][c][r] for r in reps if r in ttft[routed][c]]
+        row: dict[str, Any] = {
+            "ratio": statistics.median(mine.values()) / statistics.median(theirs.values()),
+            "per_repeat": spread([mine[r] / theirs[r] for r in reps]) if reps else None,
+            "ttft_added_ms": spread(added) if added else None,
+        }
+        for name, table, label in (("router_cpu", cpu, routed), ("client_cpu", client, routed),
+                                   ("client_cpu_direct", client, direct)):  # fmt: skip
+            share = [
+                table[label][c][r] / dur[label][c][r]
+                for r in table.get(label, {}).get(c, {})
+                if dur.get(label, {}).get(c, {}).get(r)
+            ]
+            row[name] = spread(share) if share else None  # CPU seconds per second of the level
+        out[c] = row
+    return out
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def markdown(
+    rows: Sequence[Record], routed: Sequence[str] = ROUTED, alone: Sequence[str] = ALONE
+) -> str:
+    """The tables: tok/s and TPOT p50 per target and C (median, min-max), then the goals: each
+    of ``routed`` over the better of ``alone``, and the router-cost pair where it ran."""
+    tok, tpot = stats(rows, "output_throughput"), stats(rows, "median_tpot_ms")
+    targets = list(tok)
+    levels = sorted({c for t in tok.values() for c in t})
+    reps = max((s.n for t in tok.values() for s in t.values()), default=0)
+    lines = [f"Output tok/s, median (min-max) of up to {reps} repeats:", ""]
+    lines += table(["C", *targets], [[str(c), *cells(tok, targets, c)] for c in levels])
+    lines += ["", "p50 TPOT ms, median (min-max):", ""]
+    lines += table(["C", *targets], [[str(c), *cells(tpot, targets, c, 2)] for c in levels])
+    for label in routed:
+        ratios = pair_ratios(rows, label, alone)
+        if not ratios:
+            continue
+        worst = min(r["ratio"] for r in ratios.values())
+        lines += [
+            "",
+            f"{label} over the better of {', '.join(alone)} (goal >= {PAIR_GOAL} at every C, on "
+            f"medians; the spread is the ratio repeat by repeat): {verdict(worst >= PAIR_GOAL)} "
+            f"(worst {worst:.2f})",
+            "",
+        ]
+        share = share_cells(rows, label)
+        body = [
+            [str(c), f"{r['ratio']:.2f}", r["per_repeat"].cell(2), r["better"], share.get(c, "-")]
+            for c, r in ratios.items()
+        ]
+        lines += table(["C", "ratio", "per repeat", "better", "on EAGLE / switches"], body)
+    costs = cost_rows(rows)
+    if costs:
+        ok = all(r["ratio"] >= COST_GOAL and added_ms(r) <= COST_TTFT_MS for r in costs.values())
+        lines += [
+            "",
+            f"The router over the EAGLE server's own port (goal >= {COST_GOAL} tok/s and TTFT "
+            f"p50 within +{COST_TTFT_MS:g} ms at every C, on medians; CPU in cores, CPU seconds "
+            f"per second of the level): {verdict(ok)}",
+            "",
+        ]
+        head = ["C", "routed / direct", "per repeat", "TTFT p50 added ms", "router CPU"]
+        head += ["client CPU routed", "client CPU direct"]
+        lines += table(head, [cost_cells(c, r) for c, r in costs.items()])
+    return "\n".join(lines) + "\n"
+
+
+def added_ms(row: Mapping[str, Any]) -> float:
+    added = row["ttft_added_ms"]
+    return float(added.median) if added is not None else 0.0
+
+
+def cost_cells(c: int, row: Mapping[str, Any]) -> list[str]:
+    def cell(key: str, digits: int) -> str:
+        return row[key].cell(digits) if row[key] is not None else "-"
+
+    return [
+        str(c),
+        f"{row['ratio']:.3f}",
+        cell("per_repeat", 3),
+        cell("ttft_added_ms", 1),
+        cell("router_cpu", 2),
+        cell("client_cpu", 2),
+        cell("client_cpu_direct", 2),
+    ]
+
+
+def share_cells(rows: Sequence[Record], label: str) -> dict[int, str]:
+    """Per C: a routed target's share of requests on EAGLE and its mode switches, per repeat."""
+    found: dict[int, list[str]] = {}
+    for r in sorted(rows, key=lambda r: int(r.get("repeat") or 1)):
+        if r.get("target") != label:
+            continue
+        share = (r.get("backend_share") or {}).get("eagle", 0.0)
+        found.setdefault(int(r["max_concurrency"]), []).append(
+            f"{100 * float(share):.0f}%/{r.get('mode_switches', '-')}"
+        )
+    return {c: " ".join(v) for c, v in found.items()}
+
+
+def cells(
+    table_: Mapping[str, Mapping[int, Spread]], targets: Sequence[str], c: int, digits: int = 0
+) -> list[str]:
+    return [table_[t][c].cell(digits) if c in table_.get(t, {}) else "-" for t in targets]
+
+
+def table(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)] + [
+        "| " + " | ".join(row) + " |" for row in body
+    ]
+
+
+def summary(rows: Sequence[Record]) -> dict[str, Any]:
+    """The report as JSON (``PLAN-summary.json``)."""
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, Spread):
+            return vars(x)
+        if isinstance(x, dict):
+            return {str(k): plain(v) for k, v in x.items()}
+        return x
+
+    return {
+        "tok_s": plain(stats(rows, "output_throughput")),
+        "ttft_p50_ms": plain(stats(rows, "median_ttft_ms")),
+        "pair": plain(pair_ratios(rows)),
+        "router_cost": plain(cost_rows(rows)),
+    }
+
+
+def write_report(jsonl: Path, title: str = "") -> None:
+    """``STEM.md`` (the tables), ``STEM.png`` (tok/s and TPOT, medians with min-max) and
+    ``STEM-summary.json`` beside ``jsonl``."""
+    import json
+
+    from dynspec.bench.report import plot
+
+    rows = read([jsonl]) if jsonl.exists() else []
+    if not rows:
+        return
+    jsonl.with_suffix(".md").write_text(markdown(rows))
+    plot(rows, jsonl.with_suffix(".png"), title or jsonl.stem)
+    summary_path = jsonl.with_name(jsonl.stem + "-summary.json")
+    summary_path.write_text(json.dumps(summary(rows), indent=1))

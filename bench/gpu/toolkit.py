@@ -1,0 +1,620 @@
+"""The GPU plans' toolkit: one bounded attempt on a GPU machine (``Run``), its set-up (the SGLang
+bundle, the test models), ``dynspec-launch`` started and stopped, the steady-state sweep every plan
+measures with, and a session kept across device commands.
+
+Every plan module (``mainplan``, ``levels``, ``steady``, ``kill``, ``eight``) imports this one and
+nothing else of bench/gpu but its own helpers; ``cli.py`` imports the plans. A device command is at
+most 10 minutes, so a plan that needs more keeps its launcher running when the command ends
+(``--keep``: the launcher is a session leader, which the device tool leaves running while the
+machine stays held) and the next command with the same ``--work`` resumes it (``Session``): the
+sweep skips the points already measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import traceback
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from dynspec.bench.gpu.leftovers import TAG_VAR, kill_tagged
+from dynspec.bench.procs import Children, alive, http_status, proc_stat, stop_group
+
+PROG = "dynspec-bench gpu run"
+# Never NVLink multicast (it can take a shared host's GPUs down); no hub; no DeepGEMM JIT.
+FIXED_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
+    "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+# For both servers: the bundle has no FA3 and no grammar backend; piecewise prefill graphs cost
+# about a minute of capture per server and the sweep's prefill is small.
+SGLANG_ARGS = (
+    "--dtype bfloat16 --attention-backend triton --sampling-backend pytorch --grammar-backend none "
+    "--cuda-graph-backend-prefill disabled --context-length 4096"
+)
+EAGLE_STEPS = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1")
+EAGLE_STEPS_ALL = (*EAGLE_STEPS, "--speculative-num-draft-tokens", "4")
+LEVELS = "1,2,4,8,16,32,64,128"
+PAIR_LEVELS = "1,2,4,8,16,32,64,128,256"
+SERVED = "llama8b-random"
+
+# Measured on the H200 (bench/results/h200/run-main.json, run-levels-*.json, kill/): the bundle
+# unpack, SGLang's import probe and the 8B models take about 50 s (68 s in kill-attempt-1);
+# dynspec-launch --gpus 0 was ready after 207 s (EAGLE first, then the baseline; a cold EAGLE
+# start alone took over 142 s, ~75 s of it compiling kernels for its verify graphs); the
+# launcher's SIGINT stop and the results ~25 s.
+SETUP_S = 60.0
+LAUNCH_S = 210.0
+STOP_S = 25.0
+RESERVE_S = 45.0  # kept for stopping the launcher and writing the results
+DEVICE_LIMIT_S = 570.0  # one device command (the tool's limit is 600)
+
+
+class RunFailed(Exception):
+    """Stops the run: one line, exit 1."""
+
+
+@dataclass(frozen=True)
+class Steady:
+    """What every GPU plan's levels are: at least ``per_c`` x C measured requests AND at least
+    ``min_seconds`` (whichever is longer), after a warm pass over every level on every server,
+    the targets taking turns within a level, ``repeats`` times: one short run per point moved by
+    10-20% between commands on the H200 (EAGLE alone at C=64: 8,625-10,438 tok/s)."""
+
+    repeats: int = 3
+    min_seconds: float = 15.0
+    per_c: int = 10
+    input_len: int = 256
+    output_len: int = 128
+    pause: float = 0.5
+
+
+@dataclass
+class Run:
+    out: Path
+    work: Path
+    deadline: float
+    env: dict[str, str]
+    python: str = sys.executable
+    children: Children = field(default_factory=Children)
+    meta: dict[str, Any] = field(default_factory=dict)
+    t0: float = field(default_factory=time.monotonic)
+
+    tag: str = ""  # in every child's environment: how leftovers are found at the end
+    ports: tuple[int, int, int] = (8000, 30001, 30002)  # router, EAGLE, baseline
+    steady: Steady = field(default_factory=Steady)
+    keep: bool = False  # a kept session: leave its processes running at the end
+
+    @property
+    def logs(self) -> Path:
+        # Not under --out: only a few files come back from the GPU machine (logs.tar.gz does).
+        return self.work / "logs"
+
+    @property
+    def results(self) -> Path:
+        """Where a plan writes its results: kept on the machine across the commands of one
+        session, copied to ``--out`` at the end of each."""
+        return self.work / "results"
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def say(self, text: str) -> None:
+        print(f"[gpu-run {time.monotonic() - self.t0:5.0f}s] {text}", flush=True)
+
+    def spawn(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log: Path,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """A child in its own process group; ``env`` is added to the run's environment."""
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as f:
+            f.write(f"==> {shlex.join(argv)}\n".encode())
+        merged = {**self.env, **(env or {})}
+        return self.children.start(name, argv, env=merged, log=log, append=True)
+
+    def stop(self, proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
+        """Stop the child's process group, and SIGKILL the group even when its leader is gone
+        (an SGLang server's scheduler and detokenizer can outlive it)."""
+        stop_group(proc, grace)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc in self.children.procs:
+            self.children.procs.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in reversed(list(self.children.procs)):
+            self.stop(proc, grace=20.0)
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def fetch(
+    url: str,
+    timeout: float = 10.0,
+    *,
+    headers: Mapping[str, str] | None = None,
+    data: bytes | None = None,
+    method: str | None = None,
+) -> str:
+    """A loopback page's text (never through a proxy from the environment)."""
+    req = urllib.request.Request(url, data=data, headers=dict(headers or {}), method=method)
+    with _NO_PROXY.open(req, timeout=timeout) as r:
+        return str(r.read().decode("utf-8", "replace"))
+
+
+def gauge(text: str, name: str) -> float | None:
+    found = re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.eE+-]+)$", text, re.M)
+    return sum(float(x) for x in found) / len(found) if found else None
+
+
+def dry_run_commands(stdout: str) -> list[str]:
+    """The command lines of ``dynspec-launch --dry-run`` (its ``#`` lines are notes)."""
+    return [line for line in stdout.strip().splitlines() if not line.startswith("#")]
+
+
+def last_line(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+# -- set-up --------------------------------------------------------------------------------------
+
+
+def site_paths(run: Run, bundle: Path | None) -> list[str]:
+    """PYTHONPATH entries for SGLang: the bundle's site (+ stubs last), or none if installed."""
+    from dynspec.bench.gpu.bundle import STUBS, unpack_bundle
+
+    if bundle is None:
+        if importlib.util.find_spec("sglang") is None:
+            raise RunFailed("no SGLang installed and no --bundle given (dynspec-bench gpu bundle)")
+        return []
+    try:
+        site = unpack_bundle(bundle, run.work)
+    except RuntimeError as exc:
+        raise RunFailed(str(exc)) from None
+    return [str(site), str(site / STUBS)]
+
+
+def probe_python(run: Run) -> dict[str, str]:
+    """Versions as the servers will see them; a broken bundle fails here, with its message."""
+    code = (
+        "import json, torch, sglang, transformers; "
+        "print(json.dumps({'sglang': sglang.__version__, 'torch': torch.__version__, "
+        "'transformers': transformers.__version__, "
+        "'gpu': torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}))"
+    )
+    done = subprocess.run(
+        [run.python, "-c", code],
+        env=run.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        tail = [ln for ln in done.stderr.splitlines() if ln.strip()]
+        raise RunFailed(
+            f"SGLang does not import: {tail[-1] if tail else 'exit ' + str(done.returncode)}"
+        )
+    versions: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return versions
+
+
+def build_models(run: Run, models: Path, drafts: Sequence[str]) -> None:
+    log = run.logs / "models.log"
+    code = (
+        "import sys; from pathlib import Path; from dynspec.bench.gpu.models import build_models; "
+        "build_models(Path(sys.argv[1]), sys.argv[2:])"
+    )
+    proc = run.spawn("models", [run.python, "-c", code, str(models), *drafts], log)
+    try:
+        code_ = proc.wait(max(1.0, run.left()))
+    except subprocess.TimeoutExpired:
+        raise RunFailed(f"building the test models ran out of time; see {log}") from None
+    finally:
+        run.stop(proc)
+    if code_ != 0:
+        raise RunFailed(f"building the test models failed ({last_line(log)}); see {log}")
+
+
+def check_model_loads(path: Path) -> None:
+    cfg = path / "config.json"
+    try:
+        json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        raise RunFailed(f"model {path}: no readable config.json") from None
+
+
+# -- waiting -------------------------------------------------------------------------------------
+
+
+def wait_healthy(
+    run: Run, url: str, proc: subprocess.Popen[bytes], what: str, *, log: Path, timeout: float
+) -> float:
+    began = time.monotonic()
+    limit = min(run.deadline, began + timeout)
+    while time.monotonic() < limit:
+        if proc.poll() is not None:
+            raise RunFailed(f"{what} exited with code {proc.returncode} during start-up; see {log}")
+        if http_status(url, timeout=5.0) == 200:
+            return time.monotonic() - began
+        time.sleep(1.0)
+    raise RunFailed(f"{what} did not answer {url} within {limit - began:.0f}s; see {log}")
+
+
+def wait_launcher(run: Run, proc: subprocess.Popen[bytes], log: Path) -> float:
+    """Until the launcher prints its ready banner; its own one-line error if it exits first."""
+    began = time.monotonic()
+    while time.monotonic() < run.deadline:
+        if proc.poll() is not None:
+            line = last_line(log) or f"exited with code {proc.returncode}"
+            raise RunFailed(f"dynspec-launch: {line.removeprefix('dynspec-launch: ')}")
+        if "[dynspec] ready:" in log.read_text(errors="replace"):
+            return time.monotonic() - began
+        time.sleep(1.0)
+    raise RunFailed(f"dynspec-launch was not ready in time; see {log} and the logs beside it")
+
+
+def start_launcher(
+    run: Run, launch: Sequence[str], env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``dynspec-launch``: its ``--dry-run`` first (a bad flag is one line, nothing started; its
+    command lines go to the meta), then the launcher itself, until its ready banner."""
+    dry = subprocess.run(
+        [*launch, "--dry-run"],
+        env={**run.env, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if dry.returncode != 0:
+        raise RunFailed(f"dynspec-launch --dry-run: {last_line_of(dry.stderr)}")
+    run.meta.update(launch_argv=list(launch[1:]), commands=dry_run_commands(dry.stdout))
+    run.say("launch: " + shlex.join(launch[3:]))
+    log = run.logs / "launcher.log"
+    proc = run.spawn("launcher", launch, log, env)
+    took = wait_launcher(run, proc, log)
+    run.meta["launch_ready_s"] = round(took, 1)
+    run.say(f"launcher ready after {took:.0f}s")
+    return proc
+
+
+def stop_launcher(run: Run, proc: subprocess.Popen[bytes]) -> None:
+    """SIGINT, as Ctrl-C: the router drains, then each server's process group is stopped."""
+    run.say("stopping the launcher (SIGINT: router drains, servers stop)")
+    proc.send_signal(signal.SIGINT)
+    try:
+        run.meta["launcher_exit"] = proc.wait(90)
+    except subprocess.TimeoutExpired:
+        run.meta["launcher_exit"] = "timeout"
+
+
+# -- sweeps --------------------------------------------------------------------------------------
+
+
+def sweep_config(run: Run, levels: Sequence[int], deadline: float | None) -> Any:
+    from dynspec.bench.sweep import SweepConfig
+
+    st = run.steady
+    return SweepConfig(
+        concurrencies=sorted(set(levels)), requests_per_c=st.per_c, min_requests=8,
+        input_len=st.input_len, output_len=st.output_len, request_timeout=120.0,
+        pause=st.pause, repeats=st.repeats, min_seconds=st.min_seconds, resume=True,
+        deadline=deadline,
+    )  # fmt: skip
+
+
+def warm(run: Run, urls: Mapping[str, str], levels: Sequence[int]) -> None:
+    """Every server at every level of the plan once, nothing recorded (SGLang's triton kernels
+    compile on their first use at a batch size: that must not land in a measured level)."""
+    from dynspec.bench import load
+    from dynspec.bench.sweep import ProgressLine, sweep_prompts
+    from dynspec.bench.sweep import warm as warm_levels
+
+    cfg = sweep_config(run, levels, None)
+    targets = [load.Target(label, url) for label, url in urls.items()]
+    began = time.monotonic()
+
+    async def go() -> None:
+        async with load.make_session(cfg.request_timeout) as session:
+            models = {t: await load.model_name(session, t) for t in targets}
+            progress = ProgressLine(sys.stdout)
+            await warm_levels(session, targets, cfg, models=models, prompts=sweep_prompts(cfg),
+                              headers={}, progress=progress)  # fmt: skip
+
+    asyncio.run(go())
+    run.meta.setdefault("warm_s", []).append(round(time.monotonic() - began, 1))
+    run.say(f"warm pass over {len(targets)} servers x {len(cfg.concurrencies)} levels done")
+
+
+def sweep(
+    run: Run,
+    targets: Sequence[Any],
+    out: Path,
+    *,
+    levels: Sequence[int],
+    limit: float | None = None,
+    on_record: Any = None,
+    on_start: Any = None,
+) -> bool:
+    """The steady-state sweep (``Steady``) of ``targets`` (``load.Target``), resuming ``out``;
+    no level is started that would end past ``limit`` seconds from now or past the budget less
+    ``RESERVE_S``. True when every point is in ``out``."""
+    from dynspec.bench.sweep import ProgressLine, pending
+    from dynspec.bench.sweep import sweep as run_sweep
+
+    deadline = run.deadline - RESERVE_S
+    if limit is not None:
+        deadline = min(deadline, time.monotonic() + limit)
+    cfg = sweep_config(run, levels, deadline)
+    try:
+        progress = ProgressLine(sys.stdout)
+        asyncio.run(run_sweep(targets, cfg, out, progress, on_record=on_record, on_start=on_start))
+    except RuntimeError as exc:  # every request of a level failed
+        raise RunFailed(str(exc)) from None
+    from dynspec.bench.gpu.steadyreport import write_report
+
+    write_report(out)
+    left = pending(targets, cfg, out)
+    if left:
+        run.say(f"{len(left)} points left (the budget): the next command with --keep resumes")
+    return not left
+
+
+def pending_points(
+    run: Run, targets: Sequence[Any], out: Path, levels: Sequence[int]
+) -> list[tuple[str, int, int]]:
+    """The (target, level, repeat) points of the sweep not in ``out`` yet."""
+    from dynspec.bench.sweep import pending
+
+    return pending(targets, sweep_config(run, levels, None), out)
+
+
+def accept_probe(run: Run, server: str) -> dict[str, float | None]:
+    """Short load at C=4, then SGLang's own ``sglang:spec_accept_length`` gauge."""
+    argv = [run.python, "-m", "dynspec.bench", "sweep", "--url", server, "--concurrency", "4"]
+    argv += ["--requests", "16", "--warmup", "4", "--output-len", "128", "--no-progress"]
+    argv += ["--out", str(run.work / f"probe-{time.monotonic_ns()}.jsonl")]
+    proc = run.spawn("probe", argv, run.logs / "sweep.log")
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(max(1.0, min(90.0, run.left())))
+    run.stop(proc)
+    text = fetch(f"{server}/metrics")
+    return {
+        "spec_accept_length": gauge(text, "sglang:spec_accept_length"),
+        "spec_accept_rate": gauge(text, "sglang:spec_accept_rate"),
+    }
+
+
+def last_line_of(text: str) -> str:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+# -- the launch of a pair on one GPU ---------------------------------------------------------------
+
+
+def launch_argv(
+    run: Run,
+    models: Path,
+    *,
+    threshold: str,
+    mps: bool = False,
+    hysteresis: int | None = None,
+    restart: str = "never",
+    after_s: float = 240.0,
+) -> list[str]:
+    """``dynspec-launch --gpus 0``: the EAGLE-3 server (draft ``hi``: every draft accepted) and
+    the baseline on one GPU, the router in front (the plans ``pair-*``, ``router-cost`` and
+    ``kill``, which restarts its servers: ``restart`` on-failure). Each server may take until
+    ``after_s`` is all that is left of the budget (what the plan needs once both run)."""
+    argv = [
+        run.python, "-m", "dynspec.launcher", "--gpus", "0",
+        "--model-path", str(models / "llama8b"), "--draft-model-path", str(models / "eagle3-hi"),
+        "--served-model-name", SERVED, *EAGLE_STEPS_ALL, "--threshold", threshold,
+        *(["--hysteresis", str(hysteresis)] if hysteresis is not None else []),
+        "--host", "127.0.0.1", "--port", str(run.ports[0]),
+        "--eagle-port", str(run.ports[1]), "--baseline-port", str(run.ports[2]),
+        "--sglang-args", SGLANG_ARGS,
+        # Swept alone too: the EAGLE server runs up to 128 (C=256 alone queues the rest; it has
+        # lost to the baseline from C=128 on), graphs up to 128 keep its start short.
+        "--eagle-args", "--max-running-requests 128",
+        "--baseline-args", "--cuda-graph-max-bs-decode 256",
+        "--log-dir", str(run.logs), "--restart", restart, "--kill-grace", "15",
+        "--startup-timeout", f"{max(60.0, run.left() - after_s):.0f}", "--progress-every", "15",
+    ]  # fmt: skip
+    if mps:
+        argv.append("--mps")
+    return argv
+
+
+# -- a session kept across device commands ---------------------------------------------------------
+
+
+def session_file(run: Run) -> Path:
+    return run.work / "session.json"
+
+
+def keep_session(run: Run, procs: Mapping[str, subprocess.Popen[bytes]], **extra: Any) -> None:
+    """Leave ``procs`` (session leaders: ``Children`` starts every child in a session of its own)
+    running past this command, for the next one with the same ``--work`` (``extra`` is kept in
+    the session's file too)."""
+    kept = {}
+    for name, proc in procs.items():
+        st = proc_stat(proc.pid)
+        if st is None:
+            raise RunFailed(f"{name} (pid {proc.pid}) is gone: nothing to keep")
+        kept[name] = [proc.pid, st[2]]
+        if proc in run.children.procs:
+            run.children.procs.remove(proc)
+    run.keep = True
+    state = {"tag": run.tag, "ports": list(run.ports), "procs": kept, "plan": run.meta.get("plan")}
+    state.update(extra)
+    session_file(run).write_text(json.dumps(state))
+    run.say("kept running for the next command: " + ", ".join(kept))
+
+
+def kept_session(run: Run, plan: str) -> dict[str, Any] | None:
+    """The session an earlier command of this plan left running, if every process of it still
+    runs; a file whose processes are gone is removed (the next command starts afresh)."""
+    path = session_file(run)
+    try:
+        state: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    procs = state.get("procs", {})
+    if state.get("plan") != plan or not all(alive(pid, start) for pid, start in procs.values()):
+        gone = [name for name, (pid, start) in procs.items() if not alive(pid, start)]
+        run.say(f"not resuming the kept session ({', '.join(gone) or 'another plan'} gone): "
+                "starting afresh")  # fmt: skip
+        for pid, start in procs.values():
+            if alive(pid, start):
+                stop_kept(pid, start)
+        path.unlink(missing_ok=True)
+        return None
+    return state
+
+
+def stop_kept(pid: int, start: int, grace: float = 90.0) -> None:
+    """SIGINT a kept session leader (as Ctrl-C: the launcher drains and stops its servers), then
+    SIGKILL its process group if it has not ended within ``grace`` seconds."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGINT)
+    limit = time.monotonic() + grace
+    while alive(pid, start) and time.monotonic() < limit:
+        time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+# -- the attempt ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One device command: where it writes, how long it may take, what it brings."""
+
+    plan: str
+    out: Path
+    work: Path
+    budget: float
+    ports: tuple[int, int, int]
+    bundle: Path | None
+    models: Path | None
+    drafts: tuple[str, ...]
+    commit: str
+    steady: Steady
+    keep: bool = False  # keep the session (launcher) running when the plan is not finished
+
+
+Body = Callable[[Run, Path, "dict[str, Any] | None"], int]
+
+
+def attempt(a: Attempt, body: Body) -> NoReturn:
+    """Run ``body(run, models, session)`` as one bounded attempt and exit with its code: set-up
+    (bundle, versions, models; skipped when an earlier command's session is resumed), then the
+    plan, then, whatever happened, every child stopped (unless the plan kept its session),
+    whatever carries the run's tag killed, ``meta.json`` and the logs written, and the results
+    copied to ``--out``. A ``RunFailed`` is one line and exit 1."""
+    env = dict(os.environ)
+    env.update(FIXED_ENV)
+    run = Run(out=a.out, work=a.work, deadline=time.monotonic() + a.budget, env=env)
+    run.ports, run.steady = a.ports, a.steady
+    session = kept_session(run, a.plan)
+    if session is None:
+        shutil.rmtree(run.logs, ignore_errors=True)
+        shutil.rmtree(run.results, ignore_errors=True)
+        run.tag = f"{os.getpid()}-{time.time_ns()}"
+    else:
+        run.tag = str(session["tag"])
+        run.ports = tuple(session["ports"])
+        with contextlib.suppress(OSError, ValueError):
+            run.meta = json.loads((run.results / "meta.json").read_text())
+    env[TAG_VAR] = run.tag
+    run.results.mkdir(parents=True, exist_ok=True)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    run.meta.update(tag=run.tag, plan=a.plan, commit=a.commit, steady=vars(a.steady))
+    run.meta.setdefault("started", started)
+    command: dict[str, Any] = {"started": started, "resumed": session is not None}
+    run.meta.setdefault("device_commands", []).append(command)
+    code, failure = 1, None
+    try:
+        extra = site_paths(run, a.bundle)
+        here = env.get("PYTHONPATH", "")
+        run.env["PYTHONPATH"] = os.pathsep.join([*([here] if here else []), *extra])
+        models = a.models or a.work / "models"
+        if session is None:
+            run.meta["versions"] = probe_python(run)
+            run.meta["sglang_args"] = SGLANG_ARGS
+            run.say(f"versions: {run.meta['versions']}")
+            if a.models is None and a.drafts:
+                build_models(run, models, a.drafts)
+                run.say("models built")
+        else:
+            run.say(f"resuming the session kept by the last command (tag {run.tag})")
+        code = body(run, models, session)
+    except RunFailed as exc:
+        failure = str(exc)
+    except KeyboardInterrupt:
+        failure = "interrupted"
+    except Exception as exc:  # a fault of the plan's code: one line here, the traceback in logs
+        run.logs.mkdir(parents=True, exist_ok=True)
+        (run.logs / "traceback.txt").write_text(traceback.format_exc())
+        failure = f"{type(exc).__name__}: {exc} (traceback in logs/traceback.txt)"
+    finally:
+        run.stop_all()
+        if not run.keep:
+            run.meta["leftovers_killed"] = kill_tagged(run.tag)
+            session_file(run).unlink(missing_ok=True)
+        command["elapsed_s"] = round(time.monotonic() - run.t0, 1)
+        if failure:
+            run.meta["failure"] = failure
+        (run.results / "meta.json").write_text(json.dumps(run.meta, indent=1, default=str))
+        with contextlib.suppress(OSError, tarfile.TarError):
+            pack_logs(run)
+        a.out.mkdir(parents=True, exist_ok=True)
+        for f in run.results.iterdir():
+            if f.is_file():
+                shutil.copy2(f, a.out / f.name)
+    if failure:
+        print(f"{PROG}: error: {failure}", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(code)
+
+
+def pack_logs(run: Run) -> None:
+    if not run.logs.is_dir():
+        return
+    with tarfile.open(run.results / "logs.tar.gz", "w:gz") as t:
+        t.add(run.logs, arcname="logs")

@@ -1,0 +1,195 @@
+"""The steady-state plans (``pair-a``, ``pair-b``, ``router-cost``): their command lines, the
+report's medians, spreads and goals, and a whole ``pair-a --router-cost`` run on a CPU over two
+commands (fake SGLang bundle whose servers are dynspec-sim), the first keeping its launcher for
+the second."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from gpu_fake_site import fake_path, make_bundle, make_models
+from utils import free_port
+
+from dynspec.bench.gpu import steady, steadyreport
+from dynspec.bench.gpu.leftovers import tagged_pids
+from dynspec.bench.gpu.toolkit import FIXED_ENV, Run, launch_argv
+
+
+def fake_run(tmp: Path) -> Run:
+    return Run(out=tmp, work=tmp, deadline=1e12, env=dict(FIXED_ENV), python="py")
+
+
+def test_launch_lines_threshold_auto_and_mps_only_in_pair_b(tmp_path: Path) -> None:
+    run = fake_run(tmp_path)
+    plans = steady.STUDIES
+    a = launch_argv(run, tmp_path, threshold=plans["pair-a"].threshold, mps=plans["pair-a"].mps)
+    b = launch_argv(run, tmp_path, threshold=plans["pair-b"].threshold, mps=plans["pair-b"].mps)
+    for argv in (a, b):
+        assert argv[argv.index("--gpus") + 1] == "0"
+        assert argv[argv.index("--threshold") + 1] == "auto"
+        assert "--speed-profile" not in argv  # the launcher calibrates: --calibrate auto
+        assert argv[argv.index("--draft-model-path") + 1].endswith("eagle3-hi")
+        assert "--cuda-graph-max-bs-decode 256" in argv  # the baseline swept to C=256
+    assert "--mps" not in a and b[-1] == "--mps"
+    cost = plans["router-cost"]
+    assert int(cost.threshold) > 256 * 100 and [t.what for t in cost.targets] == ["routed", "eagle"]
+
+
+def test_router_cost_target_sits_before_eagle_alone_from_c16_up() -> None:
+    study = steady.with_router_cost(steady.STUDIES["pair-a"], [1, 4, 16, 64, 256])
+    assert [t.label for t in study.targets] == ["routed", "routed_eagle", "eagle", "baseline"]
+    assert study.targets[1].levels == (16, 64, 256)
+    assert study.targets[1].what == "cost"
+
+
+def test_cost_router_is_the_launchers_router_with_the_threshold_above_any_load() -> None:
+    commands = [
+        "CUDA_VISIBLE_DEVICES=0 py -m sglang.launch_server --port 30001",
+        "py -m dynspec.router --pair http://a,http://b --port 8000 --threshold auto "
+        "--speed-profile /logs/calibration/x.json --hysteresis 2",
+    ]
+    argv = steady.cost_router_argv(commands, 8123)
+    assert argv[:4] == ["py", "-m", "dynspec.router", "--pair"]
+    assert "--speed-profile" not in argv and argv.count("--port") == argv.count("--threshold") == 1
+    assert argv[-4:] == ["--port", "8123", "--threshold", str(steady.ABOVE_ANY_LOAD)]
+    assert "--hysteresis" in argv
+
+
+def test_learned_keeps_whatever_status_has() -> None:
+    assert steady.learned({"policy": "threshold", "threshold": 8, "servers": []}) == {
+        "policy": "threshold",
+        "threshold": 8,
+    }
+    status = {"threshold": "auto", "threshold_auto": True, "pairs": [{"threshold": 61, "x": 1}]}
+    assert steady.learned(status) == {
+        "threshold": "auto",
+        "threshold_auto": True,
+        "pairs": [{"threshold": 61}],
+    }
+    assert steady.learned({"pairs": "odd"}) == {}
+
+
+def rec(target: str, c: int, rep: int, tok: float, **kw: object) -> dict[str, object]:
+    return {"target": target, "max_concurrency": c, "repeat": rep, "output_throughput": tok,
+            "median_tpot_ms": 1000 * c / tok, **kw}  # fmt: skip
+
+
+def test_report_judges_medians_and_shows_the_spread_repeat_by_repeat() -> None:
+    rows = []
+    for rep, (r, e, b) in enumerate([(450, 500, 200), (470, 480, 210), (1000, 490, 190)], 1):
+        rows += [rec("routed", 1, rep, r), rec("eagle", 1, rep, e), rec("baseline", 1, rep, b)]
+    rows += [rec("routed", 64, 1, 7000), rec("eagle", 64, 1, 8000), rec("baseline", 64, 1, 7400)]
+    ratios = steadyreport.pair_ratios(rows)
+    # Medians: routed 470 over EAGLE's 490 (the better by median); one wild repeat moves no median.
+    assert ratios[1]["better"] == "eagle" and round(ratios[1]["ratio"], 3) == round(470 / 490, 3)
+    per = ratios[1]["per_repeat"]
+    assert per.n == 3 and round(per.lo, 2) == 0.90 and round(per.hi, 2) == 2.04
+    assert ratios[64]["better"] == "eagle" and ratios[64]["per_repeat"].n == 1
+    text = steadyreport.markdown(rows)
+    assert "| 1 | 470 (450-1,000) | 490 (480-500) | 200 (190-210) |" in text
+    assert "MISS (worst 0.88)" in text  # 7000 / 8000 at C=64
+    # One repeat of a point reads as a plain figure.
+    assert "| 64 | 7,000 | 8,000 | 7,400 |" in text
+
+
+def test_router_cost_rows_ttft_added_and_cpu_per_second() -> None:
+    rows = []
+    for rep in (1, 2, 3):
+        rows.append(rec("routed_eagle", 64, rep, 8600 + rep, median_ttft_ms=30.0 + rep,
+                        router_cpu_s=3.0, client_cpu_s=6.0, duration=15.0))  # fmt: skip
+        rows.append(rec("eagle", 64, rep, 9000, median_ttft_ms=29.0, client_cpu_s=4.5,
+                        duration=15.0))  # fmt: skip
+    cost = steadyreport.cost_rows(rows)[64]
+    assert round(cost["ratio"], 4) == round(8602 / 9000, 4)
+    assert cost["ttft_added_ms"].median == 3.0 and cost["ttft_added_ms"].hi == 4.0
+    assert cost["router_cpu"].median == 0.2 and cost["client_cpu"].median == 0.4
+    assert cost["client_cpu_direct"].median == 0.3
+    text = steadyreport.markdown(rows)
+    assert "TTFT p50 within +5 ms" in text and ": MISS" in text  # 0.956 < 0.97
+    ok = [dict(r, output_throughput=9000) for r in rows]
+    assert ": PASS" in steadyreport.markdown(ok)
+
+
+def gpu_run(tmp: Path, ports: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNSPEC_")}
+    env["PATH"] = fake_path(tmp)
+    argv = [sys.executable, "-m", "dynspec.bench", "gpu", "run", "--work", str(tmp / "work")]
+    argv += ["--ports", ports, "--commit", "abc1234", *extra]
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=240, env=env, cwd=tmp, check=False
+    )
+
+
+def test_pair_a_over_two_commands_keeps_its_launcher_and_resumes_the_sweep(tmp_path: Path) -> None:
+    ports = f"{free_port()},{free_port()},{free_port()}"
+    bundle, models = make_bundle(tmp_path), make_models(tmp_path)
+    common = ["--plan", "pair-a", "--router-cost", "--levels", "1,16", "--repeats", "2",
+              "--min-seconds", "0.3", "--output-len", "16", "--keep",
+              "--bundle", str(bundle), "--models", str(models)]  # fmt: skip
+    # The budget covers the launch and the warm pass, not one level (45 s are kept for the stop).
+    first = gpu_run(tmp_path, ports, *common, "--budget", "46", "--out", str(tmp_path / "o1"))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    assert "kept running for the next command: launcher, cost_router" in first.stdout
+    session = json.loads((tmp_path / "work" / "session.json").read_text())
+    meta1 = json.loads((tmp_path / "o1" / "meta.json").read_text())
+    assert meta1["commit"] == "abc1234" and meta1["warm_s"]
+    assert tagged_pids(session["tag"])  # the launcher and its servers still run
+
+    second = gpu_run(tmp_path, ports, *common, "--budget", "200", "--out", str(tmp_path / "o2"))
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
+    assert "resuming the session kept by the last command" in second.stdout
+    out = tmp_path / "o2"
+    rows = [json.loads(ln) for ln in (out / "sweep-pair-a.jsonl").read_text().splitlines()]
+    order = [(r["target"], r["max_concurrency"], r["repeat"]) for r in rows]
+    expected = [("routed", 1, 1), ("eagle", 1, 1), ("baseline", 1, 1)]
+    expected += [("routed", 1, 2), ("eagle", 1, 2), ("baseline", 1, 2)]
+    for rep in (1, 2):
+        expected += [(t, 16, rep) for t in ("routed", "routed_eagle", "eagle", "baseline")]
+    assert order == expected
+    assert all(r["failed"] == 0 and r["duration"] >= 0.3 for r in rows)
+    assert all(r["completed"] >= 10 * r["max_concurrency"] for r in rows)
+    routed = [r for r in rows if r["target"] in ("routed", "routed_eagle")]
+    assert all("router" in r and r["router_cpu_s"] > 0 for r in routed), routed[0]
+    assert {r["router"]["threshold"] for r in rows if r["target"] == "routed_eagle"} == {
+        steady.ABOVE_ANY_LOAD
+    }
+    meta = json.loads((out / "meta.json").read_text())
+    assert [c["resumed"] for c in meta["device_commands"]] == [False, True]
+    assert meta["launcher_exit"] == "stopped" and meta["leftovers_killed"] == []
+    assert tagged_pids(session["tag"]) == []
+    assert not (tmp_path / "work" / "session.json").exists()
+    report = (out / "sweep-pair-a.md").read_text()
+    assert "routed over the better of eagle, baseline" in report
+    assert "The router over the EAGLE server's own port" in report
+    summary = json.loads((out / "sweep-pair-a-summary.json").read_text())
+    assert set(summary["router_cost"]) == {"16"}
+    assert len(list(out.iterdir())) <= 8  # what the device tool brings back
+
+
+def test_bad_flags_are_usage_errors(tmp_path: Path) -> None:
+    ports = f"{free_port()},{free_port()},{free_port()}"
+    for extra in (["--plan", "pair-a", "--threshold", "often"], ["--plan", "main", "--keep"],
+                  ["--plan", "router-cost", "--router-cost"]):  # fmt: skip
+        done = gpu_run(tmp_path, ports, *extra, "--out", str(tmp_path / "o"))
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_report_command_prints_the_tables(tmp_path: Path) -> None:
+    f = tmp_path / "sweep-pair-a.jsonl"
+    rows = [rec("eagle", 1, 1, 400), rec("baseline", 1, 1, 200), rec("routed", 1, 1, 396)]
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    done = subprocess.run(
+        [sys.executable, "-m", "dynspec.bench", "gpu", "report", str(f)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "| 1 | 0.99 | 0.99 | eagle |" in done.stdout
+    missing = subprocess.run(
+        [sys.executable, "-m", "dynspec.bench", "gpu", "report", str(tmp_path / "no.jsonl")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert missing.returncode == 2 and "no such file" in missing.stderr
