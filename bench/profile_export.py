@@ -15,42 +15,26 @@ The profile's ``source`` names the sweep file(s), the targets, and these assumpt
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from dynspec.bench.report import Record, model_time, targets
+from dynspec.common.levels import (
+    DEFAULT_PREFILL_OVERHEAD_S,
+    fill_levels,
+    measured_mode,
+    prefill_rate,
+)
 from dynspec.launcher.sim.profile import ModeProfile, Profile
 
-DEFAULT_PREFILL_OVERHEAD_S = 0.005
+# fill_levels is this module's name too (its tests and callers import it from here).
+__all__ = ["DEFAULT_PREFILL_OVERHEAD_S", "build_profile", "fill_levels", "mode_profile"]
 
 
 def _guess(names: Sequence[str], word: str) -> str | None:
     hits = [n for n in names if word in n.lower()]
     return hits[0] if len(hits) == 1 else None
-
-
-def fill_levels(points: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
-    """``points`` plus the powers of two between measured levels, estimated (pure).
-
-    The simulator interpolates tok/s linearly between points, which bends the wrong way for a
-    decode step whose time grows about linearly with the batch (memory-bound weights plus each
-    request's KV cache): between C=16 and C=64, tok/s = C / TPOT is concave in C. So each added
-    point takes TPOT (C / tok/s) linearly interpolated in C between its two measured neighbours.
-    Nothing is added below the first or above the last measured level.
-    """
-    pts = sorted(points)
-    out = dict(pts)
-    for (c0, t0), (c1, t1) in itertools.pairwise(pts):
-        tpot0, tpot1 = c0 / t0, c1 / t1
-        c = 1
-        while c < c1:
-            if c > c0:
-                tpot = tpot0 + (tpot1 - tpot0) * (c - c0) / (c1 - c0)
-                out[c] = round(c / tpot, 1)
-            c *= 2
-    return tuple(sorted(out.items()))
 
 
 def mode_profile(
@@ -80,28 +64,14 @@ def mode_profile(
     ttft = float(first.get("median_ttft_ms") or 0.0) / 1000.0
     tpot = float(first.get("median_tpot_ms") or 0.0) / 1000.0
     prompt = float(first.get("total_input_tokens") or 0) / max(1, int(first["completed"]))
-    left = ttft - DEFAULT_PREFILL_OVERHEAD_S - tpot
-    prefill_rate = 20000.0 if left <= 0 or prompt <= 0 else min(1e6, max(100.0, prompt / left))
-    measured = tuple((c, round(float(by_c[c]["output_throughput"]), 1)) for c in levels)
-    points = fill_levels(measured) if interpolate else measured
-    added = [c for c, _ in points if c not in by_c]
-    source = f"target {records[0].get('target')!r}, measured C={','.join(map(str, levels))}"
-    if added:
-        source += (
-            f"; estimated C={','.join(map(str, added))} (TPOT = C / tok/s linear in C between "
-            "the measured neighbours)"
-        )
-    source += f"; flat beyond C={levels[-1]} (no data)"
-    if max_running is not None:
-        source += f"; max_running_requests {max_running} (as the measured server ran)"
-    return ModeProfile(
-        throughput=points,
-        accept_length=round(accept, 3),
+    return measured_mode(
+        [(c, float(by_c[c]["output_throughput"])) for c in levels],
+        what=f"target {records[0].get('target')!r}",
+        accept_length=accept,
         max_accept_length=max_accept,
-        max_running_requests=max_running,
-        prefill_tokens_per_s=round(prefill_rate, 1),
-        prefill_overhead_s=DEFAULT_PREFILL_OVERHEAD_S,
-        source=source,
+        max_running=max_running,
+        prefill_tokens_per_s=prefill_rate(ttft, tpot, prompt),
+        interpolate=interpolate,
     )
 
 

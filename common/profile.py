@@ -46,6 +46,12 @@ Per mode:
   takes ``overhead + prompt_tokens / tokens_per_s``; decoding pauses meanwhile, and the step ends
   with each new request's first token.
 
+Optional ``calibration`` (a profile that ``dynspec-launch --calibrate`` measured): an object with
+what the measurement was keyed by (``key``: model, draft, the servers' flags, SGLang version, GPU
+name), when it was made (``measured_at``) and each server's own levels (``servers``); the
+launcher reuses the file only while its key still matches. Readers other than the launcher
+keep it as data and do not interpret it.
+
 Optional ``sharing`` (``dynspec-sim --pair``: both servers of a pair on one GPU): one entry per way
 of sharing, ``timeslice`` (CUDA time-slicing) and ``mps`` (CUDA MPS)::
 
@@ -291,6 +297,8 @@ class Profile:
     extra: dict[str, Any] = field(default_factory=dict)
     # The profile's own sharing entries (only those it has; see ``share_model``).
     sharing: dict[str, ShareModel] = field(default_factory=dict)
+    # What a launcher's calibration recorded (its cache key, time, per-server levels), as JSON.
+    calibration: dict[str, Any] | None = None
 
     def share_model(self, way: str) -> ShareModel:
         """The profile's entry for ``way`` (timeslice or mps), else the measured default."""
@@ -319,6 +327,7 @@ class Profile:
                 if self.sharing
                 else {}
             ),
+            **({"calibration": self.calibration} if self.calibration is not None else {}),
             **self.extra,
         }
 
@@ -403,11 +412,15 @@ def profile_from_dict(raw: object, *, require_meta: bool = True) -> Profile:
         "context_length",
         "max_total_tokens",
         "sharing",
+        "calibration",
         "modes",
     }
     extra = sorted(set(raw) - top)
     if extra:
         raise ProfileError(f"unknown profile key {extra[0]!r}")
+    calibration = raw.get("calibration")
+    if calibration is not None and not isinstance(calibration, dict):
+        raise ProfileError("calibration must be an object")
     try:
         return Profile(
             name=str(raw.get("name", "")),
@@ -418,6 +431,7 @@ def profile_from_dict(raw: object, *, require_meta: bool = True) -> Profile:
             context_length=int(raw.get("context_length", 131072)),
             max_total_tokens=int(raw.get("max_total_tokens", 1_000_000)),
             sharing=sharing_from_dict(raw["sharing"]) if "sharing" in raw else {},
+            calibration=calibration,
         )
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ProfileError):

@@ -4,20 +4,38 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import importlib.metadata
 import logging
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
 from dynspec.common.cli import UsageError, configure_logging, env_name, run_main
+from dynspec.launcher.calibration import CalibrationPlan, plan_calibration, skip_reason
 from dynspec.launcher.config import PROG, LaunchConfig, build_parser, load_config, split_pairs
 from dynspec.launcher.gpus import split_halves, visible_devices
 from dynspec.launcher.layout import describe, pairs_of
 from dynspec.launcher.mps import build_daemons, find_mps_control
-from dynspec.launcher.preflight import gpu_memory_gib, list_gpus, run_preflight, tp_warnings
+from dynspec.launcher.preflight import (
+    gpu_memory_gib,
+    gpu_names,
+    installed_sglang,
+    list_gpus,
+    run_preflight,
+    sglang_version,
+    tp_warnings,
+)
 from dynspec.launcher.printer import Printer
 from dynspec.launcher.sharing import pair_shortfall_gib, read_model_shape, weights_on_disk
-from dynspec.launcher.spec import build_specs, connect_host, shares_gpu
+from dynspec.launcher.sim.profile import ProfileError, load_profile
+from dynspec.launcher.spec import (
+    ProcessSpec,
+    build_specs,
+    connect_host,
+    shares_gpu,
+    with_speed_profile,
+)
 from dynspec.launcher.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -105,6 +123,35 @@ def with_mps_control(config: LaunchConfig) -> LaunchConfig:
     return dataclasses.replace(config, mps_control=find_mps_control())
 
 
+def calibration_facts(config: LaunchConfig) -> tuple[str, str]:
+    """The SGLang version and the GPU name the calibration is keyed by (simulated: dynspec-sim's
+    version and its profile's name and content stand in)."""
+    if config.simulate:
+        try:
+            content = load_profile(config.sim_profile).dumps().encode()
+            digest = hashlib.sha256(content).hexdigest()[:12]
+        except ProfileError:
+            digest = "unreadable"
+        version = importlib.metadata.version("dynspec")
+        return f"dynspec-sim {version}", f"simulated (profile {config.sim_profile}, {digest})"
+    installed = installed_sglang()
+    sglang = (
+        f"SGLang {installed}"
+        if installed
+        else f"SGLang (not installed here; pinned {sglang_version()})"
+    )
+    gpus = sorted({g for pair in pairs_of(config) for g in (*pair.eagle_gpus, *pair.baseline_gpus)})
+    names = gpu_names([visible_devices((g,), config.visible_gpus) for g in gpus])
+    return sglang, " + ".join(names) or "an unknown GPU (nvidia-smi named none)"
+
+
+def calibration_plan(config: LaunchConfig, specs: tuple[ProcessSpec, ...]) -> CalibrationPlan:
+    why = skip_reason(config)
+    if why is not None:
+        return CalibrationPlan("skip", why)
+    return plan_calibration(config, specs, *calibration_facts(config))
+
+
 def dry_run_notes(config: LaunchConfig) -> list[str]:
     """Shell comments for --dry-run: the pairs, their MPS daemons, the missing router."""
     notes = []
@@ -125,6 +172,10 @@ def dry_run_notes(config: LaunchConfig) -> list[str]:
 def launch(config: LaunchConfig) -> int:
     config = with_mps_control(with_shared_gpu_sizes(with_detected_gpus(config)))
     specs = build_specs(config)
+    calibration = calibration_plan(config, specs)
+    if calibration.action == "reuse" and not config.no_router:
+        # A cached measurement for this very launch: the router takes it from its start.
+        specs = (*specs[:-1], with_speed_profile(specs[-1], str(calibration.path)))
     note = check_pair_fits(config)
     if note:
         print(f"{PROG}: {note}", file=sys.stderr)
@@ -133,6 +184,8 @@ def launch(config: LaunchConfig) -> int:
     if config.dry_run:
         for line in dry_run_notes(config):
             print(line)
+        if calibration.note():
+            print(f"# {calibration.note()}")
         for spec in specs:
             print(spec.command_line())
         return 0
@@ -140,7 +193,9 @@ def launch(config: LaunchConfig) -> int:
         run_preflight(config)
     printer = Printer(sys.stdout)
     daemons = build_daemons(config)
-    supervisor = Supervisor(config, specs, printer, launcher_env_names(), daemons)
+    supervisor = Supervisor(
+        config, specs, printer, launcher_env_names(), daemons, calibration=calibration
+    )
     return asyncio.run(supervisor.run())
 
 

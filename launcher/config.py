@@ -39,6 +39,7 @@ else:  # pragma: no cover - Python 3.10
 PROG = "dynspec-launch"
 RESTART_POLICIES = ("on-failure", "never")
 POLICIES = ("threshold", "balance")
+CALIBRATE_CHOICES = ("auto", "always", "never")
 LAYOUTS = ("split", "paired")
 
 
@@ -107,6 +108,9 @@ class LaunchConfig:
     mps_control: str | None = None
     target_weight_bytes: int | None = None
     draft_weight_bytes: int | None = None
+    # --calibrate auto|always|never, and the longest measured window of one level (seconds).
+    calibrate: str = "auto"
+    calibrate_seconds: float = 4.0
 
     def router_setting(self, flag: str) -> object | None:
         """A pass-through router setting's value, or None where the router's default holds."""
@@ -254,6 +258,19 @@ def build_parser() -> FlagParser:
         "one), passed to the router as the start of its learned curves; with --policy balance "
         "it also sizes the EAGLE server (see --eagle-args)",
     )
+    r.add_argument(
+        "--calibrate",
+        default="auto",
+        choices=CALIBRATE_CHOICES,
+        help="measure each server alone once it is healthy, before the router starts (a short "
+        "closed-loop sweep up to the EAGLE server's running limit, about a minute), write it "
+        "as a speed profile to LOG_DIR/calibration/ (keyed by model, draft, the servers' "
+        "flags, SGLang version and GPU) and give it to the router as --speed-profile; "
+        "'auto': when no --speed-profile is given, none is cached for the key, and the router "
+        "uses one (--threshold auto or --policy balance); 'always': measure again (not with "
+        "--speed-profile) and overwrite the cached one; 'never': do not. A calibration that "
+        "fails says so in one line and the router starts without a profile",
+    )
     m = p.add_argument_group("simulation")
     m.add_argument(
         "--simulate",
@@ -305,6 +322,7 @@ def build_parser() -> FlagParser:
     p.add_argument(
         "--progress-every", type=non_negative_float, default=10.0, help=argparse.SUPPRESS
     )
+    p.add_argument("--calibrate-seconds", type=positive_float, default=4.0, help=argparse.SUPPRESS)
     return p
 
 
@@ -473,6 +491,12 @@ def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
             if mode not in speed_profile_data.modes:
                 raise UsageError(f"--speed-profile {ns.speed_profile}: no {mode!r} mode")
 
+    if ns.calibrate == "always" and ns.speed_profile:
+        raise UsageError(
+            "--calibrate always measures a profile for the router: drop --speed-profile, or "
+            "use --calibrate auto (a given --speed-profile is used as it is)"
+        )
+
     served = ns.served_model_name
     if not served:
         served = (
@@ -525,6 +549,8 @@ def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
         tp=ns.tp or 1,
         mps=bool(ns.mps),
         no_router=bool(ns.no_router),
+        calibrate=ns.calibrate,
+        calibrate_seconds=float(ns.calibrate_seconds),
     )
 
 

@@ -86,6 +86,40 @@ def gpu_memory_gib(device: str, run: Callable[[Sequence[str]], str] | None = Non
     return None
 
 
+def gpu_names(
+    devices: Sequence[str], run: Callable[[Sequence[str]], str] | None = None
+) -> list[str]:
+    """The product names of these GPUs (nvidia-smi indices or UUIDs, as CUDA_VISIBLE_DEVICES
+    names them), each name once, in the order found; empty where nvidia-smi cannot tell."""
+    if run is None:
+        if shutil.which("nvidia-smi") is None:
+            return []
+        run = _run_nvidia_smi
+    try:
+        out = run(["nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader"])
+    except UsageError:
+        return []
+    names: list[str] = []
+    for line in out.splitlines():
+        fields = [f.strip() for f in line.split(",", 2)]
+        if (
+            len(fields) == 3
+            and fields[2]
+            and fields[2] not in names
+            and (fields[0] in devices or fields[1] in devices)
+        ):
+            names.append(fields[2])
+    return names
+
+
+def installed_sglang() -> str | None:
+    """The version of the SGLang installed in this Python, None when there is none."""
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def _run_nvidia_smi(argv: Sequence[str]) -> str:
     try:
         done = subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)

@@ -11,7 +11,7 @@ import shlex
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dynspec.common.cli import UsageError, env_name
@@ -199,7 +199,7 @@ def _check_user_args(args: Sequence[str], source: str, pool: str | None) -> None
             raise UsageError(f"{source}: {name} does not belong on the baseline server")
 
 
-def _last_value(args: Sequence[str], flag: str) -> str | None:
+def last_value(args: Sequence[str], flag: str) -> str | None:
     value: str | None = None
     for i, arg in enumerate(args):
         if arg == flag and i + 1 < len(args):
@@ -332,7 +332,7 @@ def build_server_spec(config: LaunchConfig, pool: str, pair: Pair | None = None)
         if config.speculative_num_draft_tokens is not None:
             own.append(["--speculative-num-draft-tokens", str(config.speculative_num_draft_tokens)])
         # CUDA graphs cover every batch the server may run: the user's cap if they set one.
-        graph_bs = _last_value(extra, "--max-running-requests") or str(max_running)
+        graph_bs = last_value(extra, "--max-running-requests") or str(max_running)
         own += [
             ["--max-running-requests", str(max_running)],
             ["--cuda-graph-max-bs-decode", graph_bs],
@@ -479,6 +479,11 @@ def build_router_spec(config: LaunchConfig) -> ProcessSpec:
         config.port,
         key="router",
     )
+
+
+def with_speed_profile(router: ProcessSpec, path: str) -> ProcessSpec:
+    """The router's spec with ``--speed-profile PATH`` (a calibration's profile) added."""
+    return replace(router, argv=(*router.argv, "--speed-profile", path))
 
 
 def build_specs(config: LaunchConfig) -> tuple[ProcessSpec, ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import shlex
 import signal
 import time
@@ -18,11 +19,15 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from dynspec.launcher.calibration import CalibrationPlan, calibrate
 from dynspec.launcher.config import LaunchConfig
+from dynspec.launcher.loadgen import CalibrationError
 from dynspec.launcher.mps import MpsDaemon, start_daemon, stop_daemon
 from dynspec.launcher.printer import Printer
 from dynspec.launcher.process import Child, describe_exit, tail
-from dynspec.launcher.spec import ProcessSpec, connect_host
+from dynspec.launcher.spec import ProcessSpec, connect_host, with_speed_profile
+
+log = logging.getLogger(__name__)
 
 TICK = 0.25
 STATUS_POLL = 0.25  # how often the router's /status is read to report pool switches
@@ -61,8 +66,11 @@ class Supervisor:
         printer: Printer,
         drop_env: Collection[str] = (),
         daemons: Sequence[MpsDaemon] = (),
+        *,
+        calibration: CalibrationPlan | None = None,
     ) -> None:
         self.config = config
+        self.calibration = calibration
         self.printer = printer
         self._started = False  # start-up done: server output is echoed on a terminal too
         servers = [s for s in specs if s.is_server]
@@ -163,12 +171,18 @@ class Supervisor:
         return after is None or (after in self._by_key and self._by_key[after].healthy)
 
     async def _run(self) -> int:
+        plan = self.calibration
+        if plan is not None and plan.action == "reuse":
+            self.say(plan.note() or "")
         # Servers that share GPUs start one after the other: two SGLang servers profiling the
         # same GPU's free memory at once each count the other's allocation and one fails.
         for st in self.servers:
             if self._ready_to_start(st):
                 await self._start_server(st)
         code = await self._startup()
+        if code is not None:
+            return code
+        code = await self._calibrate()
         if code is not None:
             return code
         self._started = True
@@ -283,12 +297,69 @@ class Supervisor:
         elapsed = now - st.child.started_at
         return f"{spec.prefix} {elapsed:4.0f}s {st.probe_note} | {st.child.latest_line}"
 
+    # -- calibration ---------------------------------------------------------------------------
+
+    async def _calibrate(self) -> int | None:
+        """Measure each server before the router starts (``--calibrate``); on success the router
+        gets the profile. A failure is one line and the launch goes on without a profile."""
+        plan = self.calibration
+        if plan is None or plan.action != "measure":
+            return None
+        levels = ",".join(map(str, plan.levels))
+        self.say(
+            f"calibration: measuring each server alone at C={levels} before the router starts "
+            f"({plan.why}); Ctrl-C stops everything"
+        )
+        key = self.config.backend_api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        began = time.monotonic()
+        task = asyncio.create_task(calibrate(plan, headers, self.say))
+        why: str | None = None
+        try:
+            while not task.done():
+                if self.signals:
+                    return self._signal_code()
+                for st in self.servers:
+                    code = st.child.returncode
+                    if code is not None and why is None:
+                        why = f"{_describe(st.child.spec)} {describe_exit(code)}"
+                if why is not None:
+                    break
+                await asyncio.wait({task}, timeout=TICK)
+        finally:
+            # Cancelled, its streams close: nothing it sent is left waiting for an answer.
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if why is None:
+            try:
+                path = task.result()
+            except CalibrationError as exc:
+                why = str(exc)
+            except Exception:
+                log.exception("calibration failed")
+                why = "an internal error, logged above"
+        if why is not None:
+            self.say(f"calibration failed ({why}); the router starts without a speed profile")
+            return None
+        took = f"in {time.monotonic() - began:.0f}s"
+        if self.router is None:
+            self.say(f"calibration: wrote {path} {took} (--no-router: give it to your router)")
+        else:
+            self.router.spec = with_speed_profile(self.router.spec, str(path))
+            self.say(
+                f"calibration: wrote {path} {took}; the router starts with it as --speed-profile"
+            )
+        return None
+
     async def _router_ready(self) -> int | None:
         assert self._http is not None and self.router is not None
         deadline = time.monotonic() + ROUTER_START_TIMEOUT
         while True:
             if self.signals:
                 return self._signal_code()
+            for st in self.servers:
+                # A server that died meanwhile (during calibration, say) restarts as in service.
+                await self._supervise(st)
             if self.router.returncode is not None:
                 raise self._fail(
                     self.router.spec, f"{describe_exit(self.router.returncode)} at start-up"
