@@ -106,6 +106,7 @@ class Run:
     ports: tuple[int, int, int] = (8000, 30001, 30002)  # router, EAGLE, baseline
     steady: Steady = field(default_factory=Steady)
     keep: bool = False  # a kept session: leave its processes running at the end
+    reserve: float = RESERVE_S  # seconds kept at the end of the budget for the stop and results
 
     @property
     def logs(self) -> Path:
@@ -374,13 +375,24 @@ def sweep(
     from dynspec.bench.sweep import ProgressLine, pending
     from dynspec.bench.sweep import sweep as run_sweep
 
-    deadline = run.deadline - RESERVE_S
+    deadline = run.deadline - run.reserve
     if limit is not None:
         deadline = min(deadline, time.monotonic() + limit)
     cfg = sweep_config(run, levels, deadline)
+    run.out.mkdir(parents=True, exist_ok=True)
+
+    def start(label: str) -> None:
+        # The points so far, in --out too: a command killed at the device's limit still brings
+        # back what it measured.
+        if out.exists():
+            with contextlib.suppress(OSError):
+                shutil.copy2(out, run.out / out.name)
+        if on_start is not None:
+            on_start(label)
+
     try:
         progress = ProgressLine(sys.stdout)
-        asyncio.run(run_sweep(targets, cfg, out, progress, on_record=on_record, on_start=on_start))
+        asyncio.run(run_sweep(targets, cfg, out, progress, on_record=on_record, on_start=start))
     except RuntimeError as exc:  # every request of a level failed
         raise RunFailed(str(exc)) from None
     from dynspec.bench.gpu.steadyreport import write_report
@@ -551,6 +563,9 @@ def attempt(a: Attempt, body: Body) -> NoReturn:
     env.update(FIXED_ENV)
     run = Run(out=a.out, work=a.work, deadline=time.monotonic() + a.budget, env=env)
     run.ports, run.steady = a.ports, a.steady
+    # A command that keeps its session needs only to write its results at the end; the one that
+    # stops it needs about STOP_S more, which an early end of the sweep leaves.
+    run.reserve = 20.0 if a.keep else RESERVE_S
     session = kept_session(run, a.plan)
     if session is None:
         shutil.rmtree(run.logs, ignore_errors=True)
