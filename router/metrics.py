@@ -200,8 +200,8 @@ class RouterMetrics:
         # Children resolved once: a label lookup per request is a dict lookup, not a lock + hash.
         self._switches = {
             (g.index, to): self.mode_switches.labels(*g.labels.values(), to)
-            for g in pools.groups
             for to in POOLS
+            for g in pools.groups
         }
         self._ttft = {p: self.ttft.labels(p) for p in POOLS}
         self._duration = {p: self.duration.labels(p) for p in POOLS}
