@@ -19,12 +19,11 @@ from starlette.types import Receive, Scope, Send
 
 from dynspec.router.config import RouterConfig
 from dynspec.router.control import control_api
-from dynspec.router.errors import MethodNotAllowed, not_serving
+from dynspec.router.errors import MethodNotAllowed, not_serving, send_error
 from dynspec.router.learning import SpeedLearner
 from dynspec.router.metrics import RouterMetrics
 from dynspec.router.policy import POLICIES, Policy
 from dynspec.router.pool import Pools
-from dynspec.router.proxy import send_error
 from dynspec.router.request import PROXY_PATHS
 from dynspec.router.runtime import STATE_KEY, Runtime, load_signal
 

@@ -19,9 +19,10 @@ from dynspec.common.cli import (
     positive_float,
     positive_int,
 )
+from dynspec.router.autothreshold import AUTO_START
 from dynspec.router.downstream import MAX_LINE_BYTES, ClientLimits
 from dynspec.router.loadsignal import SIGNALS
-from dynspec.router.policy import AUTO_START, POLICIES, PoolName
+from dynspec.router.policy import POLICIES, PoolName
 from dynspec.router.speed import ProfileError, SpeedProfile, profile_from_json
 from dynspec.router.thresholds import validate_settings
 from dynspec.router.upstream import tls_context

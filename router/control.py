@@ -30,6 +30,7 @@ from dynspec.router.learning import SpeedLearner
 from dynspec.router.passthrough import Passthrough, add_passthrough_routes
 from dynspec.router.policy import POOLS, PoolName
 from dynspec.router.pool import Pools
+from dynspec.router.server import Server
 
 logger = logging.getLogger(__name__)
 
@@ -178,8 +179,8 @@ def status_of(pools: Pools, learner: SpeedLearner | None = None) -> dict[str, An
     """The router's state. Under ``balance`` (no modes: each request picks its server) ``mode``
     and ``active_pool`` are null, and a pool is ``draining`` only when an operator drained it."""
     active = pools.active_pool()
-    # With pairs each has its own (in ``pairs``); the top-level figures are pair 0's.
-    settings = pools.pairs[0].settings if pools.pairs else pools.settings
+    # Each group's own are in ``pairs`` with --pair; the top-level figures are group 0's.
+    settings = pools.groups[0].settings
     return {
         "policy": pools.policy.name,
         "threshold": settings.threshold,
@@ -217,16 +218,21 @@ def status_of(pools: Pools, learner: SpeedLearner | None = None) -> dict[str, An
         # With --pair: each pair's state (the server entries above are in pair order).
         "pairs": [
             {
-                "index": p.index,
-                "eagle_url": p.eagle.url,
-                "baseline_url": p.baseline.url,
-                "load": pools.pair_load(p),
-                "mode": p.mode,
-                "active_pool": p.active_pool(pools.drained),
-                "threshold": p.settings.threshold,
-                "hysteresis": p.settings.hysteresis,
-                "switches": p.switches,
+                "index": g.index,
+                "eagle_url": _url(g.eagle),
+                "baseline_url": _url(g.baseline),
+                "load": pools.group_load(g),
+                "mode": g.mode,
+                "active_pool": g.active_pool(pools.drained),
+                "threshold": g.settings.threshold,
+                "hysteresis": g.settings.hysteresis,
+                "switches": g.switches,
             }
-            for p in pools.pairs
+            for g in pools.groups
+            if g.label is not None  # the split layout's one group is the top level
         ],
     }
+
+
+def _url(server: Server | None) -> str | None:
+    return server.url if server is not None else None

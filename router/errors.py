@@ -1,10 +1,12 @@
-"""The router's own errors, each rendered in the OpenAI error shape by one function."""
+"""The router's own errors, each rendered in the OpenAI error shape by one function, and sent as
+a whole ASGI response by another (``send_error``)."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
 import orjson
+from starlette.types import Send
 
 
 class RouterError(Exception):
@@ -31,6 +33,20 @@ class RouterError(Exception):
                 }
             }
         )
+
+
+async def send_error(
+    send: Send, exc: RouterError, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    body = exc.body()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *exc.headers(),
+        *(extra or []),
+    ]
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 class MethodNotAllowed(RouterError):

@@ -85,7 +85,7 @@ class HealthChecker:
         verdict = self.tracker.verdict(server, probe)
         if verdict is None:
             return
-        if self.pools.mark(server, verdict):
+        if server.mark(verdict):
             if verdict:
                 logger.info("server %s (%s) is up", server.url, server.pool)
             else:

@@ -11,10 +11,11 @@ The curves are rebuilt from the buckets (``speed.build_curve``, O(buckets) per s
 every ``REBUILD_S`` when observations arrive, never per routed request. Each server's
 ``ServerSpeed`` hangs on its ``server.Server`` record, where the routing snapshot reads the curve.
 
-Observations made while a server's pair-mate was busy are not its speed alone: the proxy does not
-report such a finished request, and a poll is not learned while the mate has requests in flight.
-The time comes from the clock passed in, so tests feed observations at chosen times and read the
-curves.
+An observation made while something else ran on the server's GPUs (its pair-mate had requests in
+flight) is not its speed alone, and is not learned: a finished request says so through its lease
+(``alone``, over the request's life), a poll through the server's record (``Server.alone``, at
+the poll), and both end in the same check (``_learn``). The time comes from the clock passed in,
+so tests feed observations at chosen times and read the curves.
 
 The two sources run on different clocks when a server's time is not real time (a simulator at
 ``--speed 2``): the server's figures are scaled by the ratio of the two where they overlap. A
@@ -29,8 +30,8 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
+from dynspec.router.server import Server, ServerSpeed
 from dynspec.router.speed import (
     KEEP,
     NEUTRAL_CURVE,
@@ -43,9 +44,6 @@ from dynspec.router.speed import (
     neutral_prior,
     prior_scale,
 )
-
-if TYPE_CHECKING:
-    from dynspec.router.server import Server
 
 logger = logging.getLogger(__name__)
 
@@ -62,97 +60,16 @@ def steady(previous: tuple[float, float] | None, running: float, gen_throughput:
     SGLang's ``gen_throughput`` is the tokens of the last decode-log interval (40 decode batches)
     over its length, while ``num_running_reqs`` is the batch at its end; both gauges keep their
     values while the server idles (for 30 s). At the tail of a burst the interval's tokens came
-    from many more requests than the one left running: on the real H200 such polls taught a
-    baseline 1.5 ms at load 1 (it runs 4.8 ms there) and set a learned threshold of 1. So a poll
-    is learned only when the gauges moved since the last poll (fresh) and the running count did
-    not move by more than ``STEADY_SHARE`` of it, or one request, across the poll interval."""
+    from many more requests than the one left running, which reads as a fast server at low load.
+    So a poll is learned only when the gauges moved since the last poll (fresh) and the running
+    count did not move by more than ``STEADY_SHARE`` of it, or one request, across the poll
+    interval."""
     if previous is None:
         return False
     before, throughput_before = previous
     if throughput_before == gen_throughput and before == running:
         return False  # not updated since the last poll: nothing new, or an idle server's last
     return abs(running - before) <= max(1.0, STEADY_SHARE * max(running, before))
-
-
-class ServerSpeed:
-    """What is known of one server's speed; mutable, owned by the learner."""
-
-    __slots__ = (
-        "accept_length",
-        "calibrated",
-        "curve",
-        "direct",
-        "floor",
-        "limit_profile",
-        "limit_reported",
-        "limit_seen",
-        "polled",
-        "pool",
-        "previous",
-        "prior",
-        "ratio",
-        "reach",
-        "scale",
-        "seeded",
-        "seen",
-        "server",
-        "url",
-    )
-
-    def __init__(
-        self,
-        url: str,
-        pool: str,
-        prior: tuple[float, ...],
-        limit: int | None,
-        keep: float,
-        *,
-        seeded: bool = False,
-        now: float = 0.0,
-    ) -> None:
-        self.url = url
-        self.pool = pool
-        self.prior = prior
-        # True when the prior came from a --speed-profile (it says something before any data).
-        self.seeded = seeded
-        # The learner's time of the last observation (or of its start): what a probe waits on.
-        self.seen = now
-        # The largest load an observation of it was learned at (0: none yet): how far its own
-        # data, not the prior's shape, says what its speed is (``policy.auto_bound``).
-        self.reach = 0.0
-        # The smallest load an observation of it was learned at (inf: none yet): below it the
-        # curve is the prior's shape (``policy.derive_threshold``'s floor).
-        self.floor = math.inf
-        # The server's record, when the learner was built from records (the live router).
-        self.server: Server | None = None
-        self.limit_profile = limit
-        # From the server itself (/get_server_info), and from polls that saw a queue.
-        self.limit_reported: int | None = None
-        self.limit_seen: int | None = None
-        self.direct = BucketSet(keep)
-        self.polled = BucketSet(keep)
-        # The last poll's (running, gen_throughput): what tells a fresh, steady poll (``steady``).
-        self.previous: tuple[float, float] | None = None
-        self.ratio = 1.0  # router-clock TPOT / server-clock TPOT
-        # Whether ``ratio`` was measured on this server (else it is borrowed, or 1).
-        self.calibrated = False
-        self.scale: float | None = None  # measured level over the prior's
-        self.accept_length: float | None = None
-        self.curve: SpeedCurve = SpeedCurve(prior, limit)
-
-    def learned(self, load: float, now: float) -> None:
-        """An observation at ``load`` was learned: the loads its own data covers, and when."""
-        self.reach = max(self.reach, load)
-        self.floor = min(self.floor, load)
-        self.seen = now
-
-    @property
-    def limit(self) -> int | None:
-        if self.limit_reported is not None:
-            return self.limit_reported
-        if self.limit_seen is not None:
-            return self.limit_seen
-        return self.limit_profile
 
 
 class SpeedLearner:
@@ -191,25 +108,24 @@ class SpeedLearner:
 
     # -- observations ------------------------------------------------------------------------------
 
-    def finished(
+    def finished(  # noqa: PLR0917 - the proxy's finish hook (proxy.FinishHook) is positional
         self,
         url: str,
         mean_in_flight: float,
         duration: float,
         ttft: float | None,
         output_tokens: int | None,
+        alone: bool = True,
     ) -> None:
-        """One finished request; only a streamed one with two tokens or more says something."""
+        """One finished request (``alone``: nothing else ran on its GPUs meanwhile); only a
+        streamed one with two tokens or more says something."""
         if ttft is None or output_tokens is None or output_tokens < 2 or duration <= ttft:
             return
         speed = self.servers.get(url)
         if speed is None:
             return
-        now = self.clock()
         tpot = (duration - ttft) / (output_tokens - 1)
-        speed.direct.add(mean_in_flight, tpot, now, speed.prior)
-        speed.learned(mean_in_flight, now)
-        self._changed(now)
+        self._learn(speed, speed.direct, mean_in_flight, tpot, alone)
 
     def polled(
         self,
@@ -240,12 +156,17 @@ class SpeedLearner:
             return
         if not steady(previous, running, gen_throughput):
             return
-        record = speed.server
-        if record is not None and record.mate is not None and record.mate.in_flight > 0:
-            return  # the pair-mate runs too: not this server's speed alone
-        now = self.clock()
+        alone = speed.server is None or speed.server.alone()
         load = running + (queued or 0.0)
-        speed.polled.add(load, running / gen_throughput, now, speed.prior)
+        self._learn(speed, speed.polled, load, running / gen_throughput, alone)
+
+    def _learn(
+        self, speed: ServerSpeed, source: BucketSet, load: float, tpot: float, alone: bool
+    ) -> None:
+        if not alone:
+            return  # not the server's speed alone: its GPUs were shared meanwhile
+        now = self.clock()
+        source.add(load, tpot, now, speed.prior)
         speed.learned(load, now)
         self._changed(now)
 
@@ -287,8 +208,7 @@ class SpeedLearner:
         # A server whose own requests never overlapped its polls (a pair's baseline at light
         # load: its probes ran beside EAGLE's requests, so none was learned) takes the clock
         # ratio of those that were calibrated: the servers of one deployment share a clock (real
-        # time, or one simulator speed). Its polls alone, on the server's clock, read 4x slow
-        # from a simulator at --speed 4 and set a pair's learned threshold far too high.
+        # time, or one simulator speed), and its polls alone are on the server's clock.
         ratios = [s.ratio for s in self.servers.values() if s.calibrated]
         shared = sum(ratios) / len(ratios) if ratios else None
         for speed in self.servers.values():

@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 
 from dynspec.router.policy import POOLS, PoolName
 from dynspec.router.pool import Pools
-from dynspec.router.server import Pair
+from dynspec.router.server import Group
 
 UPSTREAM_ERROR_KINDS = ("connect", "timeout", "status", "protocol")
 CLIENT_TIMEOUT_KINDS = ("header", "body", "idle")
@@ -79,23 +79,21 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             "dynspec_load", "Requests in flight over all servers", value=pools.load
         )
-        yield from _threshold_and_pairs(pools)
+        yield from _per_group(pools)
         yield active
         yield draining
         yield up
 
 
-# -- pairs (issue 16): with --pair, dynspec_threshold carries the pair's index -------------------
+# -- per routing group: with --pair each metric kept per group carries the pair's index ------------
 
 
-def _threshold_and_pairs(pools: Pools) -> Iterator[Metric]:
-    if not pools.pairs:
-        yield GaugeMetricFamily(
-            "dynspec_threshold", "Current threshold", value=pools.settings.threshold
-        )
-        return
+def _per_group(pools: Pools) -> Iterator[Metric]:
+    # Every group has the same label names: none in the split layout, ``pair`` with --pair.
     threshold = GaugeMetricFamily(
-        "dynspec_threshold", "Current threshold of each pair", labels=["pair"]
+        "dynspec_threshold",
+        "Current threshold (of each pair with --pair)",
+        labels=list(pools.groups[0].labels),
     )
     load = GaugeMetricFamily(
         "dynspec_pair_load", "Requests in flight on the pair's two servers", labels=["pair"]
@@ -107,16 +105,17 @@ def _threshold_and_pairs(pools: Pools) -> Iterator[Metric]:
     up = GaugeMetricFamily(
         "dynspec_pair_servers_up", "Healthy servers of the pair (0, 1 or 2)", labels=["pair"]
     )
-    for p in pools.pairs:
-        threshold.add_metric([p.label], p.settings.threshold)
-        load.add_metric([p.label], p.load)
-        up.add_metric([p.label], int(p.eagle.healthy) + int(p.baseline.healthy))
+    for g in pools.groups:
+        threshold.add_metric(list(g.labels.values()), g.settings.threshold)
+        if g.label is None:
+            continue  # the split layout's group: the pools' gauges above say it all
+        load.add_metric([g.label], g.load)
+        up.add_metric([g.label], sum(1 for s in g.servers if s.healthy))
         for pool in POOLS:
-            mode.add_metric([p.label, pool], 1 if p.mode == pool else 0)
+            mode.add_metric([g.label, pool], 1 if g.mode == pool else 0)
     yield threshold
-    yield load
-    yield mode
-    yield up
+    # A family with no series (the split layout has no pair) is left out.
+    yield from (family for family in (load, mode, up) if family.samples)
 
 
 USUAL_CODES = (200, 400, 499, 500, 502, 503, 504)
@@ -131,11 +130,11 @@ class RouterMetrics:
             ["pool", "code"],
             registry=registry,
         )
-        # With pairs each switch is counted for its pair too (``pair`` = the pair's index).
+        # With --pair each switch is counted for its pair too (``pair`` = the pair's index).
         self.mode_switches = Counter(
             "dynspec_mode_switches",
             "Mode switches",
-            ["pair", "to"] if pools.pairs else ["to"],
+            [*pools.groups[0].labels, "to"],
             registry=registry,
         )
         self.ttft = Histogram(
@@ -199,12 +198,11 @@ class RouterMetrics:
         self._timeouts = {k: self.client_timeouts.labels(k) for k in CLIENT_TIMEOUT_KINDS}
         # -- end client timeouts --
         # Children resolved once: a label lookup per request is a dict lookup, not a lock + hash.
-        for to in POOLS:
-            if pools.pairs:
-                for p in pools.pairs:
-                    self.mode_switches.labels(p.label, to)
-            else:
-                self.mode_switches.labels(to)
+        self._switches = {
+            (g.index, to): self.mode_switches.labels(*g.labels.values(), to)
+            for to in POOLS
+            for g in pools.groups
+        }
         self._ttft = {p: self.ttft.labels(p) for p in POOLS}
         self._duration = {p: self.duration.labels(p) for p in POOLS}
         self._tpot = {p: self.tpot.labels(p) for p in POOLS}
@@ -235,11 +233,8 @@ class RouterMetrics:
     def poll_error(self, server: str) -> None:
         self.poll_errors.labels(server).inc()
 
-    def switched(self, to: PoolName, pair: Pair | None = None) -> None:
-        if pair is None:
-            self.mode_switches.labels(to).inc()
-        else:
-            self.mode_switches.labels(pair.label, to).inc()
+    def switched(self, to: PoolName, group: Group) -> None:
+        self._switches[group.index, to].inc()
 
     def upstream_error(self, pool: PoolName, kind: str) -> None:
         self._errors[pool, kind].inc()

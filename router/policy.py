@@ -1,9 +1,11 @@
 """Routing policies: pure functions of a frozen snapshot, so they are tested with plain tables.
 
-A policy sees the servers as immutable views plus the router's load and current mode, and returns
-which server takes the request, what the mode is afterwards and why (the ``reason`` label of
-``dynspec_route_decisions_total``). It holds no state, no clock and no I/O; ``pool.Pools`` owns the
-state and applies the choice. A policy is a subclass of ``Policy`` registered in ``POLICIES``.
+A policy sees one routing group (``server.Group``: every server in the split layout, a pair's two
+with ``--pair``) as immutable server views plus the group's load and current mode, and returns
+which server takes the request, what the group's mode is afterwards and why (the ``reason`` label
+of ``dynspec_route_decisions_total``). Which group it sees is ``least_loaded``'s choice. It holds
+no state, no clock and no I/O; ``pool.Pools`` owns the state and applies the choice. A policy is a
+subclass of ``Policy`` registered in ``POLICIES``.
 """
 
 from __future__ import annotations
@@ -33,16 +35,17 @@ class ServerView:
     accepting: bool = True
     # The server's predicted speed by load (``balance``); None: no estimate (the neutral curve).
     curve: SpeedCurve | None = None
-    # True when a probe may go to it: nothing learned of its speed for ``PROBE_AFTER_S`` (or no
-    # request for ``PROBE_AFTER_REQUESTS``), nothing in flight on it, and no other probe in flight
-    # (``pool.Pools`` decides; False: never probe).
+    # True when a probe may go to it: due one (``autothreshold.stale``) and no other probe in
+    # flight in its group (``pool.Pools`` decides; False: never probe).
     stale: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
+    """One routing group as the policy sees it."""
+
     servers: tuple[ServerView, ...]
-    # Requests in flight over all servers, counting the one being routed.
+    # Requests in flight on the group's servers, counting the one being routed.
     load: int
     mode: PoolName
     threshold: int
@@ -72,12 +75,17 @@ class Policy(abc.ABC):
         """Pick a server for one request; ``exclude`` holds URLs that just failed to connect."""
 
 
+def can_take(s: ServerView, exclude: frozenset[str] = frozenset()) -> bool:
+    """Whether the server may get the request: healthy, its pool not drained, not excluded."""
+    return s.healthy and s.accepting and s.url not in exclude
+
+
 def least_in_flight(
     servers: Sequence[ServerView], pool: PoolName, exclude: frozenset[str]
 ) -> ServerView | None:
     best: ServerView | None = None
     for s in servers:
-        if s.pool != pool or not s.healthy or not s.accepting or s.url in exclude:
+        if s.pool != pool or not can_take(s, exclude):
             continue
         # Ties go to the first server listed, so the order of --eagle-url is the preference.
         if best is None or s.in_flight < best.in_flight:
@@ -92,7 +100,7 @@ def probe_load(threshold: int) -> int:
 
 def _probe(servers: Sequence[ServerView], exclude: frozenset[str]) -> ServerView | None:
     for s in servers:
-        if s.stale and s.healthy and s.accepting and s.url not in exclude:
+        if s.stale and can_take(s, exclude):
             return s
     return None
 
@@ -184,7 +192,7 @@ class BalancePolicy(Policy):
         open_: list[_Entry] = []
         full: list[_Entry] = []
         for i, s in enumerate(snapshot.servers):
-            if not s.healthy or not s.accepting or s.url in exclude:
+            if not can_take(s, exclude):
                 continue
             curve = s.curve or NEUTRAL_CURVE
             limit = curve.limit
@@ -213,11 +221,26 @@ class BalancePolicy(Policy):
         return Choice(server, server.pool, reason)
 
 
-# -- pairs -----------------------------------------------------------------------------------------
+# -- groups ----------------------------------------------------------------------------------------
+
+
+def least_loaded(groups: Sequence[Snapshot], exclude: frozenset[str] = frozenset()) -> int | None:
+    """The routing group (its snapshot's index) that takes the next request: the least load among
+    those with a server that can take it (ties: the order given); None when none has. The pool
+    then runs its policy on that group's snapshot."""
+    best: int | None = None
+    for i, g in enumerate(groups):
+        if not any(can_take(s, exclude) for s in g.servers):
+            continue
+        if best is None or g.load < groups[best].load:
+            best = i
+    return best
 
 
 @dataclass(frozen=True, slots=True)
 class PairView:
+    """A pair as a table row: ``choose_pair``'s input."""
+
     index: int
     eagle: ServerView
     baseline: ServerView
@@ -227,8 +250,9 @@ class PairView:
     threshold: int
     hysteresis: int
 
-    def server(self, pool: PoolName) -> ServerView:
-        return self.eagle if pool == "eagle" else self.baseline
+    def snapshot(self) -> Snapshot:
+        servers = (self.eagle, self.baseline)
+        return Snapshot(servers, self.load + 1, self.mode, self.threshold, self.hysteresis)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,141 +265,15 @@ class PairChoice:
     reason: str = ""
 
 
-PAIR_REASONS = ThresholdPolicy.reasons
-
-
-def _can_take(s: ServerView, exclude: frozenset[str]) -> bool:
-    return s.healthy and s.accepting and s.url not in exclude
-
-
 def choose_pair(pairs: Sequence[PairView], exclude: frozenset[str] = frozenset()) -> PairChoice:
-    """The pair with the least load (ties: the order given) among those with a server that can
-    take the request, then that pair's server as ``ThresholdPolicy`` picks a pool's: its mode is
-    switched by its own load (counting this request) with its own threshold and hysteresis; the
-    mode's server, else the other one (``fallback``); a stale other server at light load
-    (``probe``)."""
-    best: PairView | None = None
-    for p in pairs:
-        if not (_can_take(p.eagle, exclude) or _can_take(p.baseline, exclude)):
-            continue
-        if best is None or p.load < best.load:
-            best = p
-    if best is None:
+    """What the pool does with ``--pair`` groups, as a pure function for tables: the least
+    loaded pair (``least_loaded``), then ``ThresholdPolicy`` on that pair's snapshot."""
+    snapshots = [p.snapshot() for p in pairs]
+    i = least_loaded(snapshots, exclude)
+    if i is None:
         return PairChoice(None, None)
-    load = best.load + 1
-    mode = best.mode
-    if mode == "eagle" and load > best.threshold:
-        mode = "baseline"
-    elif mode == "baseline" and load <= best.threshold - best.hysteresis:
-        mode = "eagle"
-    other = best.server(other_pool(mode))
-    if load <= probe_load(best.threshold) and other.stale and _can_take(other, exclude):
-        return PairChoice(best.index, other, mode, "probe")
-    server = best.server(mode)
-    if _can_take(server, exclude):
-        return PairChoice(best.index, server, mode, "mode")
-    return PairChoice(best.index, other, mode, "fallback")
-
-
-# -- the learned threshold -------------------------------------------------------------------------
-
-AUTO_MIN = 1
-AUTO_MAX = 512
-# Without a profile the learned threshold may go at most this far past the largest load the EAGLE
-# server was seen serving alone, or past the load the pair (the pools) carries now, and never
-# below the start value, 8: past what was seen, both curves are the prior's shape, which cannot
-# say where the crossover is. On the real H200 an unbounded derivation jumped from 8 to 512 on
-# light-load data alone, and the pair then kept EAGLE at 128-256 requests, where the baseline
-# served more. Doubling follows a load that grows: each step measures EAGLE where the next one is
-# judged. The current load's share lets a pair that sits on its baseline at a load where the
-# curves say EAGLE would win try EAGLE there once (the threshold goes up to twice that load, so
-# the hysteresis lets the mode back): measured, the curves then keep it or switch back, and no
-# load is tried twice.
-AUTO_START = 8
-AUTO_GROWTH = 2.0
-# Under --threshold auto the hysteresis is at least this share of the threshold: a learned
-# threshold near the load a closed loop holds (126 at 128 streams) flipped the real pair's mode
-# 25 times in 10 s with the configured 2.
-AUTO_HYSTERESIS_SHARE = 0.25
-
-
-# Past the load EAGLE was seen serving, its speed is judged against the baseline's: their TPOT
-# ratio (EAGLE over baseline) at that load, grown as load**AUTO_SPEEDUP_DECAY, since speculation
-# pays less as the batch grows. On the real H200 (accept 4.0) the ratio went 0.51, 0.72, 0.82,
-# 1.10 at 8, 32, 64, 128 requests: local slopes of 0.25, 0.19 and 0.42 in log-log. The smallest
-# is taken: a slope too small only costs a trial of EAGLE at a load where it then loses (the
-# bound lets one happen, and the measurement ends it), one too large keeps EAGLE off loads where
-# it wins, for good. Without it the prior's shape carried EAGLE's light-load lead to any load.
-AUTO_SPEEDUP_DECAY = 0.2
-
-
-def derive_threshold(
-    eagle: SpeedCurve,
-    baseline: SpeedCurve,
-    eagle_servers: int = 1,
-    baseline_servers: int = 1,
-    *,
-    reach: float | None = None,
-    floor: int = AUTO_MIN,
-) -> int:
-    """The largest load up to which EAGLE's predicted TPOT is no worse than the baseline's.
-
-    Load ``L`` is spread evenly over each pool's servers (one each in a pair). The crossover is the
-    first load where EAGLE is predicted slower: the threshold is the load just below it (at least
-    ``AUTO_MIN``), or ``AUTO_MAX`` when EAGLE is never slower up to it. With ``reach`` (the load
-    one EAGLE server was seen serving; None: a profile covers every load), EAGLE past it is at
-    least the baseline's TPOT times their ratio at ``reach``, grown by ``AUTO_SPEEDUP_DECAY``.
-    Loads below ``floor`` (the lowest load at which both servers were seen) are not compared:
-    there a curve is its prior's shape scaled to what was seen above, and speculation's lead only
-    grows as the load falls (``AUTO_SPEEDUP_DECAY``), so the comparison at ``floor`` stands for
-    them. On the real H200 a baseline seen only at 16 and 128 requests was predicted at 1.7 ms
-    per token at load 1 (it runs 4.8 ms there), 0.02 ms under EAGLE's measured 1.74: threshold 1.
-    """
-    ratio = 0.0
-    if reach is not None and reach >= 1:
-        at_reach = baseline.at(-(-int(reach * eagle_servers) // baseline_servers))
-        ratio = eagle.at(reach) / at_reach if at_reach > 0 else 0.0
-    for load in range(min(max(AUTO_MIN, floor), AUTO_MAX), AUTO_MAX + 1):
-        per_eagle = -(-load // eagle_servers)
-        e = eagle.at(per_eagle)
-        b = baseline.at(-(-load // baseline_servers))
-        if ratio > 0 and reach is not None and per_eagle > reach:
-            e = max(e, b * ratio * (per_eagle / reach) ** AUTO_SPEEDUP_DECAY)
-        if e > b:
-            return max(AUTO_MIN, load - 1)
-    return AUTO_MAX
-
-
-def auto_bound(reach: float | None, limit: int | None, load: int = 0) -> int:
-    """The largest threshold the curves may set: ``AUTO_GROWTH`` times ``reach`` (the load EAGLE
-    was seen serving; None: a profile says what lies beyond) or times the ``load`` carried now,
-    at least ``AUTO_START``; and at most EAGLE's running ``limit`` (past it requests queue,
-    which no measured TPOT shows)."""
-    bound = AUTO_MAX
-    if reach is not None:
-        bound = min(bound, max(AUTO_START, int(AUTO_GROWTH * max(reach, load))))
-    if limit is not None:
-        bound = min(bound, max(AUTO_MIN, limit))
-    return bound
-
-
-def auto_hysteresis(threshold: int, configured: int) -> int:
-    """The hysteresis under a learned threshold: the configured one, at least
-    ``AUTO_HYSTERESIS_SHARE`` of the threshold, always below it."""
-    share = int(threshold * AUTO_HYSTERESIS_SHARE + 0.5)
-    return max(0, min(max(configured, share), threshold - 1))
-
-
-def learned_settings(
-    derived: int, current: tuple[int, int], configured_hysteresis: int, bound: int
-) -> tuple[int, int] | None:
-    """The (threshold, hysteresis) for a ``derived`` threshold held to ``bound``, or None to
-    keep ``current``: a change of one current hysteresis step or less (at least 1) is not made,
-    so the threshold does not flicker with every new observation."""
-    threshold = min(max(derived, AUTO_MIN), bound, AUTO_MAX)
-    if abs(threshold - current[0]) <= max(current[1], 1):
-        return None
-    return threshold, auto_hysteresis(threshold, configured_hysteresis)
+    choice = ThresholdPolicy().choose(snapshots[i], exclude)
+    return PairChoice(pairs[i].index, choice.server, choice.mode, choice.reason)
 
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (ThresholdPolicy, BalancePolicy)}

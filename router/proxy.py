@@ -39,11 +39,13 @@ from dynspec.router.errors import (
     PayloadTooLarge,
     RouterError,
     Unauthorized,
+    send_error,
 )
 from dynspec.router.metrics import CLIENT_CLOSED, RouterMetrics
 from dynspec.router.pool import Lease, Pools
 from dynspec.router.relayfilter import RelayFilter, relay_filter
 from dynspec.router.request import (
+    BACKEND_HEADER,
     DROP_REQUEST,
     DROP_RESPONSE,
     PROXY_PATHS,
@@ -58,27 +60,9 @@ from dynspec.router.upstream import Client, ConnectError, NoAnswer, Response, Up
 logger = logging.getLogger(__name__)
 
 # Called once per request that ended with 200: (server URL, the server's mean in-flight count over
-# the request's life, duration, TTFT or None, output tokens or None), all seconds.
-FinishHook = Callable[[str, float, float, "float | None", "int | None"], None]
-
-_BACKEND = {
-    "eagle": (b"x-dynspec-backend", b"eagle"),
-    "baseline": (b"x-dynspec-backend", b"baseline"),
-}
-
-
-async def send_error(
-    send: Send, exc: RouterError, extra: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    body = exc.body()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        *exc.headers(),
-        *(extra or []),
-    ]
-    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+# the request's life, duration, TTFT or None, all seconds; output tokens or None; whether nothing
+# else ran on its GPUs meanwhile, ``Lease.alone``).
+FinishHook = Callable[[str, float, float, "float | None", "int | None", bool], None]
 
 
 class _Request:
@@ -356,18 +340,11 @@ class Proxy:
                 prompt_tokens=prompt_tokens,
                 output_tokens=output_tokens,
             )
-            # Learned only when the request ran alone on its GPUs (no pair-mate busy meanwhile).
-            if req.code == 200 and self.on_finish is not None and lease.alone:
-                url = lease.server.url
-                self.on_finish(url, lease.mean_in_flight, duration, ttft, output_tokens)
-            logger.debug(
-                "%s: %s %d via %s%s",
-                req.rid,
-                req.lease.pool,
-                req.code,
-                req.lease.server.url,
-                " (direct)" if req.raw is not None else "",
-            )
+            if req.code == 200 and self.on_finish is not None:
+                mean, alone = lease.mean_in_flight, lease.alone
+                self.on_finish(lease.server.url, mean, duration, ttft, output_tokens, alone)
+            how = " (direct)" if req.raw is not None else ""
+            logger.debug("%s: %s %d via %s%s", req.rid, lease.pool, req.code, lease.server.url, how)
 
     async def _timed_out(self, req: _Request, send: Send) -> None:
         self.metrics.upstream_error(req.lease.pool, "timeout")
@@ -381,14 +358,14 @@ class Proxy:
             return
         req.code = GatewayTimeout.status
         exc = GatewayTimeout("the server did not answer in time")
-        await send_error(send, exc, [_BACKEND[req.lease.pool]])
+        await send_error(send, exc, [BACKEND_HEADER[req.lease.pool]])
 
     async def _respond(self, req: _Request, send: Send) -> None:
         try:
             resp = await self._open(req)
         except RouterError as exc:
             req.code = exc.status
-            await send_error(send, exc, [_BACKEND[req.lease.pool]])
+            await send_error(send, exc, [BACKEND_HEADER[req.lease.pool]])
             return
         pool = req.lease.pool
         req.progress += 1
@@ -398,7 +375,7 @@ class Proxy:
                 self.metrics.upstream_error(pool, "status")
             sse = req.stream and resp.status == 200 and resp.content_type == b"text/event-stream"
             strip = req.strip and sse
-            out: list[tuple[bytes, bytes]] = [_BACKEND[pool]]
+            out: list[tuple[bytes, bytes]] = [BACKEND_HEADER[pool]]
             for name, value in resp.headers:
                 lname = name.lower()
                 if lname in DROP_RESPONSE or (strip and lname == b"content-length"):

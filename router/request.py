@@ -56,6 +56,11 @@ DROP_REQUEST = frozenset(
         b"content-type",
     }
 )
+# The header every proxied response carries: the pool that served it.
+BACKEND_HEADER = {
+    "eagle": (b"x-dynspec-backend", b"eagle"),
+    "baseline": (b"x-dynspec-backend", b"baseline"),
+}
 # Response headers never sent back: hop-by-hop ones, and date/server (uvicorn adds its own;
 # copying them would send each twice).
 DROP_RESPONSE = frozenset(

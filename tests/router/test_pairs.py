@@ -9,23 +9,27 @@ import sys
 import pytest
 
 from dynspec.common.cli import UsageError
-from dynspec.router.config import parse_config
-from dynspec.router.learning import SpeedLearner
-from dynspec.router.policy import (
+from dynspec.router.autothreshold import (
     AUTO_MAX,
     AUTO_SPEEDUP_DECAY,
     AUTO_START,
+    PROBE_AFTER_REQUESTS,
+    PROBE_AFTER_S,
+    auto_bound,
+    auto_hysteresis,
+    derive_threshold,
+    learned_settings,
+)
+from dynspec.router.config import parse_config
+from dynspec.router.learning import SpeedLearner
+from dynspec.router.policy import (
     PairChoice,
     PairView,
     ServerView,
     ThresholdPolicy,
-    auto_bound,
-    auto_hysteresis,
     choose_pair,
-    derive_threshold,
-    learned_settings,
 )
-from dynspec.router.pool import PROBE_AFTER_REQUESTS, PROBE_AFTER_S, Pools
+from dynspec.router.pool import Pools
 from dynspec.router.speed import BUCKETS, NEUTRAL_CURVE, SpeedCurve
 
 E0, B0, E1, B1 = "http://e0:1", "http://b0:1", "http://e1:1", "http://b1:1"
@@ -222,14 +226,14 @@ def test_pools_with_pairs_switch_each_pair_by_its_own_load() -> None:
     pools.on_switch = lambda to, pair: switched.append((to, pair.label if pair else None))
     leases = [pools.acquire() for _ in range(6)]
     # Alternating by least load: 0,1,0,1 to EAGLE (loads 1,1,2,2), then pair 0 at load 3 > 2.
-    assert [(x.pair.index if x.pair else None, x.pool) for x in leases] == [
+    assert [(x.group.index if x.group else None, x.pool) for x in leases] == [
         (0, "eagle"), (1, "eagle"), (0, "eagle"), (1, "eagle"), (0, "baseline"), (1, "baseline"),
     ]  # fmt: skip
     assert switched == [("baseline", "0"), ("baseline", "1")]
-    assert [p.load for p in pools.pairs] == [3, 3] and pools.load == 6
+    assert [p.load for p in pools.groups] == [3, 3] and pools.load == 6
     assert pools.mode == "baseline" and pools.active_pool() == "baseline"
     # Pair 0's EAGLE server still holds two: it drains.
-    assert pools.server_draining(pools.pairs[0].eagle) and pools.draining("eagle")
+    assert pools.server_draining(pools.groups[0].eagle) and pools.draining("eagle")
     for lease in leases:
         lease.release()
     assert pools.load == 0 and not pools.draining("eagle")
@@ -243,13 +247,13 @@ def test_pools_with_pairs_switch_each_pair_by_its_own_load() -> None:
 def test_a_lease_knows_whether_its_pair_mate_ran_meanwhile() -> None:
     now = [0.0]
     pools = pair_pools(clock=now)
-    pools.settings = pools.pairs[0].settings  # threshold 2
+    pools.settings = pools.groups[0].settings  # threshold 2
     a = pools.acquire()  # pair 0 eagle
     now[0] = 1.0
     a.release()
     assert a.alone
     # Pair 0 again (both idle: the first), then over its threshold to its baseline server.
-    pools.pairs[1].eagle.healthy = pools.pairs[1].baseline.healthy = False
+    pools.groups[1].eagle.healthy = pools.groups[1].baseline.healthy = False
     x, y, z = pools.acquire(), pools.acquire(), pools.acquire()
     assert (x.pool, y.pool, z.pool) == ("eagle", "eagle", "baseline")
     now[0] = 2.0
@@ -264,30 +268,30 @@ def test_threshold_auto_learns_per_pair_and_an_operator_turns_it_off() -> None:
     lr = SpeedLearner(pools.servers, clock=lambda: now[0])
     # Nothing measured: the start value stays.
     pools.derive()
-    assert [p.settings.threshold for p in pools.pairs] == [2, 2]
+    assert [p.settings.threshold for p in pools.groups] == [2, 2]
     # Pair 0 measured: EAGLE 10 ms, baseline 30 ms at load 1 (the neutral shape scaled).
     for _ in range(20):
         lr.finished(E0, 1, duration=1.0, ttft=0.0, output_tokens=101)
         lr.finished(B0, 1, duration=3.0, ttft=0.0, output_tokens=101)
     lr.rebuild()
     pools.derive()  # within AUTO_EVERY_S of the last: not yet
-    assert pools.pairs[0].settings.threshold == 2
+    assert pools.groups[0].settings.threshold == 2
     now[0] = 3.0
     pools.derive()
     # The curves say EAGLE is faster at every load (both the prior's shape past load 1), but
     # EAGLE was seen at load 1 only: the threshold may go no further than the start value.
-    p0 = pools.pairs[0].settings
+    p0 = pools.groups[0].settings
     assert (p0.threshold, p0.hysteresis) == (AUTO_START, auto_hysteresis(AUTO_START, 1))
-    assert pools.pairs[1].settings.threshold == 2  # not measured
+    assert pools.groups[1].settings.threshold == 2  # not measured
     # EAGLE seen serving 12 at once, still faster: the bound doubles past it.
     for _ in range(20):
         lr.finished(E0, 12, duration=1.5, ttft=0.0, output_tokens=101)
     lr.rebuild()
     now[0] = 6.0
     pools.derive()
-    assert pools.pairs[0].settings.threshold == 24
+    assert pools.groups[0].settings.threshold == 24
     pools.set_settings(5, 1)
-    assert not pools.auto and all(p.settings.threshold == 5 for p in pools.pairs)
+    assert not pools.auto and all(p.settings.threshold == 5 for p in pools.groups)
 
 
 def test_a_load_past_a_bound_held_threshold_derives_again_at_once() -> None:
@@ -296,7 +300,7 @@ def test_a_load_past_a_bound_held_threshold_derives_again_at_once() -> None:
     back, up to AUTO_EVERY_S later); past the curves' own crossover it switches."""
     now = [0.0]
     pools = pair_pools(auto=True, clock=now)
-    pools.pairs[1].eagle.healthy = pools.pairs[1].baseline.healthy = False
+    pools.groups[1].eagle.healthy = pools.groups[1].baseline.healthy = False
     lr = SpeedLearner(pools.servers, clock=lambda: now[0])
     for _ in range(20):  # EAGLE 10 ms, baseline 30 ms, both seen at load 1
         lr.finished(E0, 1, duration=1.0, ttft=0.0, output_tokens=101)
@@ -304,7 +308,7 @@ def test_a_load_past_a_bound_held_threshold_derives_again_at_once() -> None:
     lr.rebuild()
     now[0] = 3.0
     leases = [pools.acquire() for _ in range(AUTO_START)]
-    pair = pools.pairs[0]
+    pair = pools.groups[0]
     assert pair.settings.threshold == AUTO_START and pair.held
     # Within AUTO_EVERY_S of that derivation, the step past it: derived again, still EAGLE.
     now[0] = 3.5
@@ -342,7 +346,7 @@ def test_a_baseline_seen_only_at_high_load_does_not_win_low_load() -> None:
     assert lr.curve(B0).at(1) < lr.curve(E0).at(1)  # the extrapolation that misled
     now[0] = 3.0
     pools.derive()
-    assert pools.pairs[0].settings.threshold == 40  # twice EAGLE's reach of 20, not 1
+    assert pools.groups[0].settings.threshold == 40  # twice EAGLE's reach of 20, not 1
 
 
 @pytest.mark.parametrize(
@@ -401,7 +405,7 @@ def test_threshold_auto_stops_at_eagle_s_running_limit() -> None:
     lr.set_limit(E0, 40)
     now[0] = 3.0
     pools.derive()
-    assert pools.pairs[0].settings.threshold == 40
+    assert pools.groups[0].settings.threshold == 40
 
 
 def test_a_stale_other_server_gets_one_probe_at_light_load() -> None:
@@ -410,15 +414,15 @@ def test_a_stale_other_server_gets_one_probe_at_light_load() -> None:
     SpeedLearner(pools.servers, clock=lambda: now[0])
     now[0] = PROBE_AFTER_S + 1
     probe = pools.acquire()
-    assert probe.probe and probe.pool == "baseline" and probe.pair is pools.pairs[0]
+    assert probe.probe and probe.pool == "baseline" and probe.group is pools.groups[0]
     # Pair 1 probes too (its own); pair 0's next request goes to its mode's server.
     other = pools.acquire()
-    assert other.probe and other.pair is pools.pairs[1]
+    assert other.probe and other.group is pools.groups[1]
     third = pools.acquire()
     assert not third.probe and third.pool == "eagle"
     for lease in (probe, other, third):
         lease.release()
-    assert not pools.pairs[0].probing
+    assert not pools.groups[0].probing
 
 
 def test_a_probe_that_taught_nothing_is_not_sent_again_at_once() -> None:
@@ -461,7 +465,7 @@ def test_a_probe_that_taught_nothing_is_not_sent_again_at_once() -> None:
 def test_a_server_left_out_of_many_requests_gets_a_probe() -> None:
     pools = pair_pools(auto=True)
     SpeedLearner(pools.servers)
-    pools.pairs[1].eagle.healthy = pools.pairs[1].baseline.healthy = False
+    pools.groups[1].eagle.healthy = pools.groups[1].baseline.healthy = False
     reasons = []
     for _ in range(PROBE_AFTER_REQUESTS):
         lease = pools.acquire()

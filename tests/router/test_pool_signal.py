@@ -80,8 +80,8 @@ def test_pair_mode_follows_the_signal() -> None:
     pools = make(signal, pairs=True)
     signal.reading(URLS[0], 4, 0, clock.now)
     signal.reading(URLS[1], 0, 0, clock.now)
-    pair = pools.pairs[0]
-    assert pools.pair_load(pair) == 4 and pair.load == 0
+    pair = pools.groups[0]
+    assert pools.group_load(pair) == 4 and pair.load == 0
     lease = pools.acquire()
     assert lease.pool == "baseline" and pair.mode == "baseline" and pair.switches == 1
     assert pools.server_load(pools.server(URLS[1])) == 1

@@ -1,0 +1,168 @@
+"""The learned threshold's rules (``autothreshold``) as plain tables: a group and its load in,
+the rule's answer out. The derivation's own tables (``derive_threshold``, ``auto_bound``,
+``auto_hysteresis``, ``learned_settings``) are in test_pairs.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dynspec.router.autothreshold import (
+    PROBE_AFTER_REQUESTS,
+    PROBE_AFTER_S,
+    floor_of,
+    measured,
+    past_held,
+    relearn,
+    stale,
+)
+from dynspec.router.server import Group, Server, ServerSpeed
+from dynspec.router.speed import BUCKETS, KEEP
+from dynspec.router.thresholds import Thresholds
+
+# EAGLE 10 ms alone, +2 ms per request; the baseline 20 ms, +1 ms: the curves cross at 10-11.
+FAST = tuple(0.010 + 0.002 * (b - 1) for b in BUCKETS)
+SLOW = tuple(0.020 + 0.001 * (b - 1) for b in BUCKETS)
+
+
+def server(url: str, pool: str, prior: tuple[float, ...] = FAST, **speed: Any) -> Server:
+    """A server whose ServerSpeed has the prior as its curve and the given fields set."""
+    record = Server(url, pool)  # type: ignore[arg-type]
+    limit = speed.pop("limit", None)
+    record.speed = ServerSpeed(url, pool, prior, limit, KEEP, seeded=speed.pop("seeded", False))
+    for name, value in speed.items():
+        setattr(record.speed, name, value)
+    return record
+
+
+def group(*servers: Server, settings: tuple[int, int] = (4, 1), mode: str = "eagle") -> Group:
+    g = Group(0, servers, Thresholds(*settings), label="0")
+    g.mode = mode  # type: ignore[assignment]
+    return g
+
+
+SEEN = {"reach": 3.0, "floor": 1.0, "scale": 1.0}  # seen at loads 1 to 3
+E, B = "http://e", "http://b"
+
+# (case, eagle speed, baseline speed, load, settings, expected (threshold, hysteresis) or None,
+# expected held); the configured hysteresis is 2.
+RELEARN: list[tuple[str, dict[str, Any], dict[str, Any], int, Any, Any, bool]] = [
+    ("a profile: the curves' own crossover", {"seeded": True}, {"seeded": True}, 0, (4, 1),
+     (10, 3), False),
+    ("seen up to 3: held to the start value", SEEN, SEEN, 0, (4, 1), (8, 2), True),
+    ("seen up to 3 but carrying 10: twice that", SEEN, SEEN, 10, (4, 1), (10, 3), False),
+    ("EAGLE's running limit holds it", {"seeded": True, "limit": 6}, {"seeded": True}, 0, (4, 1),
+     (6, 2), True),
+    ("the baseline seen from 16 only: compared from there", {**SEEN, "reach": 32.0},
+     {**SEEN, "floor": 16.0, "reach": 32.0}, 0, (4, 1), (15, 4), False),
+    ("within one hysteresis step: kept", {"seeded": True}, {"seeded": True}, 0, (8, 2), None,
+     False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("row", [c[1:] for c in RELEARN], ids=[c[0] for c in RELEARN])
+def test_relearn(row: tuple[Any, ...]) -> None:
+    eagle, baseline, load, settings, expected, held = row
+    g = group(
+        server(E, "eagle", **eagle), server(B, "baseline", SLOW, **baseline), settings=settings
+    )
+    new, was_held = relearn(g, load, 2) or (None, None)
+    got = (new.threshold, new.hysteresis) if new is not None else None
+    assert (got, was_held) == (expected, held)
+
+
+def test_relearn_spreads_the_load_over_each_pool_s_servers() -> None:
+    """The split layout's group with two servers per pool: the first of each stands for its pool,
+    and the crossover (10 per server) and the bound (8 per server) are the pools' totals."""
+    two = [
+        server(E, "eagle", seeded=True),
+        server("http://e2", "eagle", seeded=True),
+        server(B, "baseline", SLOW, seeded=True),
+        server("http://b2", "baseline", SLOW, seeded=True),
+    ]
+    new, held = relearn(group(*two), 0, 2) or (None, None)
+    assert new == Thresholds(20, 5) and held is False
+    two[0] = server(E, "eagle", **SEEN)
+    two[2] = server(B, "baseline", SLOW, **SEEN)
+    new, held = relearn(group(*two), 0, 2) or (None, None)
+    assert new == Thresholds(12, 3) and held is True
+
+
+@pytest.mark.parametrize(
+    ("case", "servers"),
+    [
+        ("EAGLE not measured yet", [server(E, "eagle"), server(B, "baseline", seeded=True)]),
+        ("no baseline server", [server(E, "eagle", seeded=True)]),
+        ("no speed at all", [Server(E, "eagle"), Server(B, "baseline")]),
+    ],
+)
+def test_relearn_says_nothing_before_both_curves_do(case: str, servers: list[Server]) -> None:
+    assert relearn(group(*servers), 0, 2) is None, case
+
+
+@pytest.mark.parametrize(
+    ("speed", "expected"),
+    [({}, False), ({"seeded": True}, True), ({"scale": 0.5}, True), (None, False)],
+)
+def test_measured(speed: dict[str, Any] | None, expected: bool) -> None:
+    record = server(E, "eagle", **speed) if speed is not None else Server(E, "eagle")
+    assert measured(record) == expected
+
+
+@pytest.mark.parametrize(
+    ("eagle", "baseline", "servers", "expected"),
+    [
+        ({}, {}, 1, 1),  # nothing seen: every load compared
+        ({"floor": 1.0}, {"floor": 16.0}, 1, 16),
+        ({"floor": 4.0}, {"floor": 2.0}, 1, 4),
+        ({"floor": 2.6}, {"floor": 1.0}, 1, 3),
+        ({"floor": 1.0}, {"floor": 16.0}, 2, 32),  # two servers per pool: the pools' total
+        ({"floor": 1.0}, {"floor": 16.0, "seeded": True}, 1, 1),  # a profile: known everywhere
+    ],
+)
+def test_floor_of(
+    eagle: dict[str, Any], baseline: dict[str, Any], servers: int, expected: int
+) -> None:
+    e = [server(E, "eagle", **eagle) for _ in range(servers)]
+    b = [server(B, "baseline", **baseline) for _ in range(servers)]
+    assert floor_of(e, b) == expected
+
+
+# (held, mode, load carried, threshold, whether the next request derives at once)
+PAST_HELD = [
+    (True, "eagle", 8, 8, True),  # the next request is load 9 > 8
+    (True, "eagle", 7, 8, False),  # load 8: at the threshold, not past it
+    (False, "eagle", 20, 8, False),  # the curves' own threshold: the switch is right
+    (True, "baseline", 20, 8, False),  # already switched
+]
+
+
+@pytest.mark.parametrize(("held", "mode", "load", "threshold", "expected"), PAST_HELD)
+def test_past_held(held: bool, mode: str, load: int, threshold: int, expected: bool) -> None:
+    g = group(server(E, "eagle"), server(B, "baseline"), settings=(threshold, 2), mode=mode)
+    g.held = held
+    assert past_held(g, load) == expected
+
+
+# (in flight, last learned, last routed at, now, routed requests since, expected)
+STALE = [
+    (0, 0.0, 0.0, PROBE_AFTER_S - 1, 0, False),
+    (0, 0.0, 0.0, PROBE_AFTER_S, 0, True),
+    (1, 0.0, 0.0, 10 * PROBE_AFTER_S, 0, False),  # busy: its requests are being measured
+    (0, 0.0, 25.0, PROBE_AFTER_S + 1, 0, False),  # a probe sent at 25 s taught nothing: wait
+    (0, 25.0, 0.0, PROBE_AFTER_S + 1, 0, False),
+    (0, 0.0, 0.0, 1.0, PROBE_AFTER_REQUESTS - 1, False),
+    (0, 0.0, 0.0, 1.0, PROBE_AFTER_REQUESTS, True),  # left out of many requests
+]
+
+
+@pytest.mark.parametrize("row", STALE)
+def test_stale(row: tuple[Any, ...]) -> None:
+    in_flight, seen, routed_at, now, since, expected = row
+    s = server(B, "baseline", seen=seen)
+    s.admit(routed_at, 10)
+    if in_flight == 0:
+        s.finish(routed_at)
+    assert stale(s, now, 10 + since) == expected
+    assert not stale(Server(B, "baseline"), now, 10 + since)  # no speed learner: never
