@@ -38,7 +38,7 @@ from dynspec.common.levels import (
     measured_mode,
 )
 from dynspec.launcher.config import LaunchConfig
-from dynspec.launcher.layout import pairs_of
+from dynspec.launcher.facts import LaunchFacts
 from dynspec.launcher.loadgen import (
     OUTPUT_TOKENS,
     PROMPT_WORDS,
@@ -101,21 +101,6 @@ class CalibrationPlan:
         return f"calibration: off ({self.why})" if self.why else None
 
 
-def skip_reason(config: LaunchConfig) -> str | None:
-    """Why this launch does not calibrate; None when it does (measured or cached)."""
-    if config.calibrate == "never":
-        return "--calibrate never"
-    if config.speed_profile:
-        return ""  # the given profile is the router's: nothing to say
-    if config.calibrate == "always":
-        return None
-    if config.no_router:
-        return ""  # no router here to take a profile: nothing to say
-    if not (config.threshold_auto or config.policy == "balance"):
-        return ""  # a fixed threshold under the threshold policy reads no profile
-    return None
-
-
 def levels_up_to(limit: int) -> tuple[int, ...]:
     """C = 1, 4, 16, then the powers of two below ``limit``, then ``limit`` itself."""
     levels = [c for c in (1, 4, 16) if c < limit]
@@ -145,16 +130,16 @@ def keyed_flags(argv: Sequence[str]) -> list[str]:
 
 
 def calibration_key(
-    config: LaunchConfig, specs: Sequence[ProcessSpec], sglang: str, gpu: str
+    config: LaunchConfig, facts: LaunchFacts, specs: Sequence[ProcessSpec]
 ) -> dict[str, Any]:
     servers = sorted({tuple(keyed_flags(s.argv)) for s in specs if s.is_server})
-    sharing = "none" if config.layout == "split" else ("mps" if config.mps else "timeslice")
+    sharing = "none" if facts.layout == "split" else ("mps" if config.mps else "timeslice")
     return {
         "model_path": config.model_path,
         "draft_model_path": config.draft_model_path,
         "servers": [list(s) for s in servers],
-        "sglang": sglang,
-        "gpu": gpu,
+        "sglang": facts.sglang_version,
+        "gpu": facts.gpu_name,
         "sharing": sharing,
     }
 
@@ -184,7 +169,7 @@ def read_cache(path: Path, key: Mapping[str, Any]) -> tuple[str | None, str]:
 
 def _running_limit(config: LaunchConfig, specs: Sequence[ProcessSpec], mode: str) -> int | None:
     """``--max-running-requests`` as the first GPU set's server of ``mode`` runs (None: SGLang's
-    own default); a simulated pair (one process) runs its profile's."""
+    own default); a simulated GPU set (one process) runs its profile's."""
     for spec in specs:
         if spec.name == mode:
             given = last_value(spec.argv, "--max-running-requests")
@@ -196,13 +181,13 @@ def _running_limit(config: LaunchConfig, specs: Sequence[ProcessSpec], mode: str
 
 
 def plan_calibration(
-    config: LaunchConfig, specs: Sequence[ProcessSpec], sglang: str, gpu: str
+    config: LaunchConfig, facts: LaunchFacts, specs: Sequence[ProcessSpec]
 ) -> CalibrationPlan:
-    """What this launch calibrates (``sglang`` and ``gpu`` name what the servers run on)."""
-    why = skip_reason(config)
+    """What this launch calibrates (``facts`` made with ``calibrating`` when it does)."""
+    why = config.calibration_off()
     if why is not None:
         return CalibrationPlan("skip", why)
-    key = calibration_key(config, specs, sglang, gpu)
+    key = calibration_key(config, facts, specs)
     path = cache_path(config.log_dir, key, config.served_model_name)
     measured_at, missing = read_cache(path, key)
     if config.calibrate == "always":
@@ -211,12 +196,12 @@ def plan_calibration(
         return CalibrationPlan("reuse", path=path, key=key, measured_at=measured_at)
     targets = tuple(
         Target(
-            f"{pair.name(pool)} {server_label(config, pool, pair)}",
+            f"{gpu_set.name(pool)} {server_label(config, pool, gpu_set)}",
             pool,
-            server_url(config, pool, pair),
-            pair.index,
+            server_url(config, pool, gpu_set),
+            gpu_set.index,
         )
-        for pair in pairs_of(config)
+        for gpu_set in facts.gpu_sets
         for pool in POOLS
     )
     limits = {mode: _running_limit(config, specs, mode) for mode in POOLS}

@@ -26,9 +26,15 @@ from dynspec.common.cli import (
     positive_float,
     positive_int,
 )
-from dynspec.launcher.gpus import GpuSet, check_visible, parse_gpus, parse_visible, split_halves
+from dynspec.launcher.gpus import (
+    GpuIds,
+    check_visible,
+    parse_gpus,
+    parse_visible,
+    split_gpu_sets,
+    split_halves,
+)
 from dynspec.launcher.router_flags import ROUTER_SETTINGS
-from dynspec.launcher.sharing import ModelShape
 from dynspec.launcher.sim.profile import Profile, ProfileError, load_profile
 
 if sys.version_info >= (3, 11):
@@ -53,8 +59,8 @@ def threshold_value(text: str) -> int | str:
 @dataclass(frozen=True)
 class LaunchConfig:
     simulate: bool
-    eagle_gpus: GpuSet
-    baseline_gpus: GpuSet
+    eagle_gpus: GpuIds
+    baseline_gpus: GpuIds
     model_path: str | None
     draft_model_path: str | None
     served_model_name: str
@@ -90,27 +96,32 @@ class LaunchConfig:
     # --speed-profile (an absolute path, for the router) and the profile read from it.
     speed_profile: str | None = None
     speed_profile_data: Profile | None = None
-    # Read at launch, not flags: for a GPU both servers share, its memory and the models' shapes
-    # (to size each server's share).
-    gpu_memory_gib: float | None = None
-    target_shape: ModelShape | None = None
-    draft_shape: ModelShape | None = None
     # --threshold auto: the router learns each pair's threshold (``threshold`` is its start).
     threshold_auto: bool = False
-    # "split": the EAGLE server on eagle_gpus, the baseline on baseline_gpus. "paired": one EAGLE
-    # and one baseline server on each GPU set of ``pairs`` (see layout.py).
+    # As the flags say (what the launch finds, GPUs detected included, is in facts.py): "split",
+    # the EAGLE server on eagle_gpus and the baseline on baseline_gpus; "paired", one EAGLE and
+    # one baseline server on each GPU set of ``paired_gpus`` (see layout.py).
     layout: str = "split"
-    pairs: tuple[GpuSet, ...] = ()
-    tp: int = 1  # GPUs per pair (paired layout)
+    paired_gpus: tuple[GpuIds, ...] = ()
+    tp: int = 1  # GPUs per GPU set (paired layout)
     mps: bool = False
     no_router: bool = False
-    # Read at launch: the MPS control binary, and the weights' bytes on disk (safetensors).
-    mps_control: str | None = None
-    target_weight_bytes: int | None = None
-    draft_weight_bytes: int | None = None
     # --calibrate auto|always|never, and the longest measured window of one level (seconds).
     calibrate: str = "auto"
     calibrate_seconds: float = 4.0
+
+    def calibration_off(self) -> str | None:
+        """Why this launch does not calibrate ("" where there is nothing worth saying); None
+        when it does (measured, or a cached profile reused)."""
+        if self.calibrate == "never":
+            return "--calibrate never"
+        if self.speed_profile:
+            return ""  # the given profile is the router's
+        if self.calibrate == "always":
+            return None
+        if self.no_router or not (self.threshold_auto or self.policy == "balance"):
+            return ""  # no router here, or one that reads no profile (a fixed threshold)
+        return None
 
     def router_setting(self, flag: str) -> object | None:
         """A pass-through router setting's value, or None where the router's default holds."""
@@ -432,7 +443,7 @@ def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
         elif baseline_gpus is not None:
             eagle_gpus = tuple(g for g in gpus if g not in baseline_gpus)
         elif gpus and ns.layout == "paired":
-            # Every GPU holds both kinds of server; resolve_layout groups them into pairs.
+            # Every GPU holds both kinds of server; resolve_layout groups them into GPU sets.
             eagle_gpus, baseline_gpus = gpus, gpus
         elif gpus:
             eagle_gpus, baseline_gpus = split_halves(gpus)
@@ -443,7 +454,7 @@ def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
                 "--eagle-gpus/--baseline-gpus: no GPUs left for the other server "
                 "(give both, or a --gpus set that holds both)"
             )
-    layout, pairs = resolve_layout(ns, gpus, eagle_gpus, baseline_gpus)
+    layout, paired_gpus = resolve_layout(ns, gpus, eagle_gpus, baseline_gpus)
     overlap = sorted(set(eagle_gpus) & set(baseline_gpus))
     # One GPU may hold both servers (they start one after the other); nothing else may overlap.
     if overlap and layout == "split":
@@ -545,7 +556,7 @@ def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
         speed_profile_data=speed_profile_data,
         threshold_auto=threshold_auto,
         layout=layout,
-        pairs=pairs,
+        paired_gpus=paired_gpus,
         tp=ns.tp or 1,
         mps=bool(ns.mps),
         no_router=bool(ns.no_router),
@@ -555,9 +566,9 @@ def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
 
 
 def resolve_layout(
-    ns: argparse.Namespace, gpus: GpuSet | None, eagle: GpuSet, baseline: GpuSet
-) -> tuple[str, tuple[GpuSet, ...]]:
-    """The layout and, for ``paired``, each pair's GPU set (empty until GPUs are known).
+    ns: argparse.Namespace, gpus: GpuIds | None, eagle: GpuIds, baseline: GpuIds
+) -> tuple[str, tuple[GpuIds, ...]]:
+    """The layout and, for ``paired``, each GPU set's GPUs (empty until GPUs are known).
 
     One GPU for both servers is a one-pair paired layout, whichever flags named it.
     """
@@ -573,20 +584,5 @@ def resolve_layout(
         return layout, ()
     if (ns.eagle_gpus or ns.baseline_gpus) and not one_gpu:
         raise UsageError("--layout paired takes --gpus (each pair's servers share their GPUs)")
-    return layout, split_pairs(eagle if one_gpu else (gpus or ()), ns.tp or 1, bool(ns.simulate))
-
-
-def split_pairs(gpus: GpuSet, tp: int, simulate: bool = False) -> tuple[GpuSet, ...]:
-    """GPU sets of ``tp`` GPUs, in the order given; none known yet: none (or one simulated)."""
-    if not gpus:
-        return ((),) if simulate else ()
-    if len(gpus) % tp:
-        raise UsageError(
-            f"--tp {tp} does not divide the {len(gpus)} GPU(s) given: each pair needs {tp} "
-            f"(e.g. --tp {_divisor_hint(len(gpus), tp)})"
-        )
-    return tuple(tuple(gpus[i : i + tp]) for i in range(0, len(gpus), tp))
-
-
-def _divisor_hint(count: int, tp: int) -> int:
-    return max(d for d in range(1, count + 1) if count % d == 0 and d <= tp)
+    gpus_given = eagle if one_gpu else (gpus or ())
+    return layout, split_gpu_sets(gpus_given, ns.tp or 1, bool(ns.simulate))

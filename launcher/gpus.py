@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 from dynspec.common.cli import UsageError
 
-GpuSet = tuple[int, ...]
+GpuIds = tuple[int, ...]
 
 
-def parse_gpus(text: str, flag: str = "--gpus") -> GpuSet:
+def parse_gpus(text: str, flag: str = "--gpus") -> GpuIds:
     """Parse a GPU list of ranges and single ids, in the order given; duplicates are an error."""
     gpus: list[int] = []
     for raw in text.split(","):
@@ -35,7 +35,7 @@ def parse_gpus(text: str, flag: str = "--gpus") -> GpuSet:
     return tuple(gpus)
 
 
-def split_halves(gpus: Sequence[int]) -> tuple[GpuSet, GpuSet]:
+def split_halves(gpus: Sequence[int]) -> tuple[GpuIds, GpuIds]:
     """First half for the EAGLE server, second half for the baseline server; one GPU: both."""
     if not gpus:
         raise UsageError("--gpus: no GPUs given")
@@ -114,3 +114,19 @@ def tp_problems(tp: int, heads: int | None = None, kv_heads: int | None = None) 
     if kv_heads and kv_heads % tp and tp % kv_heads:
         problems.append(f"does not fit its {kv_heads} key-value heads")
     return problems
+
+
+def split_gpu_sets(gpus: GpuIds, tp: int, simulate: bool = False) -> tuple[GpuIds, ...]:
+    """GPU sets of ``tp`` GPUs, in the order given; none known yet: none (or one simulated)."""
+    if not gpus:
+        return ((),) if simulate else ()
+    if len(gpus) % tp:
+        raise UsageError(
+            f"--tp {tp} does not divide the {len(gpus)} GPU(s) given: each pair needs {tp} "
+            f"(e.g. --tp {_divisor_hint(len(gpus), tp)})"
+        )
+    return tuple(tuple(gpus[i : i + tp]) for i in range(0, len(gpus), tp))
+
+
+def _divisor_hint(count: int, tp: int) -> int:
+    return max(d for d in range(1, count + 1) if count % d == 0 and d <= tp)

@@ -1,9 +1,10 @@
-"""CUDA MPS for the paired layout: one control daemon per pair's GPU set, both servers its clients.
+"""CUDA MPS for the paired layout: one control daemon per GPU set, both its servers its clients.
 
-Under MPS the two servers of a pair run their kernels side by side instead of in time slices
-(``pair-sharing.md``: 16-27% more total tok/s while both are busy). Each pair's daemon has its own
+Under MPS the two servers of a GPU set run their kernels side by side instead of in time slices
+(``pair-sharing.md``: 16-27% more total tok/s while both are busy). Each set's daemon has its own
 ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY`` under the log directory and sees only
-the pair's GPUs; its servers get the same variables (see ``spec.mps_env``). The supervisor starts
+the set's GPUs; its servers get the same variables (see ``spec.mps_env``). The binary is found
+with the launch's facts (``probe.find_mps_control``). The supervisor starts
 the daemons before the servers and quits them after the servers are gone, on every exit path it
 runs (a SIGKILLed launcher runs none: the next start quits a daemon left on the same directory).
 """
@@ -13,42 +14,23 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dynspec.common.cli import UsageError
 from dynspec.launcher.config import LaunchConfig
+from dynspec.launcher.facts import LaunchFacts
 from dynspec.launcher.gpus import visible_devices
-from dynspec.launcher.layout import pairs_of
 from dynspec.launcher.spec import mps_env
 
-MPS_CONTROL = "nvidia-cuda-mps-control"
-# Where NVIDIA's container toolkit mounts the driver's tools when they are not on PATH.
-NVIDIA_BIN = Path("/usr/local/nvidia/bin")
 STOP_TIMEOUT = 15.0
-
-
-def find_mps_control(path: str | None = None) -> str:
-    """The control binary: on PATH, else in /usr/local/nvidia/bin; else a usage error."""
-    found = shutil.which(MPS_CONTROL, path=path)
-    if found:
-        return found
-    fallback = NVIDIA_BIN / MPS_CONTROL
-    if fallback.is_file() and os.access(fallback, os.X_OK):
-        return str(fallback)
-    raise UsageError(
-        f"--mps: {MPS_CONTROL} is not on PATH or in {NVIDIA_BIN} "
-        "(it comes with the NVIDIA driver; or run without --mps)"
-    )
 
 
 @dataclass(frozen=True)
 class MpsDaemon:
-    """One pair's control daemon: how to start it (``-d``) and stop it (``quit`` on stdin)."""
+    """One GPU set's control daemon: how to start it (``-d``) and stop it (``quit`` on stdin)."""
 
-    pair: int
+    gpu_set: int  # its index (the console calls it "pair i", as the router's --pair)
     binary: str
     env: tuple[tuple[str, str], ...]  # CUDA_VISIBLE_DEVICES and the two MPS directories
 
@@ -74,17 +56,17 @@ def prepare_dirs(daemon: MpsDaemon) -> bool:
     return (daemon.pipe_dir / "control").exists()
 
 
-def build_daemons(config: LaunchConfig) -> tuple[MpsDaemon, ...]:
-    """One daemon per pair with --mps on real GPUs; none otherwise (the simulator shares by
+def build_daemons(config: LaunchConfig, facts: LaunchFacts) -> tuple[MpsDaemon, ...]:
+    """One daemon per GPU set with --mps on real GPUs; none otherwise (the simulator shares by
     itself: --mps is its ``--sharing mps``)."""
-    if not config.mps or config.simulate or config.layout != "paired":
+    if not config.mps or config.simulate or facts.layout != "paired":
         return ()
-    assert config.mps_control is not None
+    assert facts.mps_control is not None
     daemons = []
-    for pair in pairs_of(config):
-        devices = visible_devices(pair.eagle_gpus, config.visible_gpus)
-        env = (("CUDA_VISIBLE_DEVICES", devices), *mps_env(config, pair))
-        daemons.append(MpsDaemon(pair.index, config.mps_control, env))
+    for gpu_set in facts.gpu_sets:
+        devices = visible_devices(gpu_set.eagle_gpus, config.visible_gpus)
+        env = (("CUDA_VISIBLE_DEVICES", devices), *mps_env(config, gpu_set))
+        daemons.append(MpsDaemon(gpu_set.index, facts.mps_control, env))
     return tuple(daemons)
 
 
@@ -113,7 +95,7 @@ async def start_daemon(daemon: MpsDaemon) -> None:
     code, out = await _run(daemon, ["-d"], None)
     if code != 0:
         raise RuntimeError(
-            f"MPS control daemon of pair {daemon.pair} did not start (exit {code}): "
+            f"MPS control daemon of pair {daemon.gpu_set} did not start (exit {code}): "
             f"{out.splitlines()[-1] if out else 'no output'}"
         )
 

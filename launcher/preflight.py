@@ -8,21 +8,20 @@ from __future__ import annotations
 
 import errno
 import importlib.metadata
-import importlib.resources
 import importlib.util
 import json
 import logging
 import re
-import shutil
 import socket
-import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from dynspec.common.cli import UsageError
 from dynspec.launcher.config import LaunchConfig
+from dynspec.launcher.facts import LaunchFacts, flag_facts
 from dynspec.launcher.gpus import format_gpus, tp_problems
-from dynspec.launcher.layout import pairs_of
+from dynspec.launcher.probe import list_gpus, sglang_version
+from dynspec.launcher.sharing import pair_shortfall_gib
 
 log = logging.getLogger(__name__)
 
@@ -30,111 +29,12 @@ log = logging.getLogger(__name__)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-def sglang_requirement() -> str:
-    """The pinned SGLang requirement (``sglang==X``), read from the one file that holds it."""
-    text = (
-        importlib.resources.files("dynspec.launcher")
-        .joinpath("sglang-requirements.txt")
-        .read_text(encoding="utf-8")
-    )
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if line.startswith("sglang"):
-            return line
-    raise RuntimeError("sglang-requirements.txt names no sglang release")
-
-
-def sglang_version() -> str:
-    return sglang_requirement().split("==", 1)[1].strip()
-
-
-def list_gpus(run: Callable[[Sequence[str]], str] | None = None) -> tuple[int, ...]:
-    """GPU indices that ``nvidia-smi`` lists; a UsageError when there is no driver or no GPU."""
-    if run is None:
-        if shutil.which("nvidia-smi") is None:
-            raise UsageError(
-                "no NVIDIA GPU found: nvidia-smi is not installed "
-                "(use --simulate to run without GPUs)"
-            )
-        run = _run_nvidia_smi
-    out = run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"])
-    gpus = tuple(int(line) for line in out.split() if line.strip().isdigit())
-    if not gpus:
-        raise UsageError("no NVIDIA GPU found: nvidia-smi lists none (use --simulate)")
-    return gpus
-
-
-def gpu_memory_gib(device: str, run: Callable[[Sequence[str]], str] | None = None) -> float | None:
-    """Total memory of a GPU (its nvidia-smi index or UUID, as CUDA_VISIBLE_DEVICES names it);
-    None where nvidia-smi cannot tell (none installed, a MIG slice, an unknown name)."""
-    if run is None:
-        if shutil.which("nvidia-smi") is None:
-            return None
-        run = _run_nvidia_smi
-    query = ["--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"]
-    try:
-        out = run(["nvidia-smi", *query])
-    except UsageError:
-        return None
-    for line in out.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) == 3 and device in fields[:2]:
-            try:
-                return float(fields[2]) / 1024.0
-            except ValueError:
-                return None
-    return None
-
-
-def gpu_names(
-    devices: Sequence[str], run: Callable[[Sequence[str]], str] | None = None
-) -> list[str]:
-    """The product names of these GPUs (nvidia-smi indices or UUIDs, as CUDA_VISIBLE_DEVICES
-    names them), each name once, in the order found; empty where nvidia-smi cannot tell."""
-    if run is None:
-        if shutil.which("nvidia-smi") is None:
-            return []
-        run = _run_nvidia_smi
-    try:
-        out = run(["nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader"])
-    except UsageError:
-        return []
-    names: list[str] = []
-    for line in out.splitlines():
-        fields = [f.strip() for f in line.split(",", 2)]
-        if (
-            len(fields) == 3
-            and fields[2]
-            and fields[2] not in names
-            and (fields[0] in devices or fields[1] in devices)
-        ):
-            names.append(fields[2])
-    return names
-
-
-def installed_sglang() -> str | None:
-    """The version of the SGLang installed in this Python, None when there is none."""
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _run_nvidia_smi(argv: Sequence[str]) -> str:
-    try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UsageError(f"nvidia-smi failed: {exc}") from None
-    if done.returncode != 0:
-        reason = (done.stderr or done.stdout).strip().splitlines()
-        raise UsageError(
-            f"nvidia-smi failed (exit {done.returncode}): {reason[0] if reason else 'no output'}"
-        )
-    return done.stdout
-
-
-def check_gpus(config: LaunchConfig, available: Sequence[int]) -> None:
-    wanted = [*config.eagle_gpus, *config.baseline_gpus]
+def check_gpus(
+    config: LaunchConfig, available: Sequence[int], facts: LaunchFacts | None = None
+) -> None:
+    """The launch's GPUs (``facts``: found, else the flags') are among ``available``."""
+    sets = (facts or flag_facts(config)).gpu_sets
+    wanted = [g for s in sets for g in s.eagle_gpus] + [g for s in sets for g in s.baseline_gpus]
     visible = config.visible_gpus
     if visible is not None:
         # nvidia-smi ignores CUDA_VISIBLE_DEVICES: compare the ids the indices stand for (UUIDs
@@ -185,16 +85,13 @@ def _and(items: Sequence[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def tp_warnings(config: LaunchConfig) -> list[str]:
+def tp_warnings(config: LaunchConfig, facts: LaunchFacts | None = None) -> list[str]:
     """One line per odd tensor-parallel size: not a power of two, or not fitting the heads."""
-    if config.simulate:
+    sets = (facts or flag_facts(config)).gpu_sets
+    if config.simulate or not sets:
         return []
     heads, kv_heads = model_heads(config.model_path)
-    if config.layout == "paired" and config.pairs:
-        tp_pair = len(config.pairs[0])
-        sizes = {"EAGLE": tp_pair, "baseline": tp_pair}
-    else:
-        sizes = {"EAGLE": len(config.eagle_gpus), "baseline": len(config.baseline_gpus)}
+    sizes = {"EAGLE": len(sets[0].eagle_gpus), "baseline": len(sets[0].baseline_gpus)}
     lines = []
     for tp in sorted(set(sizes.values())):
         problems = tp_problems(tp, heads, kv_heads)
@@ -206,6 +103,34 @@ def tp_warnings(config: LaunchConfig) -> list[str]:
                 "slower; 1, 2, 4 or 8 GPUs per server are the usual sizes"
             )
     return lines
+
+
+def check_pair_fits(config: LaunchConfig, facts: LaunchFacts | None = None) -> str | None:
+    """Two copies of the target and the draft must leave KV room on each GPU of a GPU set: a
+    usage error when not; a note (returned) when the check cannot be made. ``facts``: the
+    launch's (None: the flags', which know no memory)."""
+    facts = facts or flag_facts(config)
+    if not facts.shares_gpu:
+        return None
+    target = facts.target_weight_bytes or (
+        facts.target_shape.weight_bytes if facts.target_shape else None
+    )
+    draft = facts.draft_weight_bytes or (facts.draft_shape.weight_bytes if facts.draft_shape else 0)
+    if target is None:
+        return (
+            f"note: --model-path {config.model_path} is not a local model directory: the check "
+            "that two copies fit on each pair's GPUs is skipped"
+        )
+    if facts.gpu_memory_gib is None:
+        return "note: GPU memory unknown (nvidia-smi): the check that two copies fit is skipped"
+    tp = len(facts.gpu_sets[0].eagle_gpus)
+    short, spelled = pair_shortfall_gib(facts.gpu_memory_gib, tp, target, draft)
+    if short > 0:
+        raise UsageError(
+            f"--layout paired: each GPU ({facts.gpu_memory_gib:.0f} GiB) would need {spelled}: "
+            f"{short:.1f} GiB short; use --layout split (one copy per GPU set) or a larger --tp"
+        )
+    return None
 
 
 def check_port_free(host: str, port: int, what: str) -> None:
@@ -236,17 +161,23 @@ def check_sglang_installed() -> None:
         log.warning("SGLang %s is installed; dynspec is tested with %s", installed, pin)
 
 
-def run_preflight(config: LaunchConfig, available_gpus: Sequence[int] | None = None) -> None:
-    """Every check that applies to ``config``; GPUs, paths and SGLang only when not simulating."""
+def run_preflight(
+    config: LaunchConfig,
+    available_gpus: Sequence[int] | None = None,
+    facts: LaunchFacts | None = None,
+) -> None:
+    """Every check that applies to ``config`` and the launch's ``facts`` (None: the flags');
+    GPUs, paths and SGLang only when not simulating."""
+    facts = facts or flag_facts(config)
     if not config.simulate:
         if config.server_command is None:
             check_sglang_installed()
-        check_gpus(config, list_gpus() if available_gpus is None else available_gpus)
+        check_gpus(config, list_gpus() if available_gpus is None else available_gpus, facts)
         check_model_path(config.model_path, "--model-path")
         check_model_path(config.draft_model_path, "--draft-model-path")
     if not config.no_router:
         check_port_free(config.host, config.port, "router")
-    for pair in pairs_of(config):
+    for gpu_set in facts.gpu_sets:
         for pool, what in (("eagle", "EAGLE"), ("baseline", "baseline")):
-            tag = f" of pair {pair.index}" if pair.count > 1 else ""
-            check_port_free(config.backend_host, pair.port(pool), f"{what} server{tag}")
+            tag = f" of pair {gpu_set.index}" if gpu_set.count > 1 else ""
+            check_port_free(config.backend_host, gpu_set.port(pool), f"{what} server{tag}")

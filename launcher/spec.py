@@ -16,8 +16,9 @@ from pathlib import Path
 
 from dynspec.common.cli import UsageError, env_name
 from dynspec.launcher.config import LaunchConfig
+from dynspec.launcher.facts import LaunchFacts, flag_facts
 from dynspec.launcher.gpus import format_gpus, visible_devices
-from dynspec.launcher.layout import Pair, check_ports, pairs_of
+from dynspec.launcher.layout import GpuSet
 from dynspec.launcher.sharing import plan_shared_gpu
 from dynspec.launcher.sim.profile import EAGLE_DEFAULT_MAX_RUNNING, Profile
 
@@ -76,7 +77,7 @@ _REPLACED_BY = {
 
 @dataclass(frozen=True)
 class ProcessSpec:
-    # "eagle", "baseline", "router", or "pair" (a simulator serving both servers of a pair)
+    # "eagle", "baseline", "router", or "pair" (a simulator serving both servers of a GPU set)
     name: str
     prefix: str  # console prefix: "[eagle gpu0-3]", "[baseline1 gpu4-7]", "[router]"
     argv: tuple[str, ...]
@@ -87,7 +88,7 @@ class ProcessSpec:
     # Secret values that must stand in argv (SGLang takes its key only as a flag): value -> the
     # variable that holds it, which the printed command line shows instead.
     secret_args: tuple[tuple[str, str], ...] = ()
-    # Every health URL past the first that must answer 200 (a simulated pair serves two ports).
+    # Every health URL past the first that must answer 200 (a simulated GPU set serves two).
     more_health: tuple[str, ...] = ()
     key: str = ""  # unique in a launch: "eagle", "eagle0", "pair1", "router"
     after: str | None = None  # the key of the server that must be healthy before this one starts
@@ -173,9 +174,8 @@ def connect_host(listen_host: str) -> str:
     return listen_host
 
 
-def server_url(config: LaunchConfig, pool: str, pair: Pair | None = None) -> str:
-    pair = pair or pairs_of(config)[0]
-    return f"http://{connect_host(config.backend_host)}:{pair.port(pool)}"
+def server_url(config: LaunchConfig, pool: str, gpu_set: GpuSet) -> str:
+    return f"http://{connect_host(config.backend_host)}:{gpu_set.port(pool)}"
 
 
 def router_url(config: LaunchConfig) -> str:
@@ -220,26 +220,27 @@ def _merge(own: Sequence[Sequence[str]], extra: Sequence[str]) -> list[str]:
     return argv
 
 
-def shares_gpu(config: LaunchConfig) -> bool:
-    """Both servers of a pair on the same GPUs (the paired layout; one GPU is one pair): they
-    start one after the other, each with half of the memory."""
-    return config.layout == "paired" and not config.simulate
+def shares_gpu(config: LaunchConfig, facts: LaunchFacts | None = None) -> bool:
+    """Both servers of a GPU set on the same GPUs (the paired layout; one GPU is one set): they
+    start one after the other, each with half of the memory. ``facts``: the launch's (None:
+    what the flags alone say)."""
+    return (facts or flag_facts(config)).shares_gpu
 
 
 def memory_options(
-    config: LaunchConfig, pool: str, tp: int = 1, second: bool = False
+    facts: LaunchFacts, pool: str, tp: int = 1, second: bool = False
 ) -> list[list[str]]:
     """``--mem-fraction-static`` (and ``--max-total-tokens`` when sizable) on shared GPUs;
     ``second``: the share of a server that starts while the other one holds its half."""
-    if not shares_gpu(config):
+    if not facts.shares_gpu:
         return []
     plan = plan_shared_gpu(
-        config.gpu_memory_gib,
-        config.target_shape,
-        config.draft_shape,
+        facts.gpu_memory_gib,
+        facts.target_shape,
+        facts.draft_shape,
         tp=tp,
-        target_bytes=config.target_weight_bytes,
-        draft_bytes=config.draft_weight_bytes,
+        target_bytes=facts.target_weight_bytes,
+        draft_bytes=facts.draft_weight_bytes,
     )
     fraction = plan.eagle_fraction if pool == "eagle" and not second else plan.baseline_fraction
     own = [["--mem-fraction-static", f"{fraction:g}"]]
@@ -248,21 +249,20 @@ def memory_options(
     return own
 
 
-def server_label(config: LaunchConfig, pool: str, pair: Pair | None = None) -> str:
+def server_label(config: LaunchConfig, pool: str, gpu_set: GpuSet) -> str:
     if config.simulate:
         return "sim"
-    pair = pair or pairs_of(config)[0]
-    return "gpu" + format_gpus(pair.gpus(pool))
+    return "gpu" + format_gpus(gpu_set.gpus(pool))
 
 
-def mps_env(config: LaunchConfig, pair: Pair) -> tuple[tuple[str, str], ...]:
-    """The CUDA MPS directories of a pair's daemon; its servers are its clients through them."""
-    if not (config.mps and shares_gpu(config)):
+def mps_env(config: LaunchConfig, gpu_set: GpuSet) -> tuple[tuple[str, str], ...]:
+    """The CUDA MPS directories of a GPU set's daemon; its servers are its clients through them."""
+    if not (config.mps and gpu_set.shared):
         return ()
-    root = config.log_dir.resolve() / f"mps{pair.index}"
+    root = config.log_dir.resolve() / f"mps{gpu_set.index}"
     if len(str(root / "pipe")) > MPS_PIPE_MAX:
         # MPS makes Unix sockets in the pipe directory (a path of at most 107 bytes): a deep log
-        # directory moves the pair's MPS directories to one named after it in /tmp.
+        # directory moves the set's MPS directories to one named after it in /tmp.
         digest = hashlib.sha1(str(root).encode()).hexdigest()[:12]
         root = Path(tempfile.gettempdir()) / f"dynspec-mps-{digest}"
     return (
@@ -271,18 +271,19 @@ def mps_env(config: LaunchConfig, pair: Pair) -> tuple[tuple[str, str], ...]:
     )
 
 
-def build_server_spec(config: LaunchConfig, pool: str, pair: Pair | None = None) -> ProcessSpec:
+def build_server_spec(
+    config: LaunchConfig, facts: LaunchFacts, pool: str, gpu_set: GpuSet
+) -> ProcessSpec:
     if pool not in POOLS:
         raise ValueError(f"unknown pool {pool!r}")
-    pair = pair or pairs_of(config)[0]
     eagle = pool == "eagle"
-    port = pair.port(pool)
-    key = pair.name(pool)
-    prefix = f"[{key} {server_label(config, pool, pair)}]"
-    base = server_url(config, pool, pair)
+    port = gpu_set.port(pool)
+    key = gpu_set.name(pool)
+    prefix = f"[{key} {server_label(config, pool, gpu_set)}]"
+    base = server_url(config, pool, gpu_set)
     log_file = config.log_dir / f"{key}.log"
     max_running = eagle_running_limit(config)
-    after = pair.name("eagle") if pair.shared and not eagle else None
+    after = gpu_set.name("eagle") if gpu_set.shared and not eagle else None
     if config.simulate:
         argv = [
             sys.executable,
@@ -306,7 +307,7 @@ def build_server_spec(config: LaunchConfig, pool: str, pair: Pair | None = None)
             pool, prefix, tuple(argv), (), base + "/health_generate", log_file, port, key=key
         )
 
-    gpus = pair.gpus(pool)
+    gpus = gpu_set.gpus(pool)
     extra = [*config.sglang_args, *(config.eagle_args if eagle else config.baseline_args)]
     _check_user_args(config.sglang_args, "--sglang-args", None)
     _check_user_args(config.eagle_args, "--eagle-args", "eagle")
@@ -349,13 +350,13 @@ def build_server_spec(config: LaunchConfig, pool: str, pair: Pair | None = None)
         if config.server_command
         else [sys.executable, "-m", SGLANG_MODULE]
     )
-    argv = [*command, *_merge(own + memory_options(config, pool, len(gpus)), extra)]
+    argv = [*command, *_merge(own + memory_options(facts, pool, len(gpus)), extra)]
     second_argv: list[str] = []
-    if pair.shared and eagle:
-        second = memory_options(config, pool, len(gpus), second=True)
+    if gpu_set.shared and eagle:
+        second = memory_options(facts, pool, len(gpus), second=True)
         second_argv = [*command, *_merge(own + second, extra)]
-    mps = mps_env(config, pair)
-    # Under MPS the daemon sees the pair's GPUs and its clients see them renumbered from 0
+    mps = mps_env(config, gpu_set)
+    # Under MPS the daemon sees the set's GPUs and its clients see them renumbered from 0
     # (NVIDIA's MPS guide, "CUDA_VISIBLE_DEVICES"): the daemon's own ids would be an error.
     devices = (
         ",".join(map(str, range(len(gpus)))) if mps else visible_devices(gpus, config.visible_gpus)
@@ -372,23 +373,23 @@ def build_server_spec(config: LaunchConfig, pool: str, pair: Pair | None = None)
         secret_args,
         key=key,
         after=after,
-        partner=pair.name("baseline") if pair.shared and eagle else None,
+        partner=gpu_set.name("baseline") if gpu_set.shared and eagle else None,
         second_argv=tuple(second_argv) if second_argv != argv else (),
     )
 
 
-def build_sim_pair_spec(config: LaunchConfig, pair: Pair) -> ProcessSpec:
-    """One ``dynspec-sim --pair`` process serving both servers of a simulated pair (one clock:
-    while both are busy each runs at its share of the GPU, timeslice or MPS)."""
+def build_sim_pair_spec(config: LaunchConfig, gpu_set: GpuSet) -> ProcessSpec:
+    """One ``dynspec-sim --pair`` process serving both servers of a simulated GPU set (one
+    clock: while both are busy each runs at its share of the GPU, timeslice or MPS)."""
     argv = [
         sys.executable,
         "-m",
         SIM_MODULE,
         "--pair",
         "--eagle-port",
-        str(pair.eagle_port),
+        str(gpu_set.eagle_port),
         "--baseline-port",
-        str(pair.baseline_port),
+        str(gpu_set.baseline_port),
         "--sharing",
         "mps" if config.mps else "timeslice",
         "--profile",
@@ -402,16 +403,16 @@ def build_sim_pair_spec(config: LaunchConfig, pair: Pair) -> ProcessSpec:
         "--log-level",
         config.log_level,
     ]
-    key = f"pair{pair.tag}"
+    key = f"pair{gpu_set.tag}"
     return ProcessSpec(
         "pair",
         f"[{key} sim]",
         tuple(argv),
         (),
-        server_url(config, "eagle", pair) + "/health_generate",
+        server_url(config, "eagle", gpu_set) + "/health_generate",
         config.log_dir / f"{key}.log",
-        pair.eagle_port,
-        more_health=(server_url(config, "baseline", pair) + "/health_generate",),
+        gpu_set.eagle_port,
+        more_health=(server_url(config, "baseline", gpu_set) + "/health_generate",),
         key=key,
     )
 
@@ -420,29 +421,29 @@ def _flag_value(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def backend_args(config: LaunchConfig) -> list[str]:
-    """The router's servers: the two pool URLs (split), or one ``--pair E,B`` per pair."""
-    pairs = pairs_of(config)
-    if config.layout == "split":
+def backend_args(config: LaunchConfig, facts: LaunchFacts) -> list[str]:
+    """The router's servers: the two pool URLs (split), or one ``--pair E,B`` per GPU set."""
+    if facts.layout == "split":
+        (only,) = facts.gpu_sets
         return [
             "--eagle-url",
-            server_url(config, "eagle"),
+            server_url(config, "eagle", only),
             "--baseline-url",
-            server_url(config, "baseline"),
+            server_url(config, "baseline", only),
         ]
     argv: list[str] = []
-    for pair in pairs:
-        urls = f"{server_url(config, 'eagle', pair)},{server_url(config, 'baseline', pair)}"
-        argv += ["--pair", urls]
+    for s in facts.gpu_sets:
+        argv += ["--pair", f"{server_url(config, 'eagle', s)},{server_url(config, 'baseline', s)}"]
     return argv
 
 
-def build_router_spec(config: LaunchConfig) -> ProcessSpec:
+def build_router_spec(config: LaunchConfig, facts: LaunchFacts | None = None) -> ProcessSpec:
+    """The router (``facts``: the launch's; None: what the flags alone say)."""
     argv = [
         sys.executable,
         "-m",
         ROUTER_MODULE,
-        *backend_args(config),
+        *backend_args(config, facts or flag_facts(config)),
         "--host",
         config.host,
         "--port",
@@ -486,21 +487,22 @@ def with_speed_profile(router: ProcessSpec, path: str) -> ProcessSpec:
     return replace(router, argv=(*router.argv, "--speed-profile", path))
 
 
-def build_specs(config: LaunchConfig) -> tuple[ProcessSpec, ...]:
-    """Each pair's EAGLE server and baseline server (a simulated pair: one process), then the
-    router (none with --no-router): in start order."""
-    if not config.simulate and not (config.eagle_gpus and config.baseline_gpus):
+def build_specs(config: LaunchConfig, facts: LaunchFacts | None = None) -> tuple[ProcessSpec, ...]:
+    """Each GPU set's EAGLE server and baseline server (simulated on one GPU set: one process),
+    then the router (none with --no-router): in start order. ``facts``: the launch's (None:
+    what the flags alone say, nothing asked of the machine)."""
+    facts = facts or flag_facts(config)
+    sets = facts.gpu_sets
+    if not config.simulate and not all(s.eagle_gpus and s.baseline_gpus for s in sets):
         raise UsageError("no GPUs to split: pass --gpus (e.g. --gpus 0-7)")
-    if config.layout == "paired" and not config.pairs:
+    if facts.layout == "paired" and not sets:
         raise UsageError("no GPUs to pair: pass --gpus (e.g. --gpus 0-7 --layout paired)")
-    pairs = pairs_of(config)
-    check_ports(config, pairs)
     specs: list[ProcessSpec] = []
-    for pair in pairs:
-        if config.simulate and config.layout == "paired":
-            specs.append(build_sim_pair_spec(config, pair))
+    for gpu_set in sets:
+        if config.simulate and facts.layout == "paired":
+            specs.append(build_sim_pair_spec(config, gpu_set))
         else:
-            specs += [build_server_spec(config, pool, pair) for pool in POOLS]
+            specs += [build_server_spec(config, facts, pool, gpu_set) for pool in POOLS]
     if not config.no_router:
-        specs.append(build_router_spec(config))
+        specs.append(build_router_spec(config, facts))
     return tuple(specs)

@@ -21,6 +21,7 @@ import httpx
 
 from dynspec.launcher.calibration import CalibrationPlan, calibrate
 from dynspec.launcher.config import LaunchConfig
+from dynspec.launcher.facts import LaunchFacts, flag_facts
 from dynspec.launcher.loadgen import CalibrationError
 from dynspec.launcher.mps import MpsDaemon, start_daemon, stop_daemon
 from dynspec.launcher.printer import Printer
@@ -67,9 +68,11 @@ class Supervisor:
         drop_env: Collection[str] = (),
         daemons: Sequence[MpsDaemon] = (),
         *,
+        facts: LaunchFacts | None = None,
         calibration: CalibrationPlan | None = None,
     ) -> None:
         self.config = config
+        self.facts = facts or flag_facts(config)
         self.calibration = calibration
         self.printer = printer
         self._started = False  # start-up done: server output is echoed on a terminal too
@@ -148,7 +151,7 @@ class Supervisor:
         except (OSError, RuntimeError) as exc:
             raise LaunchError(str(exc)) from None
         self._daemons_up.append(daemon)
-        self.say(f"MPS control daemon for pair {daemon.pair} started ({daemon.pipe_dir})")
+        self.say(f"MPS control daemon for pair {daemon.gpu_set} started ({daemon.pipe_dir})")
 
     async def _stop_daemons(self) -> None:
         """After every server is gone: quit each MPS daemon started (even on a failure)."""
@@ -159,9 +162,9 @@ class Supervisor:
             except OSError as exc:
                 why = str(exc)
             if why is None:
-                self.say(f"MPS control daemon for pair {daemon.pair} stopped")
+                self.say(f"MPS control daemon for pair {daemon.gpu_set} stopped")
             else:
-                self.say(f"MPS control daemon for pair {daemon.pair} did not quit ({why})")
+                self.say(f"MPS control daemon for pair {daemon.gpu_set} did not quit ({why})")
 
     def _ready_to_start(self, st: ServerState) -> bool:
         """Not started yet, and the server it waits for (same GPUs) is healthy."""
@@ -420,7 +423,8 @@ class Supervisor:
             # The point of the demo: enough requests at once to cross the threshold.
             n = c.threshold + 4
             self.say(f"see the switch: for i in $(seq {n}); do {burst} & done; wait")
-        each = f"in each of {len(c.pairs)} pairs, " if len(c.pairs) > 1 else ""
+        sets = len(self.facts.gpu_sets)
+        each = f"in each of {sets} pairs, " if sets > 1 else ""
         self.say(
             f"policy {c.policy}: {each}EAGLE up to load {c.threshold}, baseline above it "
             f"(back to EAGLE at load <= {c.threshold - c.hysteresis}); Ctrl-C stops everything"

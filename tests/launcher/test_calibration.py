@@ -23,10 +23,10 @@ from dynspec.launcher.calibration import (
     keyed_flags,
     levels_up_to,
     plan_calibration,
-    skip_reason,
     write_profile,
 )
-from dynspec.launcher.config import load_config
+from dynspec.launcher.config import LaunchConfig, load_config
+from dynspec.launcher.facts import LaunchFacts, flag_facts
 from dynspec.launcher.loadgen import Level, gauge
 from dynspec.launcher.sim.profile import load_profile
 from dynspec.launcher.spec import build_specs
@@ -36,9 +36,13 @@ SIM = ["--simulate", "--threshold", "auto"]
 DEMO = str(Path(__file__).parents[2] / "launcher/sim/profiles/demo.json")
 
 
-def plan_for(tmp: Path, *argv: str, sglang: str = "SGLang 0.5.23", gpu: str = "H200") -> object:
+def facts_for(config: LaunchConfig, sglang: str = "v", gpu: str = "gpu") -> LaunchFacts:
+    return dataclasses.replace(flag_facts(config), sglang_version=sglang, gpu_name=gpu)
+
+
+def plan_for(tmp: Path, *argv: str) -> object:
     config = load_config([*argv, "--log-dir", str(tmp / "logs")], {})
-    return plan_calibration(config, build_specs(config), sglang, gpu)
+    return plan_calibration(config, facts_for(config), build_specs(config))
 
 
 @pytest.mark.parametrize(
@@ -64,7 +68,7 @@ def test_levels_go_up_to_the_eagle_servers_running_limit(limit: int, levels: tup
     ],
 )
 def test_when_a_launch_calibrates(argv: list[str], why: str | None) -> None:
-    assert skip_reason(load_config(argv, {})) == why
+    assert load_config(argv, {}).calibration_off() == why
 
 
 def test_always_with_a_given_profile_is_a_usage_error() -> None:
@@ -88,14 +92,15 @@ def test_the_key_leaves_out_where_servers_listen_and_what_they_log() -> None:
 def test_the_key_follows_the_servers_flags_not_their_ports(tmp_path: Path) -> None:
     def key(*argv: str) -> dict[str, object]:
         config = load_config([*SIM, *argv], {})
-        return calibration_key(config, build_specs(config), "v", "gpu")
+        return calibration_key(config, facts_for(config), build_specs(config))
 
     assert key("--eagle-port", "31001", "--baseline-port", "31002") == key()
     assert key("--sim-speed", "4") != key()  # the servers run 4x faster: other figures
     assert key("--sim-profile", "eagle3-h100") != key()
     real = ["--gpus", "0-1", "--model-path", "M", "--draft-model-path", "D", "--threshold", "auto"]
     config = load_config(real, {})
-    fields = calibration_key(config, build_specs(config), "SGLang 0.5.23", "NVIDIA H200")
+    facts = facts_for(config, "SGLang 0.5.23", "NVIDIA H200")
+    fields = calibration_key(config, facts, build_specs(config))
     assert (fields["model_path"], fields["draft_model_path"]) == ("M", "D")
     assert fields["sglang"] == "SGLang 0.5.23" and fields["gpu"] == "NVIDIA H200"
     assert fields["sharing"] == "none"

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from dynspec.common.cli import UsageError
-from dynspec.launcher.cli import check_pair_fits, dry_run_notes
-from dynspec.launcher.config import load_config
-from dynspec.launcher.layout import pairs_of
+from dynspec.launcher.cli import dry_run_notes
+from dynspec.launcher.config import LaunchConfig, load_config
+from dynspec.launcher.facts import LaunchFacts, discover, flag_facts
+from dynspec.launcher.preflight import check_pair_fits
 from dynspec.launcher.sharing import GIB, pair_shortfall_gib, weights_on_disk
 from dynspec.launcher.spec import build_specs
 
@@ -76,7 +77,7 @@ def test_one_gpu_is_a_one_pair_paired_layout() -> None:
         ["--gpus", "0", "--layout", "split"],
     ):
         config = load_config([*argv, *MODEL], {})
-        assert config.layout == "paired" and config.pairs == ((0,),)
+        assert config.layout == "paired" and config.paired_gpus == ((0,),)
         eagle, baseline, router = build_specs(config)
         assert eagle.prefix == "[eagle gpu0]" and baseline.after == "eagle"
         assert pair_args(router.argv) == ["http://127.0.0.1:30001,http://127.0.0.1:30002"]
@@ -84,7 +85,7 @@ def test_one_gpu_is_a_one_pair_paired_layout() -> None:
 
 def test_split_stays_the_default_for_several_gpus() -> None:
     config = load_config(["--gpus", "0-7", *MODEL], {})
-    assert config.layout == "split" and len(pairs_of(config)) == 1
+    assert config.layout == "split" and len(flag_facts(config).gpu_sets) == 1
     _, baseline, router = build_specs(config)
     assert "--eagle-url" in router.argv and "--pair" not in router.argv
     assert baseline.after is None
@@ -123,11 +124,11 @@ def test_layout_flags_from_toml_and_environment(tmp_path: Path) -> None:
     path = tmp_path / "launch.toml"
     path.write_text('simulate = true\nlayout = "paired"\ngpus = "0-3"\ntp = 2\nmps = true\n')
     config = load_config(["--config", str(path)], {"DYNSPEC_NO_ROUTER": "true"})
-    assert (config.layout, config.pairs, config.mps, config.no_router) == (
+    assert (config.layout, config.paired_gpus, config.mps, config.no_router) == (
         "paired", ((0, 1), (2, 3)), True, True,
     )  # fmt: skip
     env = {"DYNSPEC_LAYOUT": "paired", "DYNSPEC_TP": "4", "DYNSPEC_GPUS": "0-7"}
-    assert len(load_config(MODEL, env).pairs) == 2
+    assert len(load_config(MODEL, env).paired_gpus) == 2
 
 
 def test_simulated_pair_is_one_simulator_process_with_both_ports() -> None:
@@ -163,8 +164,8 @@ def test_mps_servers_are_clients_of_their_pairs_daemon(tmp_path: Path) -> None:
         ],
         {},
     )
-    config = dataclasses.replace(config, mps_control="/bin/mpsctl")
-    specs = build_specs(config)
+    facts = dataclasses.replace(flag_facts(config), mps_control="/bin/mpsctl")
+    specs = build_specs(config, facts)
     for i, pair in enumerate((specs[0:2], specs[2:4])):
         for spec in pair:
             env = dict(spec.env)
@@ -172,7 +173,7 @@ def test_mps_servers_are_clients_of_their_pairs_daemon(tmp_path: Path) -> None:
             assert env["CUDA_MPS_LOG_DIRECTORY"] == str(tmp_path.resolve() / f"mps{i}" / "log")
             # Clients see the daemon's GPUs renumbered from 0.
             assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
-    notes = dry_run_notes(config)
+    notes = dry_run_notes(config, facts)
     assert any("CUDA_VISIBLE_DEVICES=4,5" in n and n.endswith("/bin/mpsctl -d") for n in notes)
     assert any(n.startswith("# MPS pair 1, after its servers: echo quit | ") for n in notes)
 
@@ -219,26 +220,26 @@ def test_pair_shortfall_arithmetic() -> None:
     assert pair_shortfall_gib(141.0, 4, 131 * GIB, 2 * GIB)[0] < 0
 
 
-def _sized(tmp_path: Path, cfg: dict[str, int], *argv: str) -> object:
+def _sized(tmp_path: Path, cfg: dict[str, int], *argv: str) -> tuple[LaunchConfig, LaunchFacts]:
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text(json.dumps(cfg))
     config = load_config([*argv, "--model-path", str(model), "--draft-model-path", "org/d"], {})
     from dynspec.launcher.sharing import read_model_shape
 
-    return dataclasses.replace(
-        config, gpu_memory_gib=141.0, target_shape=read_model_shape(str(model))
+    return config, dataclasses.replace(
+        flag_facts(config), gpu_memory_gib=141.0, target_shape=read_model_shape(str(model))
     )
 
 
 def test_too_large_for_a_pair_names_the_shortfall_and_suggests_split(tmp_path: Path) -> None:
     config = _sized(tmp_path, LLAMA_70B, "--gpus", "0-7", "--layout", "paired", "--tp", "1")
     with pytest.raises(UsageError) as info:
-        check_pair_fits(config)  # type: ignore[arg-type]
+        check_pair_fits(*config)
     text = str(info.value)
     assert "GiB short" in text and "--layout split" in text and "\n" not in text
     fits = _sized(tmp_path, LLAMA_70B, "--gpus", "0-7", "--layout", "paired", "--tp", "4")
-    assert check_pair_fits(fits) is None  # type: ignore[arg-type]
+    assert check_pair_fits(*fits) is None
 
 
 def test_weight_check_is_skipped_with_a_note_for_a_hub_model() -> None:
@@ -258,11 +259,11 @@ def test_a_deep_log_dir_moves_the_mps_directories_to_a_short_path(tmp_path: Path
 
 
 def test_detected_gpus_are_paired_by_tp(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dynspec.launcher import cli
+    from dynspec.launcher import facts
 
-    monkeypatch.setattr(cli, "list_gpus", lambda: tuple(range(8)))
-    config = cli.with_detected_gpus(load_config(["--layout", "paired", "--tp", "4", *MODEL], {}))
-    assert config.pairs == ((0, 1, 2, 3), (4, 5, 6, 7))
-    monkeypatch.setattr(cli, "list_gpus", lambda: (0,))
-    one = cli.with_detected_gpus(load_config(MODEL, {}))
-    assert (one.layout, one.pairs) == ("paired", ((0,),))
+    monkeypatch.setattr(facts, "list_gpus", lambda: tuple(range(8)))
+    found = discover(load_config(["--layout", "paired", "--tp", "4", *MODEL], {}))
+    assert [s.eagle_gpus for s in found.gpu_sets] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    monkeypatch.setattr(facts, "list_gpus", lambda: (0,))
+    one = discover(load_config(MODEL, {}))
+    assert (one.layout, [s.eagle_gpus for s in one.gpu_sets]) == ("paired", [(0,)])

@@ -18,12 +18,10 @@ from dynspec.launcher.preflight import (
     check_gpus,
     check_model_path,
     check_port_free,
-    list_gpus,
     model_heads,
     run_preflight,
-    sglang_requirement,
-    sglang_version,
 )
+from dynspec.launcher.probe import list_gpus, sglang_requirement, sglang_version
 
 
 def test_pin_is_read_from_the_requirements_file() -> None:

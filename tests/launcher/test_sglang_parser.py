@@ -20,7 +20,7 @@ import pytest
 from launch_cases import CASES
 
 from dynspec.launcher.config import load_config
-from dynspec.launcher.preflight import sglang_version
+from dynspec.launcher.probe import sglang_version
 from dynspec.launcher.spec import SGLANG_MODULE, build_specs
 
 ROOT = Path(__file__).resolve().parents[2]

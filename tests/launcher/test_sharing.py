@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from dynspec.launcher.config import load_config
+from dynspec.launcher.facts import flag_facts
 from dynspec.launcher.sharing import (
     GIB,
     ModelShape,
@@ -124,14 +126,12 @@ def test_one_gpu_sizes_the_kv_cache_from_a_local_model(tmp_path: Path) -> None:
         ["--gpus", "0", "--model-path", str(tmp_path / "m"), "--draft-model-path", "org/d"],
         environ={},
     )
-    sized = config.__class__(
-        **{
-            **config.__dict__,
-            "gpu_memory_gib": 140.0,
-            "target_shape": read_model_shape(str(tmp_path / "m")),
-        }
+    sized = dataclasses.replace(
+        flag_facts(config),
+        gpu_memory_gib=140.0,
+        target_shape=read_model_shape(str(tmp_path / "m")),
     )
-    eagle, baseline, _ = build_specs(sized)
+    eagle, baseline, _ = build_specs(config, sized)
     tokens = flags(eagle.argv)["--max-total-tokens"]
     assert tokens == flags(baseline.argv)["--max-total-tokens"]
     assert int(tokens) > 100_000
@@ -167,7 +167,7 @@ def test_the_same_single_gpu_may_be_named_for_both_servers_but_no_other_overlap(
 
 
 def test_gpu_memory_is_found_by_index_or_uuid_and_none_otherwise() -> None:
-    from dynspec.launcher.preflight import gpu_memory_gib
+    from dynspec.launcher.probe import gpu_memory_gib
 
     def smi(argv: object) -> str:
         return "0, GPU-aaaa, 143771\n1, GPU-bbbb, 81559\n"

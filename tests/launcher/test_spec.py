@@ -10,8 +10,8 @@ import pytest
 from launch_cases import CASES, DEMO_PROFILE, Case
 
 from dynspec.common.cli import UsageError
-from dynspec.launcher.cli import with_detected_gpus
 from dynspec.launcher.config import build_parser, load_config
+from dynspec.launcher.facts import discover
 from dynspec.launcher.sim.profile import load_profile
 from dynspec.launcher.spec import (
     ProcessSpec,
@@ -278,7 +278,7 @@ def test_help_says_gpus_index_the_visible_set() -> None:
 
 def test_no_gpus_given_uses_every_visible_gpu() -> None:
     config = load_config(GPU_ARGS, environ={"CUDA_VISIBLE_DEVICES": "3,1"})
-    eagle, baseline, _ = build_specs(with_detected_gpus(config))
+    eagle, baseline, _ = build_specs(config, discover(config))
     assert (eagle.env, baseline.env) == (
         (("CUDA_VISIBLE_DEVICES", "3"),),
         (("CUDA_VISIBLE_DEVICES", "1"),),
