@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from dynspec.bench import ways
 from dynspec.bench.cli_common import (
     add_load_flags,
+    add_sharing_flag,
     add_simulate_flags,
     out_path,
     rerender,
@@ -61,12 +62,7 @@ def add_arguments(p: FlagParser) -> None:
         default=list(ways.EIGHT_WAYS),
         help="--eight-gpus: which ways to run, comma-separated",
     )
-    p.add_argument(
-        "--sharing",
-        choices=ways.SHARING,
-        default="timeslice",
-        help="--eight-gpus: how the two servers of a pair share its GPUs (dynspec-sim --sharing)",
-    )
+    add_sharing_flag(p, "--eight-gpus: ")
     p.add_argument(
         "--adaptive-profile",
         default=None,

@@ -269,7 +269,3 @@ def summary(records: Sequence[Record]) -> str:
     for pair in pairs_run(records) or [PAIRS[0]]:
         out += [step_table(compare(model, "cycle", pair)).rstrip("\n"), verdict(model, pair)[1]]
     return "\n".join(out) + "\n"
-
-
-def is_ramp(records: Sequence[Record]) -> bool:
-    return any(r.get("experiment") == "ramp" for r in records)
