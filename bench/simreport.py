@@ -75,8 +75,8 @@ def schedule_table(records: Sequence[Record], profile: Profile) -> str:
     pairs (model-time records) against the profile's prediction."""
     lines = [
         "| target | C | per server | TPOT p50 ms | profile TPOT ms | measured / profile"
-        " | tok/s | profile tok/s | measured / profile |",
-        "|" + " --- |" * 9,
+        " | tok/s | profile tok/s | measured / profile | achieved C |",
+        "|" + " --- |" * 10,
     ]
     for r in records:
         t, c = str(r["target"]), int(r["max_concurrency"])
@@ -94,7 +94,8 @@ def schedule_table(records: Sequence[Record], profile: Profile) -> str:
         got = float(r["output_throughput"])
         lines.append(
             f"| {t} | {c} | {per} | {r['median_tpot_ms']:.2f} | {want:.2f}"
-            f" | {r['median_tpot_ms'] / want:.3f} | {got:.1f} | {tput:.1f} | {got / tput:.3f} |"
+            f" | {r['median_tpot_ms'] / want:.3f} | {got:.1f} | {tput:.1f} | {got / tput:.3f}"
+            f" | {cell(r.get('concurrency'))} |"
         )
     return "\n".join(lines) + "\n"
 
