@@ -1,5 +1,5 @@
 """``dynspec-bench``: concurrency sweeps, threshold suggestion, profile export, the simulated
-experiments, the router's overhead and the real-GPU runs.
+experiments and the real-GPU runs.
 
 This module only dispatches. Each command lives in a module that exports ``DESCRIPTION``,
 ``add_arguments(parser)`` and ``run(args) -> int``; here it gets a ``FlagParser`` (so its flags
@@ -53,9 +53,6 @@ COMMANDS = {
         "simulated: 1 and 3 router replicas, own counts vs the servers' shared load signal",
         "cli_replicas",
         True,
-    ),
-    "overhead": Command(
-        "router hot-path cost: direct vs dynspec-router vs SGLang's router", "overhead", True
     ),
     "gpu": Command(
         "real SGLang on one GPU: bundle, test models, launcher + router checks + sweeps",

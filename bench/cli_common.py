@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from dynspec.bench.ways import SHARING
 from dynspec.common.cli import (
     FlagParser,
     UsageError,
@@ -117,6 +118,15 @@ def add_ramp_flags(
         type=positive_float,
         default=step_seconds,
         help="wall-clock seconds per concurrency step",
+    )
+
+
+def add_sharing_flag(p: FlagParser | argparse.ArgumentParser, where: str) -> None:
+    p.add_argument(
+        "--sharing",
+        choices=SHARING,
+        default="timeslice",
+        help=f"{where}how the two servers of a shared GPU share it (dynspec-sim --sharing)",
     )
 
 

@@ -1,6 +1,6 @@
 """``dynspec-bench envelope``: simulated servers + routers. Plain: one EAGLE and one baseline
-server and one router (bench/envelope.py); ``--eight-gpus`` (old spelling ``--four-way``): the
-same eight GPUs used seven ways (bench/fourway.py, bench/fourway_report.py)."""
+server and one router (bench/envelope.py); ``--eight-gpus``: the same eight GPUs used seven ways
+(bench/envelope8.py, bench/envelope8_report.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from dynspec.bench import ways
 from dynspec.bench.cli_common import (
     add_load_flags,
+    add_sharing_flag,
     add_simulate_flags,
     out_path,
     rerender,
@@ -44,13 +45,11 @@ def add_arguments(p: FlagParser) -> None:
     p.set_defaults(requests_per_c=2)
     p.add_argument(
         "--eight-gpus",
-        "--four-way",
-        dest="eight_gpus",
         action="store_true",
         help="eight GPUs, each simulated server four of them, used these ways: "
         "split-threshold (one EAGLE + one baseline server, the suggested threshold), "
         "split-balance (the same two, --policy balance --speed-profile PROFILE), "
-        "paired-threshold (two shared-GPU pairs, dynspec-sim --pair, router --pair ... with "
+        "paired-threshold (two shared GPUs, dynspec-sim --pair, router --pair ... with "
         "the suggested threshold), paired-auto (the same, --threshold auto, no profile), "
         "2x-eagle, 2x-baseline and 2x-adaptive (one pool of two servers, least in flight; "
         "2x-adaptive where the profile has an adaptive counterpart); reports paired-auto "
@@ -61,20 +60,15 @@ def add_arguments(p: FlagParser) -> None:
         "--ways",
         type=ways.parse_ways,
         default=list(ways.EIGHT_WAYS),
-        help="--eight-gpus: which ways to run, comma-separated (routed-threshold and "
-        "routed-balance: the old names of split-threshold and split-balance)",
+        help="--eight-gpus: which ways to run, comma-separated",
     )
-    p.add_argument(
-        "--sharing",
-        choices=ways.SHARING,
-        default="timeslice",
-        help="--eight-gpus: how the two servers of a pair share its GPUs (dynspec-sim --sharing)",
-    )
+    add_sharing_flag(p, "--eight-gpus: ")
     p.add_argument(
         "--adaptive-profile",
         default=None,
         help="--eight-gpus: the profile whose eagle mode 2x-adaptive runs (default: the "
-        "shipped X-adaptive for a profile X-acceptN; none: 2x-adaptive is left out)",
+        "shipped X-adaptive for a profile X-acceptN, where it was measured at X's draft "
+        "acceptance; where none was, 2x-adaptive is left out and the report says why)",
     )
     p.add_argument(
         "--append",
@@ -91,9 +85,9 @@ def add_arguments(p: FlagParser) -> None:
 
 
 def _report_of(records: Sequence[Record]) -> Any:
-    from dynspec.bench import envelope, fourway_report
+    from dynspec.bench import envelope, envelope8_report
 
-    return fourway_report if fourway_report.is_four_way(records) else envelope
+    return envelope8_report if envelope8_report.is_eight_gpus(records) else envelope
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,44 +103,32 @@ def run(args: argparse.Namespace) -> int:
 
     out = out_path(args, f"envelope-{prof.name}")
     cfg = envelope.EnvelopeConfig(
-        profile=args.profile,
-        speed=args.speed,
-        sweep=sweep_config(args),
-        out=out,
-        threshold=args.threshold,
-        hysteresis=args.hysteresis,
-        seed=args.seed,
-        startup_timeout=args.startup_timeout,
-        command=args.command_line,
+        **_same(args), sweep=sweep_config(args), out=out, command=args.command_line
     )
-    return run_then_report(lambda: envelope.run(cfg, progress).records, out, "levels", envelope)
+    return run_then_report(lambda: envelope.run(cfg, progress), out, "levels", envelope)
+
+
+def _same(args: argparse.Namespace, more: str = "") -> dict[str, Any]:
+    """The settings both configs take from the flags of the same name."""
+    names = f"profile speed threshold hysteresis seed startup_timeout {more}".split()
+    return {k: getattr(args, k) for k in names}
 
 
 def _eight_gpus(args: argparse.Namespace, name: str, progress: Any) -> int:
-    from dynspec.bench import fourway, fourway_report
+    from dynspec.bench import envelope8, envelope8_report
 
     suffix = "-mps" if args.sharing == "mps" else ""
     out = out_path(args, f"envelope8-{name}{suffix}")
     if args.append and not (out.exists() and out.stat().st_size > 0):
         raise UsageError(f"--append: {out} does not exist or is empty")
-    cfg = fourway.FourWayConfig(
-        profile=args.profile,
-        speed=args.speed,
+    cfg = envelope8.EightGpusConfig(
+        **_same(args, "ways metrics_interval sharing adaptive_profile append"),
         sweep=sweep_config(args),
         out=out,
-        ways=args.ways,
-        threshold=args.threshold,
-        hysteresis=args.hysteresis,
-        metrics_interval=args.metrics_interval,
-        sharing=args.sharing,
-        adaptive_profile=args.adaptive_profile,
-        seed=args.seed,
-        startup_timeout=args.startup_timeout,
-        append=args.append,
         command=args.command_line,
     )
 
-    def go() -> None:
-        fourway.run(cfg, progress)
+    def go() -> None:  # the report reads OUT.jsonl back: with --append it holds earlier runs too
+        envelope8.run(cfg, progress)
 
-    return run_then_report(go, out, "levels", fourway_report)
+    return run_then_report(go, out, "levels", envelope8_report)

@@ -8,6 +8,7 @@ from dynspec.bench import ways
 from dynspec.bench.cli_common import (
     add_length_flags,
     add_ramp_flags,
+    add_sharing_flag,
     add_simulate_flags,
     out_path,
     rerender,
@@ -38,12 +39,7 @@ def add_arguments(p: FlagParser) -> None:
         default=list(ways.RAMP_VARIANTS),
         help="which routers to run, comma-separated, in this order",
     )
-    p.add_argument(
-        "--sharing",
-        choices=ways.SHARING,
-        default="timeslice",
-        help="how the pair's two servers share its GPUs (paired-auto variants)",
-    )
+    add_sharing_flag(p, "paired-auto variants: ")
     add_length_flags(p)
     p.add_argument("--seed", type=int, default=0, help="seed for prompts and simulators")
     p.add_argument(

@@ -10,6 +10,7 @@ from dynspec.bench import ways
 from dynspec.bench.cli_common import (
     add_load_flags,
     add_ramp_flags,
+    add_sharing_flag,
     add_simulate_flags,
     levels,
     out_path,
@@ -72,12 +73,7 @@ def add_arguments(p: FlagParser) -> None:
         "--speed, the router's default in model time)",
     )
     add_ramp_flags(p, peak=128, cycles=1, step_seconds=5.0)
-    p.add_argument(
-        "--sharing",
-        choices=ways.SHARING,
-        default="timeslice",
-        help="paired: how each pair's two servers share its GPUs (dynspec-sim --sharing)",
-    )
+    add_sharing_flag(p, "paired: ")
 
 
 def run(args: argparse.Namespace) -> int:

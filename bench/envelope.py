@@ -17,20 +17,18 @@ single server; near 1.00 means the simulator kept to its schedule and the client
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dynspec.bench import harness, report, threshold
+from dynspec.bench import harness, report, simreport, threshold, ways
 from dynspec.bench.load import Target
-from dynspec.bench.report import Record, model_time
+from dynspec.bench.report import Record
 from dynspec.bench.sweep import ProgressLine, SweepConfig, sweep
-from dynspec.launcher.sim.profile import Profile, load_profile
+from dynspec.launcher.sim.profile import load_profile
 
 logger = logging.getLogger(__name__)
 
@@ -48,27 +46,8 @@ class EnvelopeConfig:
     hysteresis: int | None = None
     seed: int = 0
     startup_timeout: float = 60.0
-    extra_sim_args: Sequence[str] = ()
-    extra_router_args: Sequence[str] = ()
     command: str = ""
-
-
-@dataclass
-class EnvelopeResult:
-    records: list[Record]
-    suggestion: threshold.Suggestion
-    threshold: int
-    hysteresis: int
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    wall_seconds: float = 0.0
-
-
-def expected_tpot_ms(profile: Profile, mode: str, c: int) -> float:
-    """The p50 TPOT the profile predicts for one server at closed-loop concurrency ``c``."""
-    m = profile.mode(mode)
-    limit = m.max_running_requests or (48 if mode == "eagle" else 1024)
-    b = min(c, limit)
-    return 1000.0 * b / m.throughput_at(b)
+    sharing: str = "timeslice"  # no shared GPU here; harness.SimSettings asks for it
 
 
 def compare(records: Sequence[Record]) -> list[dict[str, Any]]:
@@ -148,27 +127,10 @@ def misses(rows: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
-def schedule_table(records: Sequence[Record], profile: Profile) -> str:
-    lines = [
-        "| target | C | measured TPOT p50 ms | profile TPOT ms | measured / profile | achieved C |",
-        "|" + " --- |" * 6,
-    ]
-    for r in records:
-        if r["target"] not in ("eagle", "baseline"):
-            continue
-        want = expected_tpot_ms(profile, str(r["target"]), int(r["max_concurrency"]))
-        lines.append(
-            f"| {r['target']} | {r['max_concurrency']} | {r['median_tpot_ms']:.2f} | {want:.2f}"
-            f" | {r['median_tpot_ms'] / want:.3f} | {r['concurrency']:.1f} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def run(cfg: EnvelopeConfig, progress: ProgressLine | None = None) -> EnvelopeResult:
+def run(cfg: EnvelopeConfig, progress: ProgressLine | None = None) -> list[Record]:
     """Run the experiment; level records are appended to ``cfg.out`` as they finish."""
     import asyncio
 
-    started = time.monotonic()
     extra = {
         **harness.run_metadata(None, cfg.profile, cfg.speed, cfg.command),
         "requests_per_c": cfg.sweep.requests_per_c,
@@ -177,20 +139,8 @@ def run(cfg: EnvelopeConfig, progress: ProgressLine | None = None) -> EnvelopeRe
     scfg = dataclasses.replace(cfg.sweep, extra={**cfg.sweep.extra, **extra})
     cfg.out.write_text("", encoding="utf-8")
     with harness.processes() as procs:
-        eagle, baseline = (
-            harness.start_sim(
-                procs,
-                profile=cfg.profile,
-                speed=cfg.speed,
-                mode=mode,
-                name=f"sim-{mode}",
-                seed=cfg.seed,
-                timeout=cfg.startup_timeout,
-                extra=cfg.extra_sim_args,
-            )
-            for mode in ("eagle", "baseline")
-        )
-        singles = [Target("eagle", eagle), Target("baseline", baseline)]
+        servers = harness.start_servers(procs, {"eagle": 1, "baseline": 1}, cfg)
+        singles = [Target("eagle", servers.eagle[0]), Target("baseline", servers.baseline[0])]
         records = asyncio.run(sweep(singles, scfg, cfg.out, progress))
         suggestion = threshold.suggest(
             [r for r in records if r["target"] == "eagle"],
@@ -198,15 +148,11 @@ def run(cfg: EnvelopeConfig, progress: ProgressLine | None = None) -> EnvelopeRe
         )
         thr = suggestion.threshold if cfg.threshold is None else cfg.threshold
         hyst = suggestion.hysteresis if cfg.hysteresis is None else cfg.hysteresis
-        flags = [*harness.threshold_flags([eagle], [baseline], thr, hyst), *cfg.extra_router_args]
-        router, _ = harness.start_router(
-            procs, "router", flags, cfg.startup_timeout, 2 if thr > 0 else 1
-        )
+        router = ways.way_router("split-threshold", servers, threshold=thr, hysteresis=hyst)
+        url, _ = harness.start_router(procs, "router", router, cfg.startup_timeout)
         rcfg = dataclasses.replace(scfg, extra={**scfg.extra, "threshold": thr, "hysteresis": hyst})
-        records += asyncio.run(sweep([Target("routed", router)], rcfg, cfg.out, progress))
-    result = EnvelopeResult(records, suggestion, thr, hyst, compare(records))
-    result.wall_seconds = time.monotonic() - started
-    return result
+        records += asyncio.run(sweep([Target("routed", url)], rcfg, cfg.out, progress))
+    return records
 
 
 def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
@@ -216,57 +162,21 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
     meta = records[0]
     speed = float(meta.get("speed", 1.0))
     profile = load_profile(str(meta.get("profile", "demo")))
-    model = [model_time(r, speed) for r in records]
+    model = simreport.in_model_time(records)
     rows = compare(model)
     routed = [r for r in records if r.get("target") == "routed"]
-    eagle = [r for r in model if r.get("target") == "eagle"]
-    baseline = [r for r in model if r.get("target") == "baseline"]
     md, png = out.with_suffix(".md"), out.with_suffix(".png")
     title = f"SIMULATED envelope, profile {profile.name}"
     report.plot(model, png, f"{title} (dynspec-sim, model time, speed {speed:g})")
-    if meta.get("dataset_name") == "sharegpt":
-        lengths = "ShareGPT prompts"
-    else:
-        lengths = (
-            f"random prompts, {meta.get('random_input_len')} input / "
-            f"{meta.get('random_output_len')} output tokens"
-        )
-        ratio = meta.get("random_range_ratio")
-        if ratio is not None and float(ratio) < 1.0:
-            lengths += f" (each uniform from {float(ratio):g}x that, --range-ratio {ratio})"
-        else:
-            lengths += " (fixed)"
     levels = sorted({int(r["max_concurrency"]) for r in records})
-    suggestion = threshold.suggest(eagle, baseline) if eagle and baseline else None
-    if routed:
-        thr, hyst = routed[0].get("threshold"), routed[0].get("hysteresis")
-        picked = (
-            " (picked by `suggest-threshold` from the two single-server sweeps)."
-            if suggestion is not None
-            and (thr, hyst) == (suggestion.threshold, suggestion.hysteresis)
-            else " (set by hand)."
-        )
-        router_line = f"- Router: `--threshold {thr} --hysteresis {hyst}`{picked}"
-        if thr == 0:
-            found = (
-                "no difference between the two servers"
-                if suggestion is not None and suggestion.verdict == "tie"
-                else "that EAGLE never wins"
-            )
-            router_line = (
-                f"- Router: baseline pool only (no `--eagle-url`): `suggest-threshold` found "
-                f"{found}, and the threshold policy cannot send every request to the "
-                "baseline (`--threshold` >= 1)."
-            )
-    else:
-        router_line = "- Router: not reached (the run stopped before the routed sweep)."
+    suggestion = simreport.suggestion(model)
     run_time = report.run_time_line(records)
     miss = misses(rows)
     text = [
         f"# {title}",
         "",
         "SIMULATED: two `dynspec-sim` servers (no GPU, no model) and a `dynspec-router`, profile "
-        f"`{profile.name}`{' (ILLUSTRATIVE, not measured)' if profile.illustrative else ''}.",
+        f"{simreport.profile_text(profile)}.",
         "",
         f"Profile source: {profile.source}",
         "",
@@ -274,11 +184,11 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
         "",
         f"- Simulated time ran {speed:g}x wall-clock (`--speed {speed:g}`); every figure below is "
         "in model time (wall-clock durations x speed, rates / speed).",
-        f"- Closed-loop clients, {lengths}; per level {meta.get('requests_per_c', '?')} x C "
-        f"measured requests (at least {meta.get('min_requests', '?')}) after C warm-up requests; "
-        f"throughputs over the steady window (see `dynspec.bench.load.run_level`); levels "
-        f"{','.join(map(str, levels))}.",
-        router_line,
+        f"- Closed-loop clients, {simreport.prompts_text(meta)}; per level "
+        f"{meta.get('requests_per_c', '?')} x C measured requests (at least "
+        f"{meta.get('min_requests', '?')}) after C warm-up requests; throughputs over the steady "
+        f"window (see `dynspec.bench.load.run_level`); levels {','.join(map(str, levels))}.",
+        _router_line(routed, suggestion),
         *([run_time] if run_time else []),
         "",
         f"## SIMULATED: routed vs the better single server (goal: tok/s >= {THROUGHPUT_GOAL}x, "
@@ -290,38 +200,47 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
         "Outside the envelope: " + ("none." if rows and not miss else ""),
         *[f"- {m}" for m in miss],
         "",
-    ]
-    if suggestion is not None:
-        text += [
-            "## SIMULATED: threshold suggestion from the single-server sweeps",
-            "",
-            threshold.render(suggestion),
-            "",
-        ]
-    text += [
+        *simreport.suggestion_section(suggestion),
         "## SIMULATED: did the simulators keep their schedule?",
         "",
-        "Measured p50 TPOT of each server alone against the profile's decode-only prediction "
-        "(batch = min(C, running-request limit), TPOT = batch / throughput(batch)); prefill "
-        "steps that pause decoding make the measured value somewhat higher.",
+        simreport.SCHEDULE_TEXT,
         "",
-        schedule_table(model, profile),
+        simreport.schedule_table(model, profile),
         report.markdown_table(model, "SIMULATED: all levels (model time)"),
     ]
     md.write_text("\n".join(text), encoding="utf-8")
     return md, png
 
 
+def _router_line(routed: Sequence[Record], suggestion: threshold.Suggestion | None) -> str:
+    if not routed:
+        return "- Router: not reached (the run stopped before the routed sweep)."
+    thr, hyst = routed[0].get("threshold"), routed[0].get("hysteresis")
+    if thr == 0:
+        found = (
+            "no difference between the two servers"
+            if suggestion is not None and suggestion.verdict == "tie"
+            else "that EAGLE never wins"
+        )
+        return (
+            f"- Router: baseline pool only (no `--eagle-url`): `suggest-threshold` found "
+            f"{found}, and the threshold policy cannot send every request to the "
+            "baseline (`--threshold` >= 1)."
+        )
+    picked = suggestion is not None and (thr, hyst) == (suggestion.threshold, suggestion.hysteresis)
+    how = (
+        "picked by `suggest-threshold` from the two single-server sweeps"
+        if picked
+        else "set by hand"
+    )
+    return f"- Router: `--threshold {thr} --hysteresis {hyst}` ({how})."
+
+
 def summary(records: Sequence[Record]) -> str:
     """The envelope table in model time, and the levels outside it."""
-    speed = float(records[0].get("speed", 1.0)) if records else 1.0
-    rows = compare([model_time(r, speed) for r in records])
+    rows = compare(simreport.in_model_time(records))
     lines = [envelope_table(rows)]
     miss = misses(rows)
     lines.append("All levels inside the envelope." if not miss else "Outside the envelope:")
     lines += [f"  {m}" for m in miss]
     return "\n".join(lines) + "\n"
-
-
-def dumps_rows(rows: Sequence[dict[str, Any]]) -> str:
-    return "".join(json.dumps(r) + "\n" for r in rows)

@@ -1,10 +1,8 @@
 """The one home of what every simulated experiment (envelope, eight GPUs, ramp, replicas) does
-around its load: start ``dynspec-sim`` servers (alone, as a shared-GPU pair, or the set a way
-needs) and ``dynspec-router``s on free loopback ports, wait until they are healthy, stop their
-process groups, write the router's ``--speed-profile`` at the simulators' wall-clock speed, plan
-the router flags of every way (the eight-GPU ways, the ramp's variants, the router replicas, and
-the threshold-0 rule, once), and the run metadata (machine, code commit, command) every record
-carries.
+around its load: start ``dynspec-sim`` servers (on GPUs of their own or two on a shared GPU) and
+the ``dynspec-router``s that ``ways.py`` plans, on free loopback ports, wait until they are
+healthy, stop their process groups, write the router's ``--speed-profile`` at the simulators'
+wall-clock speed, and the run metadata (machine, code commit, command) every record carries.
 
 The low-level child handling (process groups, readiness polling) is ``bench/procs.py``, which the
 tests use too.
@@ -23,39 +21,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 
-from dynspec.bench.procs import Children, free_port, stop_group
-from dynspec.bench.ways import EIGHT_WAYS, HOMOGENEOUS, OLD_NAMES, PAIRED
+from dynspec.bench.procs import Children, free_port
+from dynspec.bench.ways import Router, Servers
+from dynspec.launcher import config as launch_config
+from dynspec.launcher import spec as launch_spec
 from dynspec.launcher.sim.profile import Profile
-
-__all__ = [
-    "Children",
-    "Servers",
-    "SimSettings",
-    "code_commit",
-    "free_port",
-    "load_average",
-    "machine",
-    "processes",
-    "replica_flags",
-    "router_profile",
-    "run_metadata",
-    "start_pair_sim",
-    "start_router",
-    "start_servers",
-    "start_sim",
-    "stop_group",
-    "threshold_flags",
-    "variant_flags",
-    "wait_idle",
-    "wall_clock_profile",
-    "way_flags",
-]
 
 
 @contextlib.contextmanager
@@ -76,20 +51,21 @@ def processes() -> Iterator[Children]:
 def machine() -> dict[str, Any]:
     """What the figures were measured on (the simulators, client and routers share it)."""
     cpu = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
     return {
         "cpus": os.cpu_count(),
         "cpu": cpu or platform.processor(),
         "platform": platform.platform(),
         "python": platform.python_version(),
     }
+
+
+def _git(folder: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10, check=True
+    )
+    return done.stdout.strip()
 
 
 def code_commit() -> str:
@@ -101,33 +77,14 @@ def code_commit() -> str:
         return "unknown"
     folder = Path(spec.origin).resolve().parent
     try:
-        head = subprocess.run(
-            ["git", "-C", str(folder), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
+        head = _git(folder, "rev-parse", "--short", "HEAD")
         # Results written by earlier runs of the same session are data, not code: they do not
         # make the code dirty (a series of runs on one commit would otherwise read "+dirty"
         # from its second run on).
-        dirty = subprocess.run(
-            [
-                "git",
-                "-C",
-                str(folder),
-                "status",
-                "--porcelain",
-                "--untracked-files=no",
-                "--",
-                ":/",
-                ":(exclude,top)bench/results",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
+        dirty = _git(
+            folder, "status", "--porcelain", "--untracked-files=no", "--", ":/",
+            ":(exclude,top)bench/results",
+        )  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")
@@ -158,69 +115,7 @@ def run_metadata(
     return meta
 
 
-# ---- simulators and routers --------------------------------------------------------------------
-
-
-def _sim_argv(profile: str, speed: float, seed: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "dynspec.launcher.sim",
-        "--host",
-        "127.0.0.1",
-        "--profile",
-        profile,
-        "--speed",
-        repr(speed),
-        "--seed",
-        str(seed),
-        "--log-level",
-        "warning",
-    ]
-
-
-def start_sim(
-    procs: Children,
-    *,
-    profile: str,
-    speed: float,
-    mode: str,
-    name: str,
-    seed: int,
-    timeout: float,
-    extra: Sequence[str] = (),
-) -> str:
-    """One ``dynspec-sim --mode MODE`` (a server on GPUs of its own); its URL once healthy."""
-    port = free_port()
-    argv = [*_sim_argv(profile, speed, seed), "--port", str(port), "--mode", mode, *extra]
-    url = f"http://127.0.0.1:{port}"
-    proc = procs.start(name, argv)
-    procs.wait_ready(proc, url + "/health_generate", timeout, name=f"dynspec-sim ({name})")
-    return url
-
-
-def start_pair_sim(
-    procs: Children,
-    *,
-    profile: str,
-    speed: float,
-    sharing: str,
-    name: str,
-    seed: int,
-    timeout: float,
-) -> tuple[str, str]:
-    """``dynspec-sim --pair``: an EAGLE and a baseline server sharing one simulated GPU set, in one
-    process; their URLs (EAGLE, baseline) once both are healthy."""
-    eport, bport = free_port(), free_port()
-    while bport == eport:
-        bport = free_port()
-    argv = [*_sim_argv(profile, speed, seed), "--pair", "--eagle-port", str(eport)]
-    argv += ["--baseline-port", str(bport), "--sharing", sharing]
-    eagle, baseline = f"http://127.0.0.1:{eport}", f"http://127.0.0.1:{bport}"
-    proc = procs.start(name, argv)
-    for url in (eagle, baseline):
-        procs.wait_ready(proc, url + "/health_generate", timeout, name=f"dynspec-sim ({name})")
-    return eagle, baseline
+# ---- simulators --------------------------------------------------------------------------------
 
 
 class SimSettings(Protocol):
@@ -238,43 +133,66 @@ class SimSettings(Protocol):
     def sharing(self) -> str: ...
 
 
+def _start_sim(
+    procs: Children, sim: SimSettings, name: str, flags: Sequence[str], urls: Sequence[str]
+) -> None:
+    argv = [sys.executable, "-m", "dynspec.launcher.sim", "--host", "127.0.0.1"]
+    argv += ["--speed", repr(sim.speed), "--log-level", "warning", *flags]
+    proc = procs.start(name, argv)
+    for url in urls:
+        procs.wait_ready(
+            proc, url + "/health_generate", sim.startup_timeout, name=f"dynspec-sim ({name})"
+        )
+
+
 def start_servers(
     procs: Children, want: Mapping[str, int], sim: SimSettings, adaptive: str | None = None
 ) -> Servers:
-    """The simulated servers ``want`` counts per kind (``Servers``' fields, as ``needs`` gives
-    them): ``eagle`` / ``baseline`` servers of their own, ``adaptive`` ones (the ``adaptive``
-    profile's eagle mode; none without it) and shared-GPU ``pairs`` (``sim.sharing``); the k-th
-    of a kind gets ``sim.seed + k``."""
+    """The simulated servers ``want`` counts per kind (``Servers``' fields, as ``ways.needs``
+    gives them), once healthy: ``eagle`` / ``baseline`` servers of their own, ``adaptive`` ones
+    (the ``adaptive`` profile's eagle mode; none without it) and ``shared_gpus``, each a
+    ``dynspec-sim --pair`` (``sim.sharing``); the k-th of a kind gets ``sim.seed + k``."""
     kinds = [("eagle", sim.profile, "eagle"), ("baseline", sim.profile, "baseline")]
     if adaptive:
         kinds.append(("adaptive", adaptive, "eagle"))
     got: dict[str, Any] = {}
     for kind, profile, mode in kinds:
-        got[kind] = tuple(
-            start_sim(
-                procs,
-                profile=profile,
-                mode=mode,
-                name=f"sim-{kind}-{'ab'[k]}",
-                seed=sim.seed + k,
-                speed=sim.speed,
-                timeout=sim.startup_timeout,
-            )
-            for k in range(want.get(kind, 0))
-        )
-    got["pairs"] = tuple(
-        start_pair_sim(
-            procs,
-            profile=sim.profile,
-            sharing=sim.sharing,
-            name=f"sim-pair-{k}",
-            seed=sim.seed + k,
-            speed=sim.speed,
-            timeout=sim.startup_timeout,
-        )
-        for k in range(want.get("pairs", 0))
-    )
-    return Servers(**got)
+        urls = []
+        for k in range(want.get(kind, 0)):
+            port = free_port()
+            urls.append(f"http://127.0.0.1:{port}")
+            flags = ["--profile", profile, "--seed", str(sim.seed + k), "--port", str(port)]
+            _start_sim(procs, sim, f"sim-{kind}-{'ab'[k]}", [*flags, "--mode", mode], urls[-1:])
+        got[kind] = tuple(urls)
+    shared = []
+    for k in range(want.get("shared_gpus", 0)):
+        eport, bport = free_port(), free_port()
+        while bport == eport:
+            bport = free_port()
+        flags = ["--profile", sim.profile, "--seed", str(sim.seed + k), "--pair"]
+        flags += ["--eagle-port", str(eport), "--baseline-port", str(bport)]
+        pair = (f"http://127.0.0.1:{eport}", f"http://127.0.0.1:{bport}")
+        _start_sim(procs, sim, f"sim-shared-{k}", [*flags, "--sharing", sim.sharing], pair)
+        shared.append(pair)
+    return Servers(**got, shared_gpus=tuple(shared))
+
+
+# ---- routers -----------------------------------------------------------------------------------
+
+
+def router_argv(router: Router, port: int) -> list[str]:
+    """``router``'s command line on 127.0.0.1:``port``, made by the launcher's own builder from
+    its settings, so that how a router's settings become its flags has one home
+    (``launcher/spec.py``). Only the servers are the bench's own (a launch has no layout of two
+    servers of one kind in one pool, nor of a baseline pool alone): they stand where the
+    launcher puts its servers' URLs. The server ports given to the launcher are placeholders."""
+    launch = ["--simulate", "--port", str(port), "--eagle-port", "1", "--baseline-port", "2"]
+    config = launch_config.load_config([*launch, "--log-level", "warning", *router.settings], {})
+    argv = list(launch_spec.build_router_spec(config).argv)
+    own = launch_spec.backend_args(config)
+    at = argv.index(own[0])
+    argv[at : at + len(own)] = router.servers
+    return argv
 
 
 def _healthy(status: dict[str, Any]) -> int:
@@ -288,24 +206,22 @@ def _healthy(status: dict[str, Any]) -> int:
 
 
 def start_router(
-    procs: Children, name: str, flags: Sequence[str], timeout: float, servers: int
+    procs: Children, name: str, router: Router, timeout: float
 ) -> tuple[str, subprocess.Popen[bytes]]:
-    """A ``dynspec-router`` with ``flags``, once its ``/status`` shows ``servers`` healthy servers
+    """A ``dynspec-router``, once its ``/status`` shows ``router.healthy`` healthy servers
     (``/health`` is 200 with one; the experiment needs them all)."""
     port = free_port()
-    argv = [sys.executable, "-m", "dynspec.router", *flags]
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     url = f"http://127.0.0.1:{port}"
-    proc = procs.start(name, argv)
+    proc = procs.start(name, router_argv(router, port))
     procs.wait_ready(proc, url + "/health", timeout, name=f"dynspec-router ({name})")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError, ValueError):
-            if _healthy(httpx.get(url + "/status", timeout=2.0).json()) >= servers:
+            if _healthy(httpx.get(url + "/status", timeout=2.0).json()) >= router.healthy:
                 return url, proc
         time.sleep(0.1)
     raise RuntimeError(
-        f"dynspec-router ({name}) does not see its {servers} servers healthy "
+        f"dynspec-router ({name}) does not see its {router.healthy} servers healthy "
         f"(log: {procs.logs.get(proc.pid)})"
     )
 
@@ -327,147 +243,6 @@ def wait_idle(urls: Sequence[str], timeout: float) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.1)
-
-
-def threshold_flags(
-    eagle: Sequence[str], baseline: Sequence[str], threshold: int, hysteresis: int
-) -> list[str]:
-    """The pool flags of a ``--policy threshold`` router over these servers (pure).
-
-    Threshold 0 is suggest-threshold's "EAGLE never wins": the router gets no EAGLE pool (its
-    threshold policy needs --threshold >= 1, which would still send lone requests to EAGLE).
-    """
-    if threshold <= 0:
-        return ["--baseline-url", ",".join(baseline)]
-    return [
-        "--eagle-url",
-        ",".join(eagle),
-        "--baseline-url",
-        ",".join(baseline),
-        "--policy",
-        "threshold",
-        "--threshold",
-        str(threshold),
-        "--hysteresis",
-        str(hysteresis),
-    ]
-
-
-# ---- router flags per way (pure) --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Servers:
-    """The simulated servers' URLs, by what they stand for (empty where no chosen way needs it)."""
-
-    eagle: tuple[str, ...] = ()
-    baseline: tuple[str, ...] = ()
-    pairs: tuple[tuple[str, str], ...] = ()  # (EAGLE URL, baseline URL) per shared-GPU pair
-    adaptive: tuple[str, ...] = ()
-
-
-def needs(way: str) -> dict[str, int]:
-    """How many servers of each kind (``Servers``' fields) a way uses (pure)."""
-    if way in ("split-threshold", "split-balance"):
-        return {"eagle": 1, "baseline": 1}
-    if way in PAIRED:
-        return {"pairs": 2}
-    if way in HOMOGENEOUS:
-        return {way[3:]: 2}
-    raise ValueError(f"unknown way {way!r} (known: {', '.join(EIGHT_WAYS)})")
-
-
-def way_flags(
-    way: str,
-    servers: Servers,
-    *,
-    threshold: int,
-    hysteresis: int,
-    speed_profile: Path | None = None,
-    metrics_interval: float | None = None,
-) -> list[str]:
-    """The ``dynspec-router`` server and policy flags of one way (pure)."""
-    way = OLD_NAMES.get(way, way)
-    e, b = servers.eagle, servers.baseline
-    if way == "split-threshold":
-        return threshold_flags(e[:1], b[:1], threshold, hysteresis)
-    if way == "split-balance":
-        flags = ["--eagle-url", e[0], "--baseline-url", b[0], "--policy", "balance"]
-        if speed_profile is not None:
-            flags += ["--speed-profile", str(speed_profile)]
-        if metrics_interval is not None:
-            flags += ["--metrics-interval", repr(metrics_interval)]
-        return flags
-    if way in PAIRED:
-        if way == "paired-threshold" and threshold <= 0:
-            # The same "EAGLE never wins" rule: the pairs' baseline servers only.
-            return threshold_flags([], [p[1] for p in servers.pairs], 0, 0)
-        flags = []
-        for pe, pb in servers.pairs:
-            flags += ["--pair", f"{pe},{pb}"]
-        if way == "paired-auto":
-            return [*flags, "--threshold", "auto"]
-        return [*flags, "--threshold", str(threshold), "--hysteresis", str(hysteresis)]
-    if way == "2x-eagle":
-        return ["--eagle-url", ",".join(e[:2])]
-    if way == "2x-baseline":
-        return ["--baseline-url", ",".join(b[:2])]
-    if way == "2x-adaptive":
-        # An adaptive-EAGLE server is an EAGLE server: one pool, no switching.
-        return ["--eagle-url", ",".join(servers.adaptive[:2])]
-    raise ValueError(f"unknown way {way!r} (known: {', '.join(EIGHT_WAYS)})")
-
-
-def replica_flags(
-    way: str,
-    servers: Servers,
-    *,
-    threshold: int,
-    hysteresis: int,
-    signal: str,
-    load_interval: float | None = None,
-) -> list[str]:
-    """One of several router replicas in front of the same servers: the way's flags with a set
-    threshold, and ``--load-signal`` (``--load-interval`` with ``servers``) (pure)."""
-    flags = way_flags(way, servers, threshold=threshold, hysteresis=hysteresis)
-    flags += ["--load-signal", signal]
-    if signal == "servers" and load_interval is not None:
-        flags += ["--load-interval", repr(load_interval)]
-    return flags
-
-
-def healthy_needed(way: str, thr: int) -> int:
-    """How many healthy servers the way's router must see before its sweep (pure)."""
-    if way == "split-threshold":
-        return 2 if thr > 0 else 1
-    if way == "paired-threshold" and thr <= 0:
-        return 2
-    return 4 if way in PAIRED else 2
-
-
-def variant_flags(
-    variant: str,
-    eagle: str,
-    baseline: str,
-    pair: tuple[str, str] | None,
-    *,
-    profile: Path,
-    metrics_interval: float | None = None,
-) -> list[str]:
-    """The router flags of one variant (pure): ``balance-*`` over the split servers,
-    ``paired-auto*`` over the shared-GPU pair with ``--threshold auto``; ``-profile`` and
-    ``-seeded`` add ``--speed-profile``."""
-    if variant.startswith("paired-auto"):
-        if pair is None:
-            raise ValueError(f"{variant} needs a pair")
-        flags = ["--pair", f"{pair[0]},{pair[1]}", "--threshold", "auto"]
-    else:
-        flags = ["--eagle-url", eagle, "--baseline-url", baseline, "--policy", "balance"]
-    if variant in ("balance-profile", "paired-auto-seeded"):
-        flags += ["--speed-profile", str(profile)]
-    if metrics_interval is not None:
-        flags += ["--metrics-interval", repr(metrics_interval)]
-    return flags
 
 
 def wall_clock_profile(profile: Profile, speed: float) -> Profile:

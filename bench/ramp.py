@@ -27,9 +27,10 @@ from typing import Any
 
 import aiohttp
 
-from dynspec.bench import harness, load, metrics
+from dynspec.bench import harness, load, metrics, ways
 from dynspec.bench.load import Prompt, Target
 from dynspec.bench.metrics import RequestTrace
+from dynspec.bench.procs import stop_group
 from dynspec.bench.report import Record, append_jsonl
 from dynspec.bench.ways import RAMP_PAIRS, RAMP_VARIANTS
 from dynspec.launcher.sim.profile import load_profile
@@ -212,7 +213,7 @@ async def _ramp(
 
 def run(cfg: RampConfig) -> list[Record]:
     """Run every variant, one after the other, on the same servers (``balance-*`` on an EAGLE and
-    a baseline server of their own, ``paired-auto*`` on one shared-GPU pair); records go to
+    a baseline server of their own, ``paired-auto*`` on one shared GPU); records go to
     ``cfg.out`` as each variant ends."""
     prof = load_profile(cfg.profile)
     plan = schedule(cfg.peak, cfg.cycles)
@@ -228,48 +229,23 @@ def run(cfg: RampConfig) -> list[Record]:
     }
     cfg.out.write_text("", encoding="utf-8")
     records: list[Record] = []
-    split = any(v.startswith("balance") for v in cfg.variants)
-    paired = any(v.startswith("paired") for v in cfg.variants)
+    split = int(any(v.startswith("balance") for v in cfg.variants))
+    shared = int(any(v.startswith("paired") for v in cfg.variants))
     with harness.processes() as procs:
-        eagle, baseline = (
-            harness.start_sim(
-                procs,
-                profile=cfg.profile,
-                speed=cfg.speed,
-                mode=mode,
-                name=f"sim-{mode}",
-                seed=cfg.seed,
-                timeout=cfg.startup_timeout,
-            )
-            if split
-            else ""
-            for mode in ("eagle", "baseline")
-        )
-        pair = (
-            harness.start_pair_sim(
-                procs,
-                profile=cfg.profile,
-                speed=cfg.speed,
-                sharing=cfg.sharing,
-                name="sim-pair",
-                seed=cfg.seed,
-                timeout=cfg.startup_timeout,
-            )
-            if paired
-            else None
-        )
+        want = {"eagle": split, "baseline": split, "shared_gpus": shared}
+        servers = harness.start_servers(procs, want, cfg)
         path = harness.router_profile(procs, prof, cfg.speed)
         for variant in cfg.variants:
-            flags = harness.variant_flags(
-                variant, eagle, baseline, pair, profile=path, metrics_interval=cfg.metrics_interval
+            router = ways.variant_router(
+                variant, servers, profile=path, metrics_interval=cfg.metrics_interval
             )
-            url, router = harness.start_router(
-                procs, f"router-{variant}", flags, cfg.startup_timeout, 2
+            url, proc = harness.start_router(
+                procs, f"router-{variant}", router, cfg.startup_timeout
             )
             load_before = harness.load_average()
 
             traces, windows = asyncio.run(_ramp(url, variant, cfg, prompts, plan))
-            harness.stop_group(router)
+            stop_group(proc)
             stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
             more = {**extra, "loadavg_1m": load_before, "timestamp": stamp}
             recs = records_of(variant, plan, traces, windows, more)

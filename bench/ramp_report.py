@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dynspec.bench.report import Record, model_time
+from dynspec.bench import simreport
+from dynspec.bench.report import Record
+from dynspec.bench.simreport import cell
 from dynspec.bench.ways import RAMP_PAIRS, RAMP_VARIANTS
 from dynspec.launcher.sim.profile import load_profile
 
@@ -114,10 +116,6 @@ def verdict(
 # ---- report ------------------------------------------------------------------------------------
 
 
-def _f(v: float | None, digits: int = 1) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
-
-
 def step_table(rows: Sequence[StepRow]) -> str:
     if not rows:
         return "(no steps with both variants)\n"
@@ -130,70 +128,52 @@ def step_table(rows: Sequence[StepRow]) -> str:
     for r in rows:
         lines.append(
             f"| {r.step if r.step >= 0 else 'all'} | {r.cycle} | {r.c} | {r.start_s:.0f}"
-            f" | {_f(r.tput[a])} | {_f(r.tput[b])} | {_f(r.ratio('tput'), 3)}"
-            f" | {_f(r.tpot[a], 2)} | {_f(r.tpot[b], 2)} | {_f(r.ratio('tpot'), 3)}"
+            f" | {cell(r.tput[a])} | {cell(r.tput[b])} | {cell(r.ratio('tput'), 3)}"
+            f" | {cell(r.tpot[a], 2)} | {cell(r.tpot[b], 2)} | {cell(r.ratio('tpot'), 3)}"
             f" | {'yes' if within(r) else 'NO'} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def plot(records: Sequence[Record], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_tp, ax_tpot) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True)
     steps = [r for r in records if r.get("scope") == "step"]
     ran = [v for v in VARIANTS if any(r.get("target") == v for r in steps)]
-    for variant in ran:
-        rows = sorted(
+
+    def rows(variant: str) -> list[Record]:
+        return sorted(
             (r for r in steps if r.get("target") == variant), key=lambda r: int(r["step"])
         )
-        xs = [float(r["step_start_s"]) for r in rows]
-        ax_tp.step(xs, [float(r["output_throughput"]) for r in rows], where="post", label=variant)
-        pts = [
-            (x, r["median_tpot_ms"])
-            for x, r in zip(xs, rows, strict=True)
-            if r.get("median_tpot_ms")
-        ]
-        ax_tpot.plot([p[0] for p in pts], [float(p[1]) for p in pts], marker="o", label=variant)
-    if ran:
-        first = sorted(
-            (r for r in steps if r.get("target") == ran[0]), key=lambda r: int(r["step"])
-        )
-        ax_c = ax_tp.twinx()
-        ax_c.step(
-            [float(r["step_start_s"]) for r in first],
-            [int(r["max_concurrency"]) for r in first],
-            where="post",
-            color="grey",
-            alpha=0.4,
-            label="concurrency",
-        )
-        ax_c.set_yscale("log", base=2)
-        ax_c.set_ylabel("concurrency (grey)")
-    ax_tp.set_ylabel("output tokens/s")
-    ax_tp.set_ylim(bottom=0)
-    ax_tpot.set_ylabel("p50 TPOT (ms)")
-    ax_tpot.set_yscale("log")
-    ax_tpot.set_xlabel("time since the ramp started (s, model time)")
-    for ax in (ax_tp, ax_tpot):
-        ax.grid(True, alpha=0.3)
-        ax.legend(loc="upper left")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
-
-def _model(records: Sequence[Record]) -> list[Record]:
-    speed = float(records[0].get("speed", 1.0)) if records else 1.0
-    model = [model_time(r, speed) for r in records]
-    # step_start_s is a wall-clock offset too.
-    for r in model:
-        r["step_start_s"] = float(r.get("step_start_s", 0.0)) * speed
-    return model
+    with simreport.figure(path, title, 2, 1, figsize=(11, 6.5), sharex=True) as (_, axes):
+        ax_tp, ax_tpot = axes
+        for variant in ran:
+            xs = [float(r["step_start_s"]) for r in rows(variant)]
+            tput = [float(r["output_throughput"]) for r in rows(variant)]
+            ax_tp.step(xs, tput, where="post", label=variant)
+            pts = [(x, r["median_tpot_ms"]) for x, r in zip(xs, rows(variant), strict=True)]
+            pts = [(x, float(y)) for x, y in pts if y]
+            ax_tpot.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=variant)
+        if ran:
+            first = rows(ran[0])
+            ax_c = ax_tp.twinx()
+            ax_c.step(
+                [float(r["step_start_s"]) for r in first],
+                [int(r["max_concurrency"]) for r in first],
+                where="post",
+                color="grey",
+                alpha=0.4,
+                label="concurrency",
+            )
+            ax_c.set_yscale("log", base=2)
+            ax_c.set_ylabel("concurrency (grey)")
+        ax_tp.set_ylabel("output tokens/s")
+        ax_tp.set_ylim(bottom=0)
+        ax_tpot.set_ylabel("p50 TPOT (ms)")
+        ax_tpot.set_yscale("log")
+        ax_tpot.set_xlabel("time since the ramp started (s, model time)")
+        for ax in (ax_tp, ax_tpot):
+            ax.grid(True, alpha=0.3)
+            ax.legend(loc="upper left")
 
 
 def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
@@ -203,12 +183,10 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
     meta = records[0]
     speed = float(meta.get("speed", 1.0))
     profile = load_profile(str(meta.get("profile", "demo")))
-    model = _model(records)
+    model = simreport.in_model_time(records)
     md, png = out.with_suffix(".md"), out.with_suffix(".png")
     title = f"SIMULATED: load ramp, learning only vs profile-seeded, profile {profile.name}"
     plot(model, png, f"{title} (speed {speed:g})")
-    m = meta.get("machine") or {}
-    loads = [float(r["loadavg_1m"]) for r in records if r.get("loadavg_1m") is not None]
     step_s = float(meta.get("step_seconds", 0.0))
     ran = [v for v in VARIANTS if any(r.get("target") == v for r in records)]
     lines = [
@@ -218,21 +196,16 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
         "routers that learn their speed curves from nothing and their twins seeded with "
         "`--speed-profile`: `balance-learning` / `balance-profile` (`--policy balance` over an "
         "EAGLE and a baseline server on GPUs of their own) and `paired-auto` / "
-        "`paired-auto-seeded` (`--pair ... --threshold auto` over one shared-GPU pair, "
+        "`paired-auto-seeded` (`--pair ... --threshold auto` over one shared GPU, "
         f"`dynspec-sim --pair --sharing {meta.get('sharing', 'timeslice')}`). Profile "
-        f"`{profile.name}`{' (ILLUSTRATIVE, not measured)' if profile.illustrative else ''}.",
+        f"{simreport.profile_text(profile)}.",
         "",
         f"Command: `{meta.get('command') or 'dynspec-bench ramp --simulate'}`",
         "",
-        f"- Machine: {m.get('cpus', '?')} CPUs ({m.get('cpu') or 'unknown CPU'}), "
-        f"{m.get('platform', '?')}, Python {m.get('python', '?')}; client, router and simulators "
-        "share it, and other work ran on it at the same time"
-        + (
-            f" (1-minute load average {min(loads):.1f}-{max(loads):.1f} at the variants' starts)."
-            if loads
-            else "."
+        simreport.machine_line(
+            records, "client, router and simulators", " at the variants' starts"
         ),
-        f"- Code: commit {meta.get('code_commit', 'unknown')}.",
+        *simreport.code_lines(records),
         f"- Closed-loop clients, random prompts, {meta.get('random_input_len')} input / "
         f"{meta.get('random_output_len')} output tokens; concurrency stepped every "
         f"{step_s:g} s wall-clock ({step_s * speed:g} s model time) through 1, 2, 4 ... "
@@ -291,12 +264,8 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
 
 
 def summary(records: Sequence[Record]) -> str:
-    model = _model(records)
+    model = simreport.in_model_time(records)
     out = ["SIMULATED"]
     for pair in pairs_run(records) or [PAIRS[0]]:
         out += [step_table(compare(model, "cycle", pair)).rstrip("\n"), verdict(model, pair)[1]]
     return "\n".join(out) + "\n"
-
-
-def is_ramp(records: Sequence[Record]) -> bool:
-    return any(r.get("experiment") == "ramp" for r in records)

@@ -35,19 +35,18 @@ from typing import Any
 
 import aiohttp
 
-from dynspec.bench import harness, load, ramp, threshold
-from dynspec.bench.envelope import expected_tpot_ms
+from dynspec.bench import harness, load, ramp, threshold, ways
 from dynspec.bench.load import Prompt, Target
 from dynspec.bench.metrics import RequestTrace
 from dynspec.bench.report import Record, append_jsonl
+from dynspec.bench.simreport import expected_tpot_ms, expected_tput
 from dynspec.bench.sweep import ProgressLine, SweepConfig, build_record, sweep_prompts
-from dynspec.bench.ways import REPLICA_LAYOUTS, REPLICA_VARIANTS
 from dynspec.launcher.sim.profile import Profile, load_profile
 
 logger = logging.getLogger(__name__)
 
-LAYOUTS = tuple(REPLICA_LAYOUTS)
-VARIANTS = tuple(REPLICA_VARIANTS)
+LAYOUTS = tuple(ways.REPLICA_LAYOUTS)
+VARIANTS = tuple(ways.REPLICA_VARIANTS)
 # The router's own --load-interval default, in wall-clock seconds of a real deployment.
 ROUTER_LOAD_INTERVAL = 0.25
 SWITCHES = "dynspec_mode_switches_total"
@@ -79,15 +78,13 @@ def profile_suggestion(profile: Profile) -> threshold.Suggestion:
     levels = [1 << k for k in range(9)]
 
     def curve(mode: str) -> list[Record]:
-        m = profile.mode(mode)
-        limit = m.max_running_requests or (48 if mode == "eagle" else 1024)
         return [
             {
                 "target": mode,
                 "max_concurrency": c,
                 "completed": 1,
                 "median_tpot_ms": expected_tpot_ms(profile, mode, c),
-                "output_throughput": m.throughput_at(min(c, limit)),
+                "output_throughput": expected_tput(profile, mode, c),
             }
             for c in levels
         ]
@@ -289,12 +286,12 @@ def run_one(
     progress: ProgressLine,
 ) -> list[Record]:
     """One layout and variant on fresh servers and routers, all stopped at the end."""
-    n, signal = REPLICA_VARIANTS[variant]
-    way = REPLICA_LAYOUTS[layout]
+    n, signal = ways.REPLICA_VARIANTS[variant]
+    way = ways.REPLICA_LAYOUTS[layout]
     thr, hyst = int(settings["threshold"]), int(settings["hysteresis"])
     with harness.processes() as procs:
-        servers = harness.start_servers(procs, harness.needs(way), cfg)
-        flags = harness.replica_flags(
+        servers = harness.start_servers(procs, ways.needs(way), cfg)
+        router = ways.replica_router(
             way,
             servers,
             threshold=thr,
@@ -302,9 +299,8 @@ def run_one(
             signal=signal,
             load_interval=settings["load_interval"],
         )
-        healthy = harness.healthy_needed(way, thr)
         urls = tuple(
-            harness.start_router(procs, f"router-{k}", flags, cfg.startup_timeout, healthy)[0]
+            harness.start_router(procs, f"router-{k}", router, cfg.startup_timeout)[0]
             for k in range(n)
         )
         extra = {

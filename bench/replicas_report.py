@@ -21,10 +21,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from dynspec.bench import report
-from dynspec.bench.report import Record, model_time
+from dynspec.bench import report, simreport
+from dynspec.bench.report import Record
+from dynspec.bench.simreport import cell
 from dynspec.bench.ways import REPLICA_LAYOUTS, REPLICA_REFERENCE, REPLICA_VARIANTS
 from dynspec.launcher.sim.profile import load_profile
 
@@ -51,19 +51,6 @@ def _ratio(a: float | None, b: float | None) -> float:
     if a is None or b is None or not b > 0:
         return math.nan
     return a / b
-
-
-def _model(records: Sequence[Record]) -> list[Record]:
-    """Copies in model time (rates / speed, durations x speed, the run's seconds too)."""
-    out = []
-    for r in records:
-        speed = float(r.get("speed") or 1.0)
-        m = model_time(r, speed)
-        for key in ("run_seconds", "ramp_seconds", "step_start_s", "switch_at_s"):
-            if isinstance(r.get(key), (int, float)):
-                m[key] = float(r[key]) * speed
-        out.append(m)
-    return out
 
 
 def _baseline(rec: Record) -> float:
@@ -226,10 +213,6 @@ def goal_lines(records: Sequence[Record], layout: str, subject: str) -> list[str
 # ---- report ------------------------------------------------------------------------------------
 
 
-def _f(v: float | None, digits: int = 1) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:,.{digits}f}"
-
-
 def _ran(records: Sequence[Record], layout: str) -> list[str]:
     got = {str(r.get("target")) for r in records if r.get("layout") == layout}
     return [v for v in VARIANTS if v in got]
@@ -246,8 +229,8 @@ def level_table(rows: Sequence[LevelRow], ran: Sequence[str]) -> str:
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for w in rows:
-        cells = [str(w.c), *(_f(w.tput.get(v)) for v in ran)]
-        cells += [_f(w.ratio(v), 3) for v in others]
+        cells = [str(w.c), *(cell(w.tput.get(v), thousands=True) for v in ran)]
+        cells += [cell(w.ratio(v), 3, thousands=True) for v in others]
         cells += ["-" if v not in w.baseline else f"{100 * w.baseline[v]:.0f}%" for v in ran]
         cells += ["-" if w.switches.get(v) is None else str(w.switches[v]) for v in ran]
         lines.append("| " + " | ".join(cells) + " |")
@@ -269,7 +252,7 @@ def run_table(runs: Mapping[str, RunRow]) -> str:
             f" | {'-' if r.switch_step_c is None else r.switch_step_c}"
             f" | {'-' if r.majority_c is None else r.majority_c}"
             f" | {', '.join(map(str, r.switches))} | {r.minutes:.1f}"
-            f" | {', '.join(_f(x, 2) for x in r.per_minute)} | {_f(r.busiest, 2)} |"
+            f" | {', '.join(cell(x, 2, True) for x in r.per_minute)} | {cell(r.busiest, 2, True)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -284,7 +267,10 @@ def ramp_table(records: Sequence[Record], layout: str, ran: Sequence[str]) -> st
     for k, got in sorted(by.items()):
         c = next(iter(got.values()))["max_concurrency"]
         cells = [str(k), str(c)]
-        cells += [_f(float(got[v]["output_throughput"])) if v in got else "-" for v in ran]
+        cells += [
+            cell(float(got[v]["output_throughput"]), thousands=True) if v in got else "-"
+            for v in ran
+        ]
         cells += [f"{100 * _baseline(got[v]):.0f}%" if v in got else "-" for v in ran]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -303,43 +289,31 @@ def _labels(records: Sequence[Record], layout: str) -> list[str]:
 
 
 def plot(records: Sequence[Record], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     layouts = [lay for lay in LAYOUTS if any(r.get("layout") == lay for r in records)]
-    fig, axes = plt.subplots(
-        2, max(1, len(layouts)), figsize=(5.5 * max(1, len(layouts)), 6.5), squeeze=False
-    )
-    for j, layout in enumerate(layouts):
-        rows = level_rows(records, layout)
-        for v in _ran(records, layout):
-            pts = [(w.c, w.tput[v], w.baseline[v]) for w in rows if v in w.tput]
-            cs = [p[0] for p in pts]
-            axes[0][j].plot(cs, [p[1] for p in pts], marker="o", label=v)
-            axes[1][j].plot(cs, [100 * p[2] for p in pts], marker="o", label=v)
-        axes[0][j].set_title(f"{layout} (SIMULATED)")
-        axes[0][j].set_ylabel("output tok/s (model time)")
-        axes[0][j].set_ylim(bottom=0)
-        axes[1][j].set_ylabel("% answered by a baseline server")
-        axes[1][j].set_ylim(-5, 105)
-        for ax in (axes[0][j], axes[1][j]):
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("concurrency (closed loop, all replicas together)")
-            ax.grid(True, alpha=0.3)
-            ax.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    n = max(1, len(layouts))
+    with simreport.figure(path, title, 2, n, figsize=(5.5 * n, 6.5), squeeze=False) as (_, axes):
+        for j, layout in enumerate(layouts):
+            rows = level_rows(records, layout)
+            for v in _ran(records, layout):
+                pts = [(w.c, w.tput[v], w.baseline[v]) for w in rows if v in w.tput]
+                cs = [p[0] for p in pts]
+                axes[0][j].plot(cs, [p[1] for p in pts], marker="o", label=v)
+                axes[1][j].plot(cs, [100 * p[2] for p in pts], marker="o", label=v)
+            axes[0][j].set_title(f"{layout} (SIMULATED)")
+            axes[0][j].set_ylabel("output tok/s (model time)")
+            axes[0][j].set_ylim(bottom=0)
+            axes[1][j].set_ylabel("% answered by a baseline server")
+            axes[1][j].set_ylim(-5, 105)
+            for ax in (axes[0][j], axes[1][j]):
+                ax.set_xscale("log", base=2)
+                ax.set_xlabel("concurrency (closed loop, all replicas together)")
+                ax.grid(True, alpha=0.3)
+                ax.legend()
 
 
 def _header(records: Sequence[Record]) -> list[str]:
     meta = records[0]
-    m: dict[str, Any] = meta.get("machine") or {}
     speed = float(meta.get("speed", 1.0))
-    loads = [float(r["loadavg_1m"]) for r in records if r.get("loadavg_1m") is not None]
     run_time = report.run_time_line(records)
     interval = float(meta.get("load_interval", 0.0))
     levels = sorted({int(r["max_concurrency"]) for r in records if r.get("scope") == "level"})
@@ -351,12 +325,9 @@ def _header(records: Sequence[Record]) -> list[str]:
     return [
         f"Command: `{meta.get('command') or 'dynspec-bench replicas --simulate'}`",
         "",
-        f"- Machine: {m.get('cpus', '?')} CPUs ({m.get('cpu') or 'unknown CPU'}), "
-        f"{m.get('platform', '?')}, Python {m.get('python', '?')}; the load generator, every "
-        "router and every simulator share it, and other work may run on it at the same time"
-        + (f" (1-minute load average {min(loads):.1f}-{max(loads):.1f})." if loads else "."),
+        simreport.machine_line(records, "the load generator, every router and every simulator", ""),
         *([run_time] if run_time else []),
-        f"- Code: commit {meta.get('code_commit', 'unknown')}.",
+        *simreport.code_lines(records),
         f"- Routers: `--threshold {meta.get('threshold')} --hysteresis "
         f"{meta.get('hysteresis')}` ({how}; not `auto`, so the runs differ only in "
         f"the load signal and the number of routers); `--load-signal servers` replicas read "
@@ -396,7 +367,7 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
     """Markdown and PNG next to ``out``, from its records alone."""
     if not records:
         raise ValueError(f"{out}: no records")
-    model = _model(records)
+    model = simreport.in_model_time(records)
     meta = records[0]
     profile = load_profile(str(meta.get("profile", "demo")))
     title = f"SIMULATED: 1 and 3 router replicas in front of the same servers, {profile.name}"
@@ -411,8 +382,7 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
         f"`--sharing {meta.get('sharing', 'timeslice')}`, routers `--pair` x2); `1-router` (one "
         "router, `--load-signal local`: the reference), `3-local` (three replicas, "
         "`--load-signal local`) and `3-servers` (three replicas, `--load-signal servers`). "
-        f"Profile `{profile.name}`"
-        f"{' (ILLUSTRATIVE, not measured)' if profile.illustrative else ''}.",
+        f"Profile {simreport.profile_text(profile)}.",
         "",
         f"Profile source: {profile.source}",
         "",
@@ -454,7 +424,7 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
 
 
 def summary(records: Sequence[Record]) -> str:
-    model = _model(records)
+    model = simreport.in_model_time(records)
     out = ["SIMULATED"]
     for layout in LAYOUTS:
         if not _ran(model, layout):

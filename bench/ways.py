@@ -1,27 +1,27 @@
-"""The names of the experiments' ways and variants, in one place that loads nothing heavy: the
-CLI validates ``--ways`` and ``--variants`` with them before the load modules are imported, and
-``fourway.py`` and ``ramp.py`` run them.
+"""The experiments' ways and variants: their names, the simulated servers each needs and the
+router each runs (pure, and loading nothing heavy: the CLI validates ``--ways`` and ``--variants``
+with them before the load modules are imported). ``harness.py`` starts what they plan.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from pathlib import Path
 
-# Eight GPUs, seven ways (bench/fourway.py). Each simulated server stands for four GPUs; a pair
-# simulator stands for four GPUs holding both an EAGLE and a baseline server.
+# Eight GPUs, seven ways (bench/envelope8.py). Each simulated server stands for four GPUs; a
+# shared-GPU simulator (dynspec-sim --pair) for four GPUs holding an EAGLE and a baseline server.
 EIGHT_WAYS = (
     "split-threshold",  # one EAGLE + one baseline server on GPUs of their own, --threshold N
     "split-balance",  # the same two, --policy balance --speed-profile
-    "paired-threshold",  # two shared-GPU pairs, router --pair ... --threshold N
-    "paired-auto",  # the same two pairs, --threshold auto, no profile
+    "paired-threshold",  # two shared GPUs, router --pair ... --threshold N
+    "paired-auto",  # the same two, --threshold auto, no profile
     "2x-eagle",  # two EAGLE servers, one pool
     "2x-baseline",  # two baseline servers, one pool
-    "2x-adaptive",  # two adaptive-EAGLE servers, where the profile has an adaptive counterpart
+    "2x-adaptive",  # two adaptive-EAGLE servers, where the profile has a measured counterpart
 )
 HOMOGENEOUS = ("2x-eagle", "2x-baseline", "2x-adaptive")
 PAIRED = ("paired-threshold", "paired-auto")
-# The four-way run's names before the pairs came: still accepted, and read back as the new ones.
-OLD_NAMES = {"routed-threshold": "split-threshold", "routed-balance": "split-balance"}
 SHARING = ("timeslice", "mps")
 
 # The ramp's routers (bench/ramp.py), and which is held against which (learning, seeded, within).
@@ -39,33 +39,24 @@ REPLICA_VARIANTS = {"1-router": (1, "local"), "3-local": (3, "local"), "3-server
 REPLICA_REFERENCE = "1-router"
 
 
-def _names(text: str) -> list[str]:
-    return [w for w in text.replace(" ", "").split(",") if w]
+def _some_of(text: str, known: tuple[str, ...], once: bool = False) -> list[str]:
+    """Names from ``known``, comma-separated: in ``known``'s order, or (``once``) each at most
+    once in the order given."""
+    names = [n for n in text.replace(" ", "").split(",") if n]
+    if not names or any(n not in known for n in names) or (once and len(set(names)) < len(names)):
+        each = ", each once" if once else ""
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(known)}{each}, got {text!r}")
+    return names if once else [n for n in known if n in names]
 
 
 def parse_ways(text: str) -> list[str]:
-    """``--ways``: some of EIGHT_WAYS (or their old names), run in EIGHT_WAYS' order."""
-    ways = [OLD_NAMES.get(w, w) for w in _names(text)]
-    if not ways or any(w not in EIGHT_WAYS for w in ways):
-        raise argparse.ArgumentTypeError(f"expected some of {','.join(EIGHT_WAYS)}, got {text!r}")
-    return [w for w in EIGHT_WAYS if w in ways]
+    """``--ways``: some of EIGHT_WAYS, run in EIGHT_WAYS' order."""
+    return _some_of(text, EIGHT_WAYS)
 
 
 def parse_variants(text: str) -> list[str]:
-    """``--variants``: some of RAMP_VARIANTS, each once, run in the order given."""
-    names = _names(text)
-    if not names or any(v not in RAMP_VARIANTS for v in names) or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(
-            f"expected some of {','.join(RAMP_VARIANTS)}, each once, got {text!r}"
-        )
-    return names
-
-
-def _some_of(text: str, known: tuple[str, ...]) -> list[str]:
-    names = _names(text)
-    if not names or any(n not in known for n in names):
-        raise argparse.ArgumentTypeError(f"expected some of {','.join(known)}, got {text!r}")
-    return [n for n in known if n in names]
+    """``ramp --variants``: some of RAMP_VARIANTS, each once, run in the order given."""
+    return _some_of(text, RAMP_VARIANTS, once=True)
 
 
 def parse_layouts(text: str) -> list[str]:
@@ -77,3 +68,131 @@ def parse_replica_variants(text: str) -> list[str]:
     """``replicas --variants``: some of REPLICA_VARIANTS, run in its order (the reference
     first)."""
     return _some_of(text, tuple(REPLICA_VARIANTS))
+
+
+# ---- what each way starts ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Servers:
+    """The simulated servers' URLs, by what they stand for (empty where no chosen way needs it)."""
+
+    eagle: tuple[str, ...] = ()
+    baseline: tuple[str, ...] = ()
+    shared_gpus: tuple[tuple[str, str], ...] = ()  # (EAGLE URL, baseline URL) per shared GPU
+    adaptive: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Router:
+    """One ``dynspec-router`` to start: the servers it routes to (its own flags), its settings
+    (``dynspec-launch`` flags, which the launcher's builder turns into the router's: see
+    ``harness.router_argv``) and how many servers its ``/status`` must show healthy first."""
+
+    servers: tuple[str, ...]
+    settings: tuple[str, ...] = ()
+    healthy: int = 2
+
+
+def needs(way: str) -> dict[str, int]:
+    """How many servers of each kind (``Servers``' fields) a way uses."""
+    if way in ("split-threshold", "split-balance"):
+        return {"eagle": 1, "baseline": 1}
+    if way in PAIRED:
+        return {"shared_gpus": 2}
+    if way in HOMOGENEOUS:
+        return {way[3:]: 2}
+    raise ValueError(f"unknown way {way!r} (known: {', '.join(EIGHT_WAYS)})")
+
+
+def _split(eagle: str, baseline: str) -> tuple[str, ...]:
+    return ("--eagle-url", eagle, "--baseline-url", baseline)
+
+
+def _shared(servers: Servers, count: int = 2) -> tuple[str, ...]:
+    flags: tuple[str, ...] = ()
+    for e, b in servers.shared_gpus[:count]:
+        flags += ("--pair", f"{e},{b}")
+    return flags
+
+
+def _policy(threshold: int, hysteresis: int) -> tuple[str, ...]:
+    return ("--threshold", str(threshold), "--hysteresis", str(hysteresis))
+
+
+def _options(speed_profile: Path | None, metrics_interval: float | None) -> tuple[str, ...]:
+    flags: tuple[str, ...] = ()
+    if speed_profile is not None:
+        flags += ("--speed-profile", str(speed_profile))
+    if metrics_interval is not None:
+        flags += ("--metrics-interval", repr(metrics_interval))
+    return flags
+
+
+def way_router(
+    way: str,
+    servers: Servers,
+    *,
+    threshold: int,
+    hysteresis: int,
+    speed_profile: Path | None = None,
+    metrics_interval: float | None = None,
+) -> Router:
+    """The router of one eight-GPU way. Threshold 0 is suggest-threshold's "EAGLE never wins":
+    the threshold ways then get the baseline servers alone (the threshold policy needs
+    --threshold >= 1, which would still send lone requests to EAGLE)."""
+    e, b = servers.eagle, servers.baseline
+    if way == "split-threshold":
+        if threshold <= 0:
+            return Router(("--baseline-url", b[0]), healthy=1)
+        return Router(_split(e[0], b[0]), _policy(threshold, hysteresis))
+    if way == "split-balance":
+        return Router(
+            _split(e[0], b[0]), ("--policy", "balance", *_options(speed_profile, metrics_interval))
+        )
+    if way == "paired-threshold" and threshold <= 0:
+        return Router(("--baseline-url", ",".join(p[1] for p in servers.shared_gpus[:2])))
+    if way == "paired-threshold":
+        return Router(_shared(servers), _policy(threshold, hysteresis), healthy=4)
+    if way == "paired-auto":
+        # No profile, whatever the run has: auto learns from nothing.
+        return Router(_shared(servers), ("--threshold", "auto"), healthy=4)
+    if way in HOMOGENEOUS:
+        # An adaptive-EAGLE server is an EAGLE server: one pool, no switching.
+        urls = {"2x-eagle": e, "2x-baseline": b, "2x-adaptive": servers.adaptive}[way]
+        pool = "baseline" if way == "2x-baseline" else "eagle"
+        return Router((f"--{pool}-url", ",".join(urls[:2])))
+    raise ValueError(f"unknown way {way!r} (known: {', '.join(EIGHT_WAYS)})")
+
+
+def replica_router(
+    way: str,
+    servers: Servers,
+    *,
+    threshold: int,
+    hysteresis: int,
+    signal: str,
+    load_interval: float | None = None,
+) -> Router:
+    """One of several router replicas in front of the same servers: the way's router with a set
+    threshold, and ``--load-signal`` (``--load-interval`` with ``servers``)."""
+    r = way_router(way, servers, threshold=threshold, hysteresis=hysteresis)
+    more: tuple[str, ...] = ("--load-signal", signal)
+    if signal == "servers" and load_interval is not None:
+        more += ("--load-interval", repr(load_interval))
+    return Router(r.servers, r.settings + more, r.healthy)
+
+
+def variant_router(
+    variant: str, servers: Servers, *, profile: Path, metrics_interval: float | None = None
+) -> Router:
+    """The ramp's router of one variant: ``balance-*`` over the split servers, ``paired-auto*``
+    over one shared GPU with ``--threshold auto``; ``-profile`` and ``-seeded`` add
+    ``--speed-profile``."""
+    seeded = profile if variant in ("balance-profile", "paired-auto-seeded") else None
+    options = _options(seeded, metrics_interval)
+    if variant.startswith("paired-auto"):
+        if not servers.shared_gpus:
+            raise ValueError(f"{variant} needs a shared GPU")
+        return Router(_shared(servers, 1), ("--threshold", "auto", *options))
+    return Router(_split(servers.eagle[0], servers.baseline[0]), ("--policy", "balance", *options))

@@ -6,7 +6,7 @@ sglang.launch_server``). One concept per module:
 
 - ``profile.py``: finding a profile (JSON data in ``profiles/``); the schema, its reader and the
   step and prefill times are ``dynspec.common.profile``'s.
-- ``pair.py``: the shared GPU of ``--pair`` (both servers of a pair in one process).
+- ``shared_gpu.py``: the GPU that ``--pair``'s two servers share (both in one process).
 - ``engine.py``: the scheduler loop, the FIFO queue, requests, simulated text.
 - ``wire.py``: SGLang's response bodies and SSE chunks, built from byte templates.
 - ``metrics.py``: SGLang's Prometheus metric names and labels.

@@ -41,12 +41,12 @@ from dynspec.launcher.sim.inputs import (
     read_body,
 )
 from dynspec.launcher.sim.metrics import Metrics
-from dynspec.launcher.sim.pair import SharedGpu
 from dynspec.launcher.sim.profile import (
     BASELINE_DEFAULT_MAX_RUNNING,
     EAGLE_DEFAULT_MAX_RUNNING,
     Profile,
 )
+from dynspec.launcher.sim.shared_gpu import SharedGpu
 
 logger = logging.getLogger(__name__)
 

@@ -130,8 +130,8 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from dynspec.launcher.sim.app import SimApp, SimConfig
-    from dynspec.launcher.sim.pair import SharedGpu
     from dynspec.launcher.sim.profile import ProfileError, load_profile
+    from dynspec.launcher.sim.shared_gpu import SharedGpu
 
     check_pair(args)
     modes = ("eagle", "baseline") if args.pair else (args.mode or "eagle",)

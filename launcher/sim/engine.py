@@ -35,7 +35,7 @@ from dynspec.launcher.sim.metrics import Metrics
 from dynspec.launcher.sim.profile import ModeProfile
 
 if TYPE_CHECKING:
-    from dynspec.launcher.sim.pair import SharedGpu
+    from dynspec.launcher.sim.shared_gpu import SharedGpu
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from utils import bench, free_port, running
 
-from dynspec.bench import harness, load, ramp, ramp_report
+from dynspec.bench import load, ramp, ramp_report, ways
 from dynspec.bench.load import Target
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -173,20 +173,29 @@ def test_paired_auto_is_held_to_five_percent_of_its_seeded_twin() -> None:
 
 
 @pytest.mark.parametrize(
-    ("variant", "flags"),
+    ("variant", "servers", "settings"),
     [
-        ("balance-learning", "--eagle-url E --baseline-url B --policy balance"),
-        ("balance-profile", "--eagle-url E --baseline-url B --policy balance --speed-profile /p"),
-        ("paired-auto", "--pair PE,PB --threshold auto --metrics-interval 0.5"),
-        ("paired-auto-seeded", "--pair PE,PB --threshold auto --speed-profile /p"),
+        ("balance-learning", "--eagle-url E --baseline-url B", "--policy balance"),
+        (
+            "balance-profile",
+            "--eagle-url E --baseline-url B",
+            "--policy balance --speed-profile /p",
+        ),
+        ("paired-auto", "--pair PE,PB", "--threshold auto --metrics-interval 0.5"),
+        ("paired-auto-seeded", "--pair PE,PB", "--threshold auto --speed-profile /p"),
     ],
 )
-def test_router_flags_per_variant(variant: str, flags: str) -> None:
+def test_the_router_of_each_variant(variant: str, servers: str, settings: str) -> None:
     interval = 0.5 if variant == "paired-auto" else None
-    got = harness.variant_flags(
-        variant, "E", "B", ("PE", "PB"), profile=Path("/p"), metrics_interval=interval
+    got = ways.variant_router(
+        variant,
+        ways.Servers(eagle=("E",), baseline=("B",), shared_gpus=(("PE", "PB"),)),
+        profile=Path("/p"),
+        metrics_interval=interval,
     )
-    assert got == flags.split()
+    assert got == ways.Router(tuple(servers.split()), tuple(settings.split()))
+    with pytest.raises(ValueError, match="needs a shared GPU"):
+        ways.variant_router("paired-auto", ways.Servers(), profile=Path("/p"))
 
 
 @pytest.mark.parametrize(

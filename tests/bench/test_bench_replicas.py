@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from utils import bench, rerendered, usage_error
 
-from dynspec.bench import harness, load, replicas, replicas_report, ways
-from dynspec.bench.harness import Servers
+from dynspec.bench import load, replicas, replicas_report, simreport, ways
 from dynspec.bench.load import Target
 from dynspec.bench.metrics import RequestTrace
 from dynspec.bench.sweep import SweepConfig
+from dynspec.bench.ways import Router, Servers
 from dynspec.launcher.sim.profile import load_profile
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -110,7 +110,7 @@ def records(
 
 
 def verdicts(recs: list[dict[str, Any]], subject: str = "3-servers") -> dict[str, bool | None]:
-    model = replicas_report._model(recs)
+    model = simreport.in_model_time(recs)
     return {g.key: g.ok for g in replicas_report.goals(model, "split", subject)}
 
 
@@ -119,7 +119,7 @@ def test_the_shared_signal_meeting_every_goal_and_local_counts_missing() -> None
     assert verdicts(recs) == {"switch_load": True, "tput": True, "switch_rate": True}
     # 3-local: moves at 25 (2.78x), 0.66x at C=16; fewer switches is not a miss.
     assert verdicts(recs, "3-local") == {"switch_load": False, "tput": False, "switch_rate": True}
-    model = replicas_report._model(recs)
+    model = simreport.in_model_time(recs)
     runs = replicas_report.run_rows(model, "split")
     assert runs["1-router"].minutes == pytest.approx(10.0)  # 150 s wall x speed 4
     assert runs["1-router"].busiest == pytest.approx(1.0)
@@ -213,34 +213,40 @@ def test_requests_go_round_robin_over_the_replicas() -> None:
 
 
 @pytest.mark.parametrize(
-    ("way", "signal", "flags"),
+    ("way", "signal", "servers", "settings"),
     [
         (
             "split-threshold",
             "servers",
-            "--eagle-url E --baseline-url B --policy threshold --threshold 8 --hysteresis 2 "
-            "--load-signal servers --load-interval 0.0625",
+            "--eagle-url E --baseline-url B",
+            "--threshold 8 --hysteresis 2 --load-signal servers --load-interval 0.0625",
         ),
         (
             "split-threshold",
             "local",
-            "--eagle-url E --baseline-url B --policy threshold --threshold 8 --hysteresis 2 "
-            "--load-signal local",
+            "--eagle-url E --baseline-url B",
+            "--threshold 8 --hysteresis 2 --load-signal local",
         ),
         (
             "paired-threshold",
             "servers",
-            "--pair PE1,PB1 --pair PE2,PB2 --threshold 8 --hysteresis 2 --load-signal servers "
-            "--load-interval 0.0625",
+            "--pair PE1,PB1 --pair PE2,PB2",
+            "--threshold 8 --hysteresis 2 --load-signal servers --load-interval 0.0625",
         ),
     ],
 )
-def test_replica_flags(way: str, signal: str, flags: str) -> None:
-    servers = Servers(eagle=("E",), baseline=("B",), pairs=(("PE1", "PB1"), ("PE2", "PB2")))
-    got = harness.replica_flags(
-        way, servers, threshold=8, hysteresis=2, signal=signal, load_interval=0.0625
+def test_the_router_of_each_replica(way: str, signal: str, servers: str, settings: str) -> None:
+    shared = (("PE1", "PB1"), ("PE2", "PB2"))
+    got = ways.replica_router(
+        way,
+        Servers(eagle=("E",), baseline=("B",), shared_gpus=shared),
+        threshold=8,
+        hysteresis=2,
+        signal=signal,
+        load_interval=0.0625,
     )
-    assert got == flags.split()
+    healthy = 4 if way.startswith("paired") else 2
+    assert got == Router(tuple(servers.split()), tuple(settings.split()), healthy)
 
 
 def test_the_plan() -> None:

@@ -1,4 +1,4 @@
-"""A shared GPU: the two simulated servers of a pair (``dynspec-sim --pair``) in one process.
+"""The shared GPU of ``dynspec-sim --pair``: an EAGLE and a baseline server in one process.
 
 Both engines run on one event loop and one clock (the process's monotonic clock times
 ``--speed``). While both have running requests, each one's step takes its alone time divided by
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 class SharedGpu:
-    """The link between the two engines of a pair; each asks it how slow its next step is."""
+    """The link between the two engines on one GPU; each asks it how slow its next step is."""
 
     def __init__(self, model: ShareModel, way: str) -> None:
         self.model = model

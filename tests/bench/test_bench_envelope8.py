@@ -11,66 +11,57 @@ from typing import Any
 import pytest
 from utils import bench
 
-from dynspec.bench import fourway, fourway_report, harness, ways
-from dynspec.bench.fourway_report import evaluate, verdict_lines, verdicts
-from dynspec.bench.harness import Servers
-from dynspec.bench.harness import way_flags as router_flags
+from dynspec.bench import envelope8, envelope8_report, ways
+from dynspec.bench.envelope8_report import evaluate, verdict_lines, verdicts
+from dynspec.bench.ways import Router, Servers, way_router
 from dynspec.launcher.sim.profile import load_profile
 
 SERVERS = Servers(
     eagle=("http://e1", "http://e2"),
     baseline=("http://b1", "http://b2"),
-    pairs=(("http://pe1", "http://pb1"), ("http://pe2", "http://pb2")),
+    shared_gpus=(("http://pe1", "http://pb1"), ("http://pe2", "http://pb2")),
     adaptive=("http://a1", "http://a2"),
 )
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PAIRS = "--pair http://pe1,http://pb1 --pair http://pe2,http://pb2"
+SPLIT = "--eagle-url http://e1 --baseline-url http://b1"
 
 
 @pytest.mark.parametrize(
-    ("way", "thr", "profile", "interval", "flags"),
+    ("way", "thr", "profile", "interval", "servers", "settings", "healthy"),
     [
-        (
-            "split-threshold",
-            7,
-            None,
-            None,
-            "--eagle-url http://e1 --baseline-url http://b1 --policy threshold --threshold 7 "
-            "--hysteresis 2",
-        ),
+        ("split-threshold", 7, None, None, SPLIT, "--threshold 7 --hysteresis 2", 2),
         # suggest-threshold's "EAGLE never wins": the baseline server alone.
-        ("split-threshold", 0, None, None, "--baseline-url http://b1"),
-        # The old name plans the same router.
-        ("routed-threshold", 0, None, None, "--baseline-url http://b1"),
+        ("split-threshold", 0, None, None, "--baseline-url http://b1", "", 1),
         (
             "split-balance",
             7,
             Path("/p.json"),
             None,
-            "--eagle-url http://e1 --baseline-url http://b1 --policy balance "
-            "--speed-profile /p.json",
+            SPLIT,
+            "--policy balance --speed-profile /p.json",
+            2,
         ),
-        (
-            "routed-balance",
-            7,
-            None,
-            0.5,
-            "--eagle-url http://e1 --baseline-url http://b1 --policy balance "
-            "--metrics-interval 0.5",
-        ),
-        ("paired-threshold", 7, None, None, f"{PAIRS} --threshold 7 --hysteresis 2"),
-        ("paired-threshold", 0, None, None, "--baseline-url http://pb1,http://pb2"),
+        ("split-balance", 7, None, 0.5, SPLIT, "--policy balance --metrics-interval 0.5", 2),
+        ("paired-threshold", 7, None, None, PAIRS, "--threshold 7 --hysteresis 2", 4),
+        ("paired-threshold", 0, None, None, "--baseline-url http://pb1,http://pb2", "", 2),
         # No profile, whatever the run has: auto learns from nothing.
-        ("paired-auto", 7, Path("/p.json"), 0.5, f"{PAIRS} --threshold auto"),
-        ("2x-eagle", 7, Path("/p.json"), 0.5, "--eagle-url http://e1,http://e2"),
-        ("2x-baseline", 0, None, None, "--baseline-url http://b1,http://b2"),
-        ("2x-adaptive", 7, None, None, "--eagle-url http://a1,http://a2"),
+        ("paired-auto", 7, Path("/p.json"), 0.5, PAIRS, "--threshold auto", 4),
+        ("2x-eagle", 7, Path("/p.json"), 0.5, "--eagle-url http://e1,http://e2", "", 2),
+        ("2x-baseline", 0, None, None, "--baseline-url http://b1,http://b2", "", 2),
+        ("2x-adaptive", 7, None, None, "--eagle-url http://a1,http://a2", "", 2),
     ],
 )
-def test_router_flags(
-    way: str, thr: int, profile: Path | None, interval: float | None, flags: str
+def test_the_router_of_each_way(  # noqa: PLR0917
+    way: str,
+    thr: int,
+    profile: Path | None,
+    interval: float | None,
+    servers: str,
+    settings: str,
+    healthy: int,
 ) -> None:
-    got = router_flags(
+    got = way_router(
         way,
         SERVERS,
         threshold=thr,
@@ -78,53 +69,59 @@ def test_router_flags(
         speed_profile=profile,
         metrics_interval=interval,
     )
-    assert got == flags.split()
+    assert got == Router(tuple(servers.split()), tuple(settings.split()), healthy)
 
 
 def test_unknown_way_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown way"):
-        router_flags("3x-eagle", SERVERS, threshold=1, hysteresis=0)
+        way_router("3x-eagle", SERVERS, threshold=1, hysteresis=0)
     with pytest.raises(ValueError, match="unknown way"):
-        harness.needs("3x-eagle")
+        ways.needs("3x-eagle")
 
 
-def test_each_way_uses_eight_gpus_and_waits_for_all_its_servers() -> None:
-    # Each simulated server stands for four GPUs; a pair simulator for four shared ones.
+def test_each_way_uses_eight_gpus() -> None:
+    # Each simulated server stands for four GPUs; a shared-GPU simulator for four shared ones.
     for way in ways.EIGHT_WAYS:
-        assert sum(harness.needs(way).values()) == 2, way
-    assert [harness.healthy_needed(w, 7) for w in ways.EIGHT_WAYS] == [2, 2, 4, 4, 2, 2, 2]
-    assert harness.healthy_needed("split-threshold", 0) == 1
-    assert harness.healthy_needed("paired-threshold", 0) == 2
+        assert sum(ways.needs(way).values()) == 2, way
 
 
-def test_ways_parse_old_names_in_the_run_order() -> None:
-    assert ways.parse_ways("2x-eagle,routed-threshold") == ["split-threshold", "2x-eagle"]
-    with pytest.raises(Exception, match="expected some of"):
-        ways.parse_ways("3x-eagle")
+def test_ways_parse_in_the_run_order_and_the_four_way_names_are_gone() -> None:
+    assert ways.parse_ways("2x-eagle,split-threshold") == ["split-threshold", "2x-eagle"]
+    for gone in ("3x-eagle", "routed-threshold"):
+        with pytest.raises(Exception, match="expected some of"):
+            ways.parse_ways(gone)
 
 
-def test_the_adaptive_counterpart_of_a_profile() -> None:
-    assert fourway.adaptive_profile("h200-8b-accept4") == "h200-8b-adaptive"
-    assert fourway.adaptive_profile("h200-8b-adaptive") == "h200-8b-adaptive"
-    assert fourway.adaptive_profile("demo") is None
-    cfg = fourway.FourWayConfig(profile="demo", speed=1.0, sweep=None, out=Path("x"))  # type: ignore[arg-type]
-    run, adaptive, notes = fourway.plan_ways(cfg)
+def test_the_adaptive_counterpart_is_the_one_measured_at_the_profiles_acceptance() -> None:
+    counterpart = envelope8.adaptive_counterpart
+    assert counterpart(load_profile("h200-8b-accept4")) == ("h200-8b-adaptive", "")
+    assert counterpart(load_profile("h200-8b-adaptive")) == ("h200-8b-adaptive", "")
+    for name in ("h200-8b-accept1", "h200-8b-accept2", "h200-8b-accept3"):
+        got, why = counterpart(load_profile(name))
+        assert got is None, name
+        assert f"measured at profile {name}'s acceptance" in why
+    assert counterpart(load_profile("h200-8b-accept2"))[1].endswith(
+        "(h200-8b-adaptive ran drafts of accept length 3.88, h200-8b-accept2's EAGLE 2.31)"
+    )
+    assert counterpart(load_profile("demo")) == (None, "profile demo has no adaptive counterpart")
+
+
+def test_the_plan_leaves_out_a_way_without_a_ceiling_and_says_why() -> None:
+    def plan(profile: str, **kw: Any) -> tuple[list[str], str | None, list[str]]:
+        cfg = envelope8.EightGpusConfig(profile, 1.0, None, Path("x"), **kw)  # type: ignore[arg-type]
+        return envelope8.plan_ways(cfg)
+
+    run, adaptive, notes = plan("demo")
     assert "2x-adaptive" not in run and adaptive is None
     assert notes == ["2x-adaptive: profile demo has no adaptive counterpart"]
-
-
-def test_the_router_profile_runs_at_the_simulators_wall_clock_speed() -> None:
-    demo = load_profile("demo")
-    fast = harness.wall_clock_profile(demo, 4.0)
-    for mode in ("eagle", "baseline"):
-        m, f = demo.mode(mode), fast.mode(mode)
-        assert [b for b, _ in f.throughput] == [b for b, _ in m.throughput]
-        for (_, slow), (_, quick) in zip(m.throughput, f.throughput, strict=True):
-            assert quick == pytest.approx(4.0 * slow, rel=1e-3)
-        assert f.step_time(8) == pytest.approx(m.step_time(8) / 4.0, rel=1e-3)
-        assert f.prefill_time(256) == pytest.approx(m.prefill_time(256) / 4.0)
-    assert "4x faster" in fast.source
-    assert harness.wall_clock_profile(demo, 1.0) is demo
+    run, adaptive, notes = plan("h200-8b-accept2")
+    assert "2x-adaptive" not in run and adaptive is None
+    assert notes[0].startswith("2x-adaptive: no adaptive-EAGLE curve was measured")
+    assert plan("h200-8b-accept4") == (list(ways.EIGHT_WAYS), "h200-8b-adaptive", [])
+    # Chosen by hand: run as asked.
+    run, adaptive, notes = plan("h200-8b-accept2", adaptive_profile="h200-8b-adaptive")
+    assert "2x-adaptive" in run and adaptive == "h200-8b-adaptive" and notes == []
+    assert plan("demo", ways=["2x-eagle"]) == (["2x-eagle"], None, [])
 
 
 def rec(way: str, c: int, tput: float, tpot: float) -> dict[str, Any]:
@@ -142,8 +139,8 @@ LEVELS = {
 }
 
 
-def records(levels: dict[int, tuple[tuple[float, ...], float]], old: bool = False) -> list[Any]:
-    split = "routed-threshold" if old else "split-threshold"
+def records(levels: dict[int, tuple[tuple[float, ...], float]]) -> list[Any]:
+    split = "split-threshold"
     out = []
     for c, ((t, a, e2, b2), tp_a) in levels.items():
         out += [
@@ -202,7 +199,7 @@ def test_the_crossover_bounds_the_tpot_goal_and_a_high_threshold_the_split_goal(
     assert verdict_lines(evaluate(records(LEVELS), thr=256))[2].startswith("- not evaluated")
 
 
-def test_levels_without_paired_auto_or_any_pair_are_not_evaluated_and_old_names_read() -> None:
+def test_levels_without_paired_auto_or_any_pair_are_not_evaluated() -> None:
     recs = [
         r
         for r in records(LEVELS)
@@ -215,7 +212,6 @@ def test_levels_without_paired_auto_or_any_pair_are_not_evaluated_and_old_names_
     ]
     assert all(math.isnan(r.vs_split_tput) for r in evaluate(zero, thr=7))
     assert not any(r.checks["split"] for r in evaluate(zero, thr=7))
-    assert evaluate(records(LEVELS, old=True), thr=7) == evaluate(records(LEVELS), thr=7)
 
 
 def full_records() -> list[dict[str, Any]]:
@@ -265,7 +261,7 @@ def test_report_states_simulated_machine_command_and_verdicts(tmp_path: Path) ->
     out = tmp_path / "envelope8-demo.jsonl"
     recs = full_records()
     out.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    md, png = fourway_report.write_report(out, recs)
+    md, png = envelope8_report.write_report(out, recs)
     text = md.read_text()
     assert text.startswith("# SIMULATED")
     assert "**SIMULATED.**" in text and "share them by `timeslice`" in text
@@ -275,6 +271,11 @@ def test_report_states_simulated_machine_command_and_verdicts(tmp_path: Path) ->
     assert "`--threshold 7 --hysteresis 2`, picked by `suggest-threshold`" in text
     assert "crossover C=7.5" in text
     assert "- Not run: 2x-adaptive: profile demo has no adaptive counterpart." in text
+    # The way absent has its column in the tables, and why under the first of them.
+    assert "| 2x-baseline tok/s | 2x-adaptive tok/s |" in text
+    assert "| 1 | 92.0 | 91.0 | 90.0 | 47.0 | - |" in text
+    tput = text.split("## SIMULATED: output tok/s per way")[1].split("## SIMULATED: p50 TPOT")[0]
+    assert "- Not run: 2x-adaptive: profile demo has no adaptive counterpart." in tput
     # Model time: --speed 2 doubles the tok/s back.
     assert "| 1 | 91.0 | 2x-eagle | 90.0 | 1.011 |" in text
     assert "- PASS: paired-auto tok/s >= 0.95x the best homogeneous pair's" in text
@@ -294,18 +295,60 @@ def test_records_from_two_runs_are_flagged(tmp_path: Path) -> None:
         if r["target"] == "paired-auto":
             r["run_started"] = "2026-12-01T08:00:00+00:00"
             r["command"] = "dynspec-bench envelope --eight-gpus --append --ways paired-auto"
-    md, _ = fourway_report.write_report(tmp_path / "x.jsonl", recs)
+    md, _ = envelope8_report.write_report(tmp_path / "x.jsonl", recs)
     text = md.read_text()
     assert "come from more than one run" in text
     assert "--append --ways paired-auto" in text
 
 
+def with_adaptive(profile: str, **more: Any) -> list[dict[str, Any]]:
+    """full_records() as a run of ``profile`` whose 2x-adaptive (h200-8b-adaptive's curve)
+    served more than every other way at both levels."""
+    recs = [{**r, "profile": profile, "not_run": [], **more} for r in full_records()]
+    recs[0]["adaptive_profile"] = "h200-8b-adaptive"
+    return recs + [{**recs[-1], **rec("2x-adaptive", c, 5000.0, 1.0)} for c in (1, 16)]
+
+
+def test_an_adaptive_curve_measured_at_another_acceptance_is_no_ceiling(tmp_path: Path) -> None:
+    """Records of a run before the rule (h200-8b-accept2 beside h200-8b-adaptive's curve): the
+    report leaves 2x-adaptive out of the goals and the tables, says why, keeps its levels."""
+    recs = with_adaptive("h200-8b-accept2")
+    for r in recs:
+        r["adaptive_profile"] = "h200-8b-adaptive"
+    judged, notes = envelope8_report.comparable(recs, load_profile("h200-8b-accept2"))
+    assert [r for r in judged if r["target"] == "2x-adaptive"] == []
+    assert notes == [
+        "Left out: 2x-adaptive: it ran profile h200-8b-adaptive's adaptive curve, and no "
+        "adaptive-EAGLE curve was measured at profile h200-8b-accept2's acceptance "
+        "(h200-8b-adaptive ran drafts of accept length 3.88, h200-8b-accept2's EAGLE 2.31); "
+        "no ceiling for h200-8b-accept2"
+    ]
+    md, _ = envelope8_report.write_report(tmp_path / "x.jsonl", recs)
+    text = md.read_text()
+    assert f"- {notes[0]}." in text
+    assert "- PASS: paired-auto tok/s >= 0.95x the best homogeneous pair's" in text
+    assert "| 2x-adaptive | 16 |" in text  # its levels stay in the table of all levels
+    # Where it is the profile's own counterpart, or chosen by hand, it is the ceiling it was.
+    for kept in (with_adaptive("h200-8b-accept4"), with_adaptive("h200-8b-accept2")):
+        for r in kept:
+            r["adaptive_profile"] = "h200-8b-adaptive"
+            r["adaptive_by_hand"] = r["profile"] == "h200-8b-accept2"
+        rows = envelope8_report._judged(kept)[2]
+        assert {r.best_pair for r in rows} == {"2x-adaptive"}
+        assert verdicts(rows)["best"] == (False, [1, 16])
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (("envelope", "--simulate", "--four-way", "--ways", "3x-eagle"), "--ways"),
+        (("envelope", "--simulate", "--eight-gpus", "--ways", "3x-eagle"), "--ways"),
+        # The four-way comparison is retired; its spelling went with it.
+        (("envelope", "--simulate", "--four-way"), "unrecognized arguments: --four-way"),
         (("envelope", "--simulate", "--eight-gpus", "--sharing", "nvlink"), "--sharing"),
-        (("envelope", "--simulate", "--four-way", "--metrics-interval", "0"), "--metrics-interval"),
+        (
+            ("envelope", "--simulate", "--eight-gpus", "--metrics-interval", "0"),
+            "--metrics-interval",
+        ),
         (
             ("envelope", "--simulate", "--eight-gpus", "--append", "--out", "/nonexistent/x"),
             "--append",
@@ -329,7 +372,7 @@ TINY = (
 def _run_ways(tmp_path: Path, chosen: str, *more: str) -> list[dict[str, Any]]:
     stem = tmp_path / "e8"
     r = bench(
-        "envelope", "--simulate", "--four-way", "--ways", chosen, *TINY, *more,
+        "envelope", "--simulate", "--eight-gpus", "--ways", chosen, *TINY, *more,
         "--out", str(stem), timeout=240,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -344,8 +387,8 @@ def _run_ways(tmp_path: Path, chosen: str, *more: str) -> list[dict[str, Any]]:
 
 
 def test_the_split_ways_run(tmp_path: Path) -> None:
-    """Four sims and four routers at a tiny scale, old names on the command line."""
-    recs = _run_ways(tmp_path, "routed-threshold,routed-balance,2x-eagle,2x-baseline")
+    """Four sims and four routers at a tiny scale."""
+    recs = _run_ways(tmp_path, "split-threshold,split-balance,2x-eagle,2x-baseline")
     run = ("split-threshold", "split-balance", "2x-eagle", "2x-baseline", "eagle", "baseline")
     assert {(x["target"], x["max_concurrency"]) for x in recs} == {
         (t, c) for t in run for c in (1, 16)
@@ -362,7 +405,7 @@ def test_the_split_ways_run(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("needs_pairs")
 def test_the_paired_ways_run(tmp_path: Path) -> None:
-    """Two pair sims behind --pair routers, tiny: both serve every request of both levels."""
+    """Two shared-GPU sims behind --pair routers, tiny: both serve every request of both levels."""
     recs = _run_ways(
         tmp_path, "paired-threshold,paired-auto,2x-baseline", "--threshold", "4",
         "--hysteresis", "1", "--sharing", "mps",

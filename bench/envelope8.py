@@ -1,0 +1,163 @@
+"""Eight GPUs, seven ways: the same simulated GPUs behind the router setups that could use them.
+
+``dynspec-bench envelope --eight-gpus`` starts the ``dynspec-sim`` servers the chosen ways need
+(each stands for four GPUs) and one ``dynspec-router`` per way (``ways.EIGHT_WAYS``: the split
+layout with a suggested threshold and with ``balance``, two shared GPUs behind ``--pair`` with the
+suggested threshold and with ``auto``, and two servers of one kind in one pool). ``2x-adaptive``
+runs where the profile has an adaptive-EAGLE counterpart measured at its acceptance
+(``adaptive_counterpart``), or ``--adaptive-profile`` names one; else it is left out, and the
+records say why.
+
+Every level runs each way in turn (``sweep``'s order), so a drift of the machine spreads over all.
+Servers are shared between ways that run one after the other (``split-*`` and ``2x-eagle`` use
+the first EAGLE server). ``envelope8_report.py`` holds the goals and the report. Everything is
+SIMULATED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dynspec.bench import harness, threshold, ways
+from dynspec.bench.load import Target
+from dynspec.bench.report import Record
+from dynspec.bench.sweep import ProgressLine, SweepConfig, sweep
+from dynspec.launcher.sim.profile import Profile, load_profile, shipped_profiles
+
+logger = logging.getLogger(__name__)
+
+# The records' "experiment" since the comparison had four ways; --from-jsonl reads it.
+EXPERIMENT = "four-way"
+# An adaptive-EAGLE curve stands in for another profile's only when its draft acceptance was the
+# same (tokens per step): SGLang's adaptive tiers were measured with one draft, and a ceiling
+# measured at another acceptance is not that profile's (issue 24 item 5).
+SAME_ACCEPT = 0.1
+
+
+def adaptive_counterpart(profile: Profile) -> tuple[str | None, str]:
+    """The shipped profile whose eagle mode is an adaptive-EAGLE server measured beside
+    ``profile``'s EAGLE server (``X-adaptive`` for ``X-acceptN``, at the same acceptance), or
+    None and why there is none (pure but for the shipped profiles)."""
+    want = re.sub(r"-(accept\d+|adaptive)$", "", profile.name) + "-adaptive"
+    if want not in shipped_profiles():
+        return None, f"profile {profile.name} has no adaptive counterpart"
+    theirs = load_profile(want).mode("eagle").accept_length
+    ours = profile.mode("eagle").accept_length
+    if abs(theirs - ours) > SAME_ACCEPT:
+        return None, (
+            f"no adaptive-EAGLE curve was measured at profile {profile.name}'s acceptance "
+            f"({want} ran drafts of accept length {theirs:.2f}, {profile.name}'s EAGLE {ours:.2f})"
+        )
+    return want, ""
+
+
+@dataclass(frozen=True)
+class EightGpusConfig:
+    profile: str
+    speed: float
+    sweep: SweepConfig
+    out: Path
+    ways: Sequence[str] = ways.EIGHT_WAYS
+    threshold: int | None = None
+    hysteresis: int | None = None
+    metrics_interval: float | None = None
+    sharing: str = "timeslice"
+    adaptive_profile: str | None = None  # None: adaptive_counterpart(profile)
+    seed: int = 0
+    startup_timeout: float = 60.0
+    append: bool = False
+    command: str = ""
+
+
+def plan_ways(cfg: EightGpusConfig) -> tuple[list[str], str | None, list[str]]:
+    """The ways to run, the adaptive profile (if any) and one note per way left out (pure but
+    for the shipped profiles)."""
+    run = list(cfg.ways)
+    adaptive, why = cfg.adaptive_profile, ""
+    if adaptive is None and "2x-adaptive" in run:
+        adaptive, why = adaptive_counterpart(load_profile(cfg.profile))
+    if "2x-adaptive" in run and adaptive is None:
+        run.remove("2x-adaptive")
+        return run, None, [f"2x-adaptive: {why}"]
+    return run, adaptive, []
+
+
+def _sweep_levels(
+    targets: Sequence[Target], scfg: SweepConfig, out: Path, progress: ProgressLine | None
+) -> list[Record]:
+    """``sweep`` one level at a time, so each level's records carry the machine's load then."""
+    records: list[Record] = []
+    for c in scfg.concurrencies:
+        extra = {**scfg.extra, "loadavg_1m": harness.load_average()}
+        level = dataclasses.replace(scfg, concurrencies=[c], extra=extra)
+        records += asyncio.run(sweep(targets, level, out, progress))
+    return records
+
+
+def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Record]:
+    """Run the comparison; each finished level is appended to ``cfg.out`` as it ends."""
+    prof = load_profile(cfg.profile)
+    run_ways, adaptive, notes = plan_ways(cfg)
+    for note in notes:
+        logger.warning("not run: %s", note)
+    extra: dict[str, Any] = {
+        **harness.run_metadata(EXPERIMENT, cfg.profile, cfg.speed, cfg.command),
+        "requests_per_c": cfg.sweep.requests_per_c,
+        "min_requests": cfg.sweep.min_requests,
+        "sharing": cfg.sharing,
+        "not_run": notes,
+    }
+    if adaptive is not None:
+        extra["adaptive_profile"] = adaptive
+        if cfg.adaptive_profile is not None:
+            extra["adaptive_by_hand"] = True
+    scfg = dataclasses.replace(cfg.sweep, extra={**cfg.sweep.extra, **extra})
+    if not cfg.append:
+        cfg.out.write_text("", encoding="utf-8")
+    records: list[Record] = []
+    thr, hyst = cfg.threshold, cfg.hysteresis
+    singles = thr is None or hyst is None
+    want: dict[str, int] = {"eagle": 1, "baseline": 1} if singles else {}
+    for way in run_ways:
+        for kind, n in ways.needs(way).items():
+            want[kind] = max(want.get(kind, 0), n)
+    with harness.processes() as procs:
+        servers = harness.start_servers(procs, want, cfg, adaptive)
+        crossover = None
+        if thr is None or hyst is None:
+            # As the envelope does: each server alone, then suggest-threshold on those sweeps.
+            alone = [Target("eagle", servers.eagle[0]), Target("baseline", servers.baseline[0])]
+            records += _sweep_levels(alone, scfg, cfg.out, progress)
+            s = threshold.suggest(
+                [r for r in records if r["target"] == "eagle"],
+                [r for r in records if r["target"] == "baseline"],
+            )
+            thr = s.threshold if thr is None else thr
+            hyst = s.hysteresis if hyst is None else hyst
+            crossover = s.crossover
+        profile_path = harness.router_profile(procs, prof, cfg.speed)
+        targets: list[Target] = []
+        for way in run_ways:
+            router = ways.way_router(
+                way,
+                servers,
+                threshold=thr,
+                hysteresis=hyst,
+                speed_profile=profile_path,
+                metrics_interval=cfg.metrics_interval,
+            )
+            url, _ = harness.start_router(procs, f"router-{way}", router, cfg.startup_timeout)
+            targets.append(Target(way, url))
+        rextra = {**scfg.extra, "threshold": thr, "hysteresis": hyst, "crossover": crossover}
+        if not singles:
+            rextra["threshold_by_hand"] = True
+        rcfg = dataclasses.replace(scfg, extra=rextra)
+        records += _sweep_levels(targets, rcfg, cfg.out, progress)
+    return records
