@@ -30,6 +30,7 @@ from dynspec.bench.procs import Children, free_port
 from dynspec.bench.ways import Router, Servers
 from dynspec.launcher import config as launch_config
 from dynspec.launcher import spec as launch_spec
+from dynspec.launcher.facts import flag_facts
 from dynspec.launcher.sim.profile import Profile
 
 
@@ -189,7 +190,7 @@ def router_argv(router: Router, port: int) -> list[str]:
     launch = ["--simulate", "--port", str(port), "--eagle-port", "1", "--baseline-port", "2"]
     config = launch_config.load_config([*launch, "--log-level", "warning", *router.settings], {})
     argv = list(launch_spec.build_router_spec(config).argv)
-    own = launch_spec.backend_args(config)
+    own = launch_spec.backend_args(config, flag_facts(config))
     at = argv.index(own[0])
     argv[at : at + len(own)] = router.servers
     return argv

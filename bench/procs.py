@@ -212,6 +212,22 @@ def proc_stat(pid: int) -> tuple[str, int, int] | None:
     return fields[0], int(fields[1]), int(fields[19])
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (all its threads) and of its live descendants, in seconds; what
+    is gone counts 0."""
+    ticks = 0
+    for p in (pid, *descendants(pid)):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            text = Path(f"/proc/{p}/stat").read_text()
+            # After "(comm) ": state is field 3, so utime (14) and stime (15) sit at 11 and 12.
+            fields = text[text.rfind(")") + 2 :].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / CLK_TCK
+
+
 def alive(pid: int, started: int) -> bool:
     """The same process (not a later one with its number) still runs (a zombie does not)."""
     st = proc_stat(pid)

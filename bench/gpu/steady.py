@@ -44,8 +44,14 @@ from dynspec.bench.gpu.toolkit import (
     sweep,
     warm,
 )
-from dynspec.bench.host import cpu_seconds
-from dynspec.bench.procs import alive, cmdline, descendants, free_port, http_status
+from dynspec.bench.procs import (
+    alive,
+    cmdline,
+    cpu_seconds,
+    descendants,
+    free_port,
+    http_status,
+)
 
 TITLE = "One H200 = one pair, SGLang 0.5.17, random 8B (tp 1)"
 COST_LEVELS = (16, 64, 128, 256)  # router-cost's levels; with --router-cost: the plan's >= 16
