@@ -185,9 +185,15 @@ async def _one_request(
     seen = 0
     done = False
     try:
-        async with client.stream("POST", url, content=body, headers=headers) as r:
+        # SGLang's FastAPI (0.5.17's bundles FastAPI 0.165, strict about it) reads a body as
+        # JSON only when it is labelled so: unlabelled, /generate answers 400.
+        labelled = {"content-type": "application/json", **headers}
+        async with client.stream("POST", url, content=body, headers=labelled) as r:
             if r.status_code != 200:
-                raise CalibrationError(f"HTTP {r.status_code} from /generate")
+                detail = (await r.aread())[:200].decode("utf-8", "replace").strip()
+                raise CalibrationError(
+                    f"HTTP {r.status_code} from /generate" + (f": {detail}" if detail else "")
+                )
             pending = b""
             async for data in r.aiter_raw():
                 pending += data

@@ -35,6 +35,7 @@ from dynspec.launcher.sim.faults import Faults
 from dynspec.launcher.sim.inputs import (
     GenerationInput,
     InvalidRequest,
+    labelled_json,
     media_type,
     parse_generation,
     parse_object,
@@ -459,6 +460,12 @@ class SimApp:
         fail = self.faults.fail_status
         try:
             body = await read_body(receive)
+            if not labelled_json(scope["headers"]):
+                raise InvalidRequest(
+                    "Input should be a valid dictionary or object to extract fields from "
+                    "(the body was not labelled application/json)",
+                    HTTPStatus.BAD_REQUEST.phrase,
+                )
             if fail is None:
                 inp = parse(body)
         except InvalidRequest as exc:

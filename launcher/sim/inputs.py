@@ -58,6 +58,17 @@ def media_type(headers: list[tuple[bytes, bytes]]) -> bytes:
     return b""
 
 
+def labelled_json(headers: list[tuple[bytes, bytes]]) -> bool:
+    """A body FastAPI reads as JSON for a model parameter (SGLang's /generate, /v1/responses):
+    ``application/json`` or ``application/*+json``. FastAPI's ``strict_content_type`` (on by
+    default since 0.12x; SGLang 0.5.17's bundle has 0.165) reads an unlabelled body as bytes,
+    which fails validation: 400."""
+    media = media_type(headers)
+    return media == b"application/json" or (
+        media.startswith(b"application/") and media.endswith(b"+json")
+    )
+
+
 async def read_body(receive: Callable[[], Awaitable[MutableMapping[str, Any]]]) -> bytes:
     chunks: list[bytes] = []
     size = 0

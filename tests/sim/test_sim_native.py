@@ -75,3 +75,20 @@ def test_generate_stops_at_a_stop_string(eagle_sim: Sim) -> None:
     answer = r.json()
     assert answer["meta_info"]["finish_reason"] == {"type": "stop", "matched": "e"}
     assert "e" not in answer["text"]
+
+
+@pytest.mark.parametrize("label", [None, b"text/plain", b"application/x-www-form-urlencoded"])
+def test_generate_body_not_labelled_json_is_400_as_sglangs_fastapi(
+    eagle_sim: Sim, label: bytes | None
+) -> None:
+    # SGLang 0.5.17's FastAPI reads an unlabelled body as bytes (strict_content_type): 400. The
+    # launcher's calibration first met this on the real H200, where the simulator had said 200.
+    body = orjson.dumps({"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
+    headers = {} if label is None else {"content-type": label.decode()}
+    for path in ("/generate", "/v1/responses"):
+        r = httpx.post(eagle_sim.url + path, content=body, headers=headers, timeout=10)
+        assert r.status_code == 400, (path, r.text)
+        assert r.json()["object"] == "error" and r.json()["code"] == 400
+    labelled = {"content-type": "application/vnd.api+json"}
+    r = httpx.post(eagle_sim.url + "/generate", content=body, headers=labelled, timeout=10)
+    assert r.status_code == 200, r.text
