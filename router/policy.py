@@ -237,43 +237,4 @@ def least_loaded(groups: Sequence[Snapshot], exclude: frozenset[str] = frozenset
     return best
 
 
-@dataclass(frozen=True, slots=True)
-class PairView:
-    """A pair as a table row: ``choose_pair``'s input."""
-
-    index: int
-    eagle: ServerView
-    baseline: ServerView
-    # Requests in flight on both servers (not counting the one being routed).
-    load: int
-    mode: PoolName
-    threshold: int
-    hysteresis: int
-
-    def snapshot(self) -> Snapshot:
-        servers = (self.eagle, self.baseline)
-        return Snapshot(servers, self.load + 1, self.mode, self.threshold, self.hysteresis)
-
-
-@dataclass(frozen=True, slots=True)
-class PairChoice:
-    # None when no pair has a server that can take the request.
-    pair: int | None
-    server: ServerView | None
-    # The chosen pair's mode afterwards.
-    mode: PoolName = "eagle"
-    reason: str = ""
-
-
-def choose_pair(pairs: Sequence[PairView], exclude: frozenset[str] = frozenset()) -> PairChoice:
-    """What the pool does with ``--pair`` groups, as a pure function for tables: the least
-    loaded pair (``least_loaded``), then ``ThresholdPolicy`` on that pair's snapshot."""
-    snapshots = [p.snapshot() for p in pairs]
-    i = least_loaded(snapshots, exclude)
-    if i is None:
-        return PairChoice(None, None)
-    choice = ThresholdPolicy().choose(snapshots[i], exclude)
-    return PairChoice(pairs[i].index, choice.server, choice.mode, choice.reason)
-
-
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (ThresholdPolicy, BalancePolicy)}

@@ -166,3 +166,19 @@ def test_stale(row: tuple[Any, ...]) -> None:
         s.finish(routed_at)
     assert stale(s, now, 10 + since) == expected
     assert not stale(Server(B, "baseline"), now, 10 + since)  # no speed learner: never
+
+
+def test_a_pair_server_is_probed_only_while_its_mate_is_idle() -> None:
+    # The two servers of a pair share the GPU: a probe beside a busy mate teaches nothing (it is
+    # not learned) and slows the mate's whole batch (H200, pair-a-steady: C=16 at 0.85x).
+    eagle, baseline = server(E, "eagle"), server(B, "baseline")
+    eagle.mate, baseline.mate = baseline, eagle  # as server.layout() pairs them
+    due = PROBE_AFTER_S + 1
+    assert stale(baseline, due, 10)
+    eagle.admit(due, 11)
+    assert not stale(baseline, due, 10)
+    eagle.finish(due)
+    assert stale(baseline, due, 10)
+    # The split layout's servers have no mate (other GPUs): a busy EAGLE pool does not matter.
+    alone = server(B, "baseline")
+    assert alone.mate is None and stale(alone, due, 10)
