@@ -363,6 +363,13 @@ def cmd_report(argv: Sequence[str]) -> NoReturn:
     p = FlagParser(prog=f"{PROG} report", description=COMMANDS["report"])
     p.add_argument("sweeps", type=Path, nargs="+", help="sweep-pair-a.jsonl, sweep-pair-b.jsonl")
     p.add_argument("--eight", action="store_true", help="the eight plan's sweep-eight.jsonl")
+    p.add_argument(
+        "--write",
+        action="store_true",
+        help="also write STEM.md, STEM.png (medians, min-max bars) and STEM-summary.json beside "
+        "the first file, from all of them",
+    )
+    p.add_argument("--title", default="", help="--write: the plot's title")
     add_log_level(p)
     args = p.parse_layered(argv)
     configure_logging(args.log_level)
@@ -371,6 +378,8 @@ def cmd_report(argv: Sequence[str]) -> NoReturn:
         missing = [s for s in args.sweeps if not s.is_file()]
         if missing:
             raise UsageError(f"{missing[0]}: no such file")
+        if args.write:
+            steadyreport.write_report(args.sweeps[0], args.title, more=args.sweeps[1:])
         text = (
             eight.eight_markdown(args.sweeps)
             if args.eight

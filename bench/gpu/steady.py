@@ -220,7 +220,9 @@ def plan_steady(
     ]
     jsonl = run.results / f"sweep-{study.name}.jsonl"
     run.say(f"sweep {', '.join(t.label for t in study.targets)} at C={wanted}")
-    done = sweep(run, targets, jsonl, levels=wanted, on_record=hook, on_start=hook.start)
+    title = f"MEASURED: {TITLE}, code at {run.meta.get('commit', '?')}, medians (min-max)"
+    done = sweep(run, targets, jsonl, levels=wanted, on_record=hook, on_start=hook.start,
+                 title=title)  # fmt: skip
     if not done and keep:
         if session is None:
             keep_session(run, procs, cost_port=cost_port)

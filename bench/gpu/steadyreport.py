@@ -232,14 +232,14 @@ def summary(rows: Sequence[Record]) -> dict[str, Any]:
     }
 
 
-def write_report(jsonl: Path, title: str = "") -> None:
+def write_report(jsonl: Path, title: str = "", more: Sequence[Path] = ()) -> None:
     """``STEM.md`` (the tables), ``STEM.png`` (tok/s and TPOT, medians with min-max) and
-    ``STEM-summary.json`` beside ``jsonl``."""
+    ``STEM-summary.json`` beside ``jsonl``, from it and ``more``."""
     import json
 
     from dynspec.bench.report import plot
 
-    rows = read([jsonl]) if jsonl.exists() else []
+    rows = read([jsonl, *more]) if jsonl.exists() else []
     if not rows:
         return
     jsonl.with_suffix(".md").write_text(markdown(rows))

@@ -368,6 +368,7 @@ def sweep(
     limit: float | None = None,
     on_record: Any = None,
     on_start: Any = None,
+    title: str = "",
 ) -> bool:
     """The steady-state sweep (``Steady``) of ``targets`` (``load.Target``), resuming ``out``;
     no level is started that would end past ``limit`` seconds from now or past the budget less
@@ -397,7 +398,7 @@ def sweep(
         raise RunFailed(str(exc)) from None
     from dynspec.bench.gpu.steadyreport import write_report
 
-    write_report(out)
+    write_report(out, title)
     left = pending(targets, cfg, out)
     if left:
         run.say(f"{len(left)} points left (the budget): the next command with --keep resumes")
