@@ -25,7 +25,7 @@ from dynspec.common.cli import (
 )
 
 if TYPE_CHECKING:
-    from dynspec.bench.gpu.toolkit import Body
+    from dynspec.bench.gpu.attempt import Body
 
 PROG = "dynspec-bench gpu"
 COMMANDS = {
@@ -86,8 +86,8 @@ def cmd_models(argv: Sequence[str]) -> NoReturn:
 
 
 def cmd_run(argv: Sequence[str]) -> NoReturn:
-    """``dynspec-bench gpu run``: one bounded attempt of one plan (``toolkit.attempt``)."""
-    from dynspec.bench.gpu import toolkit
+    """``dynspec-bench gpu run``: one bounded attempt of one plan (``attempt.attempt``)."""
+    from dynspec.bench.gpu import attempt, toolkit
 
     p = run_parser()
     args = p.parse_args(argv)
@@ -98,21 +98,22 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
     if args.dry_run and args.plan not in ("eight", "kill"):
         p.error("--dry-run: only the eight and kill plans have one")
     steady_plans = ("pair-a", "pair-b", "router-cost")
-    if (args.keep or args.router_cost) and args.plan not in steady_plans:
-        p.error(f"--keep and --router-cost: only the {', '.join(steady_plans)} plans")
+    only_steady = args.keep or args.router_cost or args.sweep_seconds is not None
+    if only_steady and args.plan not in steady_plans:
+        p.error(f"--keep, --router-cost, --sweep-seconds: only the {', '.join(steady_plans)} plans")
     if args.router_cost and args.plan == "router-cost":
         p.error("--router-cost: the router-cost plan measures nothing else")
     if args.dry_run:
         print(dry_run(args), end="")
         sys.exit(0)
-    a = toolkit.Attempt(
+    a = attempt.Attempt(
         plan=args.plan, out=args.out, work=args.work, budget=args.budget, ports=args.ports,
         bundle=args.bundle, models=args.models, drafts=drafts(args), commit=commit(args.commit),
         steady=toolkit.Steady(repeats=args.repeats, min_seconds=args.min_seconds,
                               per_c=args.requests_per_c, output_len=args.output_len),
         keep=args.keep,
     )  # fmt: skip
-    toolkit.attempt(a, plan_body(args))
+    attempt.attempt(a, plan_body(args))
 
 
 def plan_body(args: argparse.Namespace) -> Body:
@@ -133,8 +134,9 @@ def plan_body(args: argparse.Namespace) -> Body:
         if args.router_cost:
             study = steady.with_router_cost(study, wanted)
         return lambda run, models, session: steady.plan_steady(
-            run, models, study, levels=wanted, session=session, keep=args.keep
-        )
+            run, models, study, levels=wanted, session=session, keep=args.keep,
+            sweep_seconds=args.sweep_seconds,
+        )  # fmt: skip
     if args.plan == "kill":
         from dynspec.bench.gpu.kill import plan_kill
 
@@ -314,6 +316,13 @@ def run_parser() -> FlagParser:
         action="store_true",
         help="pair-*, router-cost: when the budget ends before the sweep, leave the launcher "
         "running for the next command with the same --work, which resumes the sweep",
+    )
+    p.add_argument(
+        "--sweep-seconds",
+        type=non_negative_float,
+        default=None,
+        help="pair-*, router-cost: start no level later than this many seconds into this "
+        "command's sweep (default: what --budget leaves); with --keep the next command goes on",
     )
     p.add_argument(
         "--router-cost",

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dynspec.bench.gpu.attempt import keep_session, stop_kept
 from dynspec.bench.gpu.leftovers import compute_apps
 from dynspec.bench.gpu.toolkit import (
     Run,
@@ -36,10 +37,8 @@ from dynspec.bench.gpu.toolkit import (
     check_model_loads,
     fetch,
     gauge,
-    keep_session,
     launch_argv,
     start_launcher,
-    stop_kept,
     stop_launcher,
     sweep,
     warm,
@@ -181,6 +180,7 @@ def plan_steady(
     levels: Sequence[int],
     session: dict[str, Any] | None,
     keep: bool,
+    sweep_seconds: float | None = None,
 ) -> int:
     from dynspec.bench import load
 
@@ -221,8 +221,8 @@ def plan_steady(
     jsonl = run.results / f"sweep-{study.name}.jsonl"
     run.say(f"sweep {', '.join(t.label for t in study.targets)} at C={wanted}")
     title = f"MEASURED: {TITLE}, code at {run.meta.get('commit', '?')}, medians (min-max)"
-    done = sweep(run, targets, jsonl, levels=wanted, on_record=hook, on_start=hook.start,
-                 title=title)  # fmt: skip
+    done = sweep(run, targets, jsonl, levels=wanted, limit=sweep_seconds, on_record=hook,
+                 on_start=hook.start, title=title)  # fmt: skip
     if not done and keep:
         if session is None:
             keep_session(run, procs, cost_port=cost_port)

@@ -130,8 +130,9 @@ def test_pair_a_over_two_commands_keeps_its_launcher_and_resumes_the_sweep(tmp_p
     common = ["--plan", "pair-a", "--router-cost", "--levels", "1,16", "--repeats", "2",
               "--min-seconds", "0.3", "--output-len", "16", "--keep",
               "--bundle", str(bundle), "--models", str(models)]  # fmt: skip
-    # The budget covers the launch and the warm pass, not one level (45 s are kept for the stop).
-    first = gpu_run(tmp_path, ports, *common, "--budget", "46", "--out", str(tmp_path / "o1"))
+    # The first command sweeps nothing (--sweep-seconds 0): it launches, warms and keeps.
+    first = gpu_run(tmp_path, ports, *common, "--budget", "200", "--sweep-seconds", "0",
+                    "--out", str(tmp_path / "o1"))  # fmt: skip
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
     assert "kept running for the next command: launcher, cost_router" in first.stdout
     session = json.loads((tmp_path / "work" / "session.json").read_text())
@@ -172,8 +173,9 @@ def test_pair_a_over_two_commands_keeps_its_launcher_and_resumes_the_sweep(tmp_p
 
 def test_bad_flags_are_usage_errors(tmp_path: Path) -> None:
     ports = f"{free_port()},{free_port()},{free_port()}"
-    for extra in (["--plan", "pair-a", "--threshold", "often"], ["--plan", "main", "--keep"],
-                  ["--plan", "router-cost", "--router-cost"]):  # fmt: skip
+    bad = [["--plan", "pair-a", "--threshold", "often"], ["--plan", "main", "--keep"]]
+    bad += [["--plan", "router-cost", "--router-cost"], ["--plan", "kill", "--sweep-seconds", "5"]]
+    for extra in bad:
         done = gpu_run(tmp_path, ports, *extra, "--out", str(tmp_path / "o"))
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
 

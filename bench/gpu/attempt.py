@@ -1,0 +1,203 @@
+"""One device command's life (``attempt``) and the session it may keep for the next one.
+
+A device command is at most 10 minutes, and one launch of a pair with its steady sweep takes
+longer: a command that keeps its session leaves the launcher (a session leader, which the device
+tool leaves running while the machine stays held) running and writes down its pids, and the next
+command with the same ``--work`` resumes it, its sweep skipping the points already measured. The
+plans get the kept session's state; the command line (``cli.py``) builds the ``Attempt``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from dynspec.bench.gpu.leftovers import TAG_VAR, kill_tagged
+from dynspec.bench.gpu.toolkit import (
+    FIXED_ENV,
+    PROG,
+    RESERVE_S,
+    SGLANG_ARGS,
+    Run,
+    RunFailed,
+    Steady,
+    build_models,
+    probe_python,
+    site_paths,
+)
+from dynspec.bench.procs import alive, proc_stat
+
+# -- a session kept across device commands ---------------------------------------------------------
+
+
+def session_file(run: Run) -> Path:
+    return run.work / "session.json"
+
+
+def keep_session(run: Run, procs: Mapping[str, subprocess.Popen[bytes]], **extra: Any) -> None:
+    """Leave ``procs`` (session leaders: ``Children`` starts every child in a session of its own)
+    running past this command, for the next one with the same ``--work`` (``extra`` is kept in
+    the session's file too)."""
+    kept = {}
+    for name, proc in procs.items():
+        st = proc_stat(proc.pid)
+        if st is None:
+            raise RunFailed(f"{name} (pid {proc.pid}) is gone: nothing to keep")
+        kept[name] = [proc.pid, st[2]]
+        if proc in run.children.procs:
+            run.children.procs.remove(proc)
+    run.keep = True
+    state = {"tag": run.tag, "ports": list(run.ports), "procs": kept, "plan": run.meta.get("plan")}
+    state.update(extra)
+    session_file(run).write_text(json.dumps(state))
+    run.say("kept running for the next command: " + ", ".join(kept))
+
+
+def kept_session(run: Run, plan: str) -> dict[str, Any] | None:
+    """The session an earlier command of this plan left running, if every process of it still
+    runs; a file whose processes are gone is removed (the next command starts afresh)."""
+    path = session_file(run)
+    try:
+        state: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    procs = state.get("procs", {})
+    if state.get("plan") != plan or not all(alive(pid, start) for pid, start in procs.values()):
+        gone = [name for name, (pid, start) in procs.items() if not alive(pid, start)]
+        run.say(f"not resuming the kept session ({', '.join(gone) or 'another plan'} gone): "
+                "starting afresh")  # fmt: skip
+        for pid, start in procs.values():
+            if alive(pid, start):
+                stop_kept(pid, start)
+        path.unlink(missing_ok=True)
+        return None
+    return state
+
+
+def stop_kept(pid: int, start: int, grace: float = 90.0) -> None:
+    """SIGINT a kept session leader (as Ctrl-C: the launcher drains and stops its servers), then
+    SIGKILL its process group if it has not ended within ``grace`` seconds."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGINT)
+    limit = time.monotonic() + grace
+    while alive(pid, start) and time.monotonic() < limit:
+        time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+# -- the attempt ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One device command: where it writes, how long it may take, what it brings."""
+
+    plan: str
+    out: Path
+    work: Path
+    budget: float
+    ports: tuple[int, int, int]
+    bundle: Path | None
+    models: Path | None
+    drafts: tuple[str, ...]
+    commit: str
+    steady: Steady
+    keep: bool = False  # keep the session (launcher) running when the plan is not finished
+
+
+Body = Callable[[Run, Path, "dict[str, Any] | None"], int]
+
+
+def attempt(a: Attempt, body: Body) -> NoReturn:
+    """Run ``body(run, models, session)`` as one bounded attempt and exit with its code: set-up
+    (bundle, versions, models; skipped when an earlier command's session is resumed), then the
+    plan, then, whatever happened, every child stopped (unless the plan kept its session),
+    whatever carries the run's tag killed, ``meta.json`` and the logs written, and the results
+    copied to ``--out``. A ``RunFailed`` is one line and exit 1."""
+    env = dict(os.environ)
+    env.update(FIXED_ENV)
+    run = Run(out=a.out, work=a.work, deadline=time.monotonic() + a.budget, env=env)
+    run.ports, run.steady = a.ports, a.steady
+    # A command that keeps its session needs only to write its results at the end; the one that
+    # stops it needs about STOP_S more, which an early end of the sweep leaves.
+    run.reserve = 20.0 if a.keep else RESERVE_S
+    session = kept_session(run, a.plan)
+    if session is None:
+        shutil.rmtree(run.logs, ignore_errors=True)
+        shutil.rmtree(run.results, ignore_errors=True)
+        run.tag = f"{os.getpid()}-{time.time_ns()}"
+    else:
+        run.tag = str(session["tag"])
+        run.ports = tuple(session["ports"])
+        with contextlib.suppress(OSError, ValueError):
+            run.meta = json.loads((run.results / "meta.json").read_text())
+    env[TAG_VAR] = run.tag
+    run.results.mkdir(parents=True, exist_ok=True)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    run.meta.update(tag=run.tag, plan=a.plan, commit=a.commit, steady=vars(a.steady))
+    run.meta.setdefault("started", started)
+    command: dict[str, Any] = {"started": started, "resumed": session is not None}
+    run.meta.setdefault("device_commands", []).append(command)
+    code, failure = 1, None
+    try:
+        extra = site_paths(run, a.bundle)
+        here = env.get("PYTHONPATH", "")
+        run.env["PYTHONPATH"] = os.pathsep.join([*([here] if here else []), *extra])
+        models = a.models or a.work / "models"
+        if session is None:
+            run.meta["versions"] = probe_python(run)
+            run.meta["sglang_args"] = SGLANG_ARGS
+            run.say(f"versions: {run.meta['versions']}")
+            if a.models is None and a.drafts:
+                build_models(run, models, a.drafts)
+                run.say("models built")
+        else:
+            run.say(f"resuming the session kept by the last command (tag {run.tag})")
+        code = body(run, models, session)
+    except RunFailed as exc:
+        failure = str(exc)
+    except KeyboardInterrupt:
+        failure = "interrupted"
+    except Exception as exc:  # a fault of the plan's code: one line here, the traceback in logs
+        run.logs.mkdir(parents=True, exist_ok=True)
+        (run.logs / "traceback.txt").write_text(traceback.format_exc())
+        failure = f"{type(exc).__name__}: {exc} (traceback in logs/traceback.txt)"
+    finally:
+        run.stop_all()
+        if not run.keep:
+            run.meta["leftovers_killed"] = kill_tagged(run.tag)
+            session_file(run).unlink(missing_ok=True)
+        command["elapsed_s"] = round(time.monotonic() - run.t0, 1)
+        if failure:
+            run.meta["failure"] = failure
+        (run.results / "meta.json").write_text(json.dumps(run.meta, indent=1, default=str))
+        with contextlib.suppress(OSError, tarfile.TarError):
+            pack_logs(run)
+        a.out.mkdir(parents=True, exist_ok=True)
+        for f in run.results.iterdir():
+            if f.is_file():
+                shutil.copy2(f, a.out / f.name)
+    if failure:
+        print(f"{PROG}: error: {failure}", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(code)
+
+
+def pack_logs(run: Run) -> None:
+    if not run.logs.is_dir():
+        return
+    with tarfile.open(run.results / "logs.tar.gz", "w:gz") as t:
+        t.add(run.logs, arcname="logs")
