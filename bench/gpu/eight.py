@@ -36,8 +36,8 @@ from dynspec.bench.gpu.toolkit import (
     Run,
     RunFailed,
     fetch,
-    last_line,
     sweep,
+    wait_done,
     wait_healthy,
     wait_launcher,
 )
@@ -178,17 +178,6 @@ def dry_run(args_layout: str, **kw: object) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _wait_done(run: Run, step: Step, proc: subprocess.Popen[bytes], log: Path) -> None:
-    try:
-        code = proc.wait(max(1.0, run.left() - 30))
-    except subprocess.TimeoutExpired:
-        raise RunFailed(f"{step.name} ran out of time; see {log}") from None
-    finally:
-        run.stop(proc)
-    if code != 0:
-        raise RunFailed(f"{step.name} failed ({last_line(log)}); see {log}")
-
-
 def run_steps(
     run: Run, steps: Sequence[Step], start_timeout: float
 ) -> list[subprocess.Popen[bytes]]:
@@ -198,8 +187,8 @@ def run_steps(
     batch: list[tuple[Step, subprocess.Popen[bytes], Path]] = []
     for step in steps:
         if batch and not step.batch:
-            for item in batch:
-                _wait_done(run, *item)
+            for done_step, done_proc, done_log in batch:
+                wait_done(run, done_proc, done_step.name, done_log, spare=30)
             batch = []
         log = run.logs / f"{step.name}.log"
         env_before = dict(run.env)
@@ -213,11 +202,11 @@ def run_steps(
         if step.wait and step.batch:
             batch.append((step, proc, log))
         elif step.wait:
-            _wait_done(run, step, proc, log)
+            wait_done(run, proc, step.name, log, spare=30)
         else:
             serving.append((step, proc, log))
-    for item in batch:
-        _wait_done(run, *item)
+    for done_step, done_proc, done_log in batch:
+        wait_done(run, done_proc, done_step.name, done_log, spare=30)
     for step, proc, log in serving:
         if step.health is None:
             took = wait_launcher(run, proc, log)

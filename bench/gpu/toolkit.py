@@ -235,14 +235,22 @@ def build_models(run: Run, models: Path, drafts: Sequence[str]) -> None:
         "build_models(Path(sys.argv[1]), sys.argv[2:])"
     )
     proc = run.spawn("models", [run.python, "-c", code, str(models), *drafts], log)
+    wait_done(run, proc, "building the test models", log)
+
+
+def wait_done(
+    run: Run, proc: subprocess.Popen[bytes], what: str, log: Path, spare: float = 0.0
+) -> None:
+    """Until ``proc`` (a step that ends by itself) exits, at most until ``spare`` seconds of the
+    budget are left; stopped either way; a timeout or a non-zero exit is one line naming its log."""
     try:
-        code_ = proc.wait(max(1.0, run.left()))
+        code = proc.wait(max(1.0, run.left() - spare))
     except subprocess.TimeoutExpired:
-        raise RunFailed(f"building the test models ran out of time; see {log}") from None
+        raise RunFailed(f"{what} ran out of time; see {log}") from None
     finally:
         run.stop(proc)
-    if code_ != 0:
-        raise RunFailed(f"building the test models failed ({last_line(log)}); see {log}")
+    if code != 0:
+        raise RunFailed(f"{what} failed ({last_line(log)}); see {log}")
 
 
 def check_model_loads(path: Path) -> None:
