@@ -1,1 +1,2 @@
-"""dynspec.bench: concurrency sweeps, threshold suggestion and overhead benchmarks."""
+"""dynspec.bench: concurrency sweeps, threshold suggestion, the simulated experiments and the
+real-GPU runs."""

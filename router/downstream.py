@@ -1,10 +1,11 @@
 """The client side's one shortcut: the relay writes a streamed body's chunks to the socket itself.
 
-Measured with ``dynspec-bench overhead``: going through ASGI, every relayed chunk costs a task
-wake-up (the relay's task waits for the next upstream piece) plus uvicorn's ``send``; together
-about a third of the router's CPU per chunk. With this shortcut the upstream connection's parser
-callback frames each piece and writes it to the client's transport on the spot; the relay's task
-wakes once per response (its end, a break, or a client that stops reading), not once per chunk.
+Measured with ``dynspec-bench overhead`` (retired; its figures: docs/benchmarks.md, "Router
+overhead on a mock upstream"): going through ASGI, every relayed chunk costs a task wake-up (the
+relay's task waits for the next upstream piece) plus uvicorn's ``send``; together about a third of
+the router's CPU per chunk. With this shortcut the upstream connection's parser callback frames
+each piece and writes it to the client's transport on the spot; the relay's task wakes once per
+response (its end, a break, or a client that stops reading), not once per chunk.
 
 Only the body's middle takes the shortcut. The response's start and its end still go through
 uvicorn's ``send``, so uvicorn's own state (chunked framing chosen, response complete, keep-alive,
@@ -109,7 +110,8 @@ MAX_LINE_BYTES = 8 * 1024
 
 @dataclass(frozen=True, slots=True)
 class ClientLimits:
-    """What one client may send and how slowly (defaults: nginx's, see README)."""
+    """What one client may send and how slowly (defaults: nginx's, see docs/router.md, "Limits
+    and timeouts")."""
 
     # The whole head (request line and headers), each line alone, and how many headers
     # (Envoy's 100).

@@ -3,8 +3,8 @@
 Several routers in front of the same servers each see only their own requests; a threshold on
 that count switches at N times the threshold with N routers. SGLang knows the true count. Every
 ``--load-interval`` seconds one task per server reads ``GET /v1/loads?include=core`` (the freshest
-count SGLang serves in 0.5.17 and 0.5.23; README "Several routers / Kubernetes" says why and how
-stale it can be), and the load of a server is
+count SGLang serves in 0.5.17 and 0.5.23; docs/operations.md, "Several routers in front of the
+same servers", says why and how stale it can be), and the load of a server is
 
     its last reading + this router's admissions to it since - this router's finishes since
 

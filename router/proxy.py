@@ -1,11 +1,11 @@
 """The streaming relay: a bare ASGI handler for the generation paths (``request.PROXY_PATHS``:
 POST /v1/chat/completions, /v1/completions, /v1/responses and SGLang's native /generate).
 
-Why bare ASGI and our own client: measured with ``dynspec-bench overhead``, FastAPI's response
-machinery costs a third of the throughput at 256 concurrent streams, httpx's transport collapses
-at that load, and aiohttp's reader cost ~15 us of a relayed chunk's CPU, so the hot path skips
-all three. One shared ``upstream.Client`` (made with the app's runtime) talks to the servers over
-keep-alive connections; upstream bytes go to the client as they arrive.
+Why bare ASGI and our own client (the retired ``dynspec-bench overhead``, docs/benchmarks.md):
+FastAPI's response machinery costs a third of the throughput at 256 concurrent streams, httpx's
+transport collapses at that load, and aiohttp's reader cost ~15 us of a relayed chunk's CPU, so the
+hot path skips all three. One shared ``upstream.Client`` (made with the app's runtime) talks to the
+servers over keep-alive connections; upstream bytes go to the client as they arrive.
 
 This module holds intake, failover, the timeout watchdog and the two drivers that move a
 response's bytes: through ASGI ``send``, or, when the server is ours (``downstream.RelayProtocol``),

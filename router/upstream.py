@@ -1,12 +1,12 @@
 """The router's HTTP/1.1 client: asyncio protocol connections, httptools, a keep-alive pool.
 
-Why not aiohttp (measured with ``bench/overhead``): its reader costs about 15 us of a relayed
-chunk's CPU, more than half of the 25 us budget, through layers the relay does not use (a
-``StreamReader`` with its own buffering and timers, response objects, cookie and redirect logic).
-Here a body piece goes from ``data_received`` through httptools' C parser either into a list,
-waking the one task that ``read``s it at most once per ``data_received``, or, for the relay's
-streams, straight into a callback (``stream_to``) that forwards it on the spot; nothing else runs
-per chunk.
+Why not aiohttp (measured with ``dynspec-bench overhead``, retired: docs/benchmarks.md): its reader
+costs about 15 us of a relayed chunk's CPU, more than half of the 25 us budget, through layers the
+relay does not use (a ``StreamReader`` with its own buffering and timers, response objects, cookie
+and redirect logic). Here a body piece goes from ``data_received`` through httptools' C parser
+either into a list, waking the one task that ``read``s it at most once per ``data_received``, or,
+for the relay's streams, straight into a callback (``stream_to``) that forwards it on the spot;
+nothing else runs per chunk.
 
 What it does: one request at a time per connection (no pipelining); request head and body written
 in one ``transport.write``; TCP_NODELAY on every connection; responses framed by content-length,

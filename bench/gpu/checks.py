@@ -1,6 +1,6 @@
 """Functional checks of dynspec-router in front of two real SGLang servers.
 
-Each check asserts what the router promises (the README's "HTTP surface" and metric names)
+Each check asserts what the router promises (docs/router.md's "HTTP surface" and "Metrics")
 against what the servers really send:
 streams end in ``[DONE]``, usage is injected for the router's own accounting and stripped again
 when the client did not ask for it, completions and ``/v1/models`` pass through, a client that
