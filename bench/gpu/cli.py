@@ -328,7 +328,7 @@ def run_parser() -> FlagParser:
         "--router-cost",
         action="store_true",
         help="pair-*: also measure a second router (threshold above any load) against EAGLE "
-        "alone at C=16,64,128,256, in the same launch",
+        "alone, at the plan's levels from C=16 up, in the same launch",
     )
     p.add_argument(
         "--commit", help="the code's commit, for meta.json (the device copy has no .git)"

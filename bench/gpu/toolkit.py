@@ -1,13 +1,11 @@
-"""The GPU plans' toolkit: one bounded attempt on a GPU machine (``Run``), its set-up (the SGLang
-bundle, the test models), ``dynspec-launch`` started and stopped, the steady-state sweep every plan
-measures with, and a session kept across device commands.
+"""The GPU plans' toolkit: what one bounded attempt on a GPU machine works with (``Run``), its
+set-up (the SGLang bundle, the test models), ``dynspec-launch`` started and stopped, and the
+steady-state sweep every plan measures with (``Steady``).
 
-Every plan module (``mainplan``, ``levels``, ``steady``, ``kill``, ``eight``) imports this one and
-nothing else of bench/gpu but its own helpers; ``cli.py`` imports the plans. A device command is at
-most 10 minutes, so a plan that needs more keeps its launcher running when the command ends
-(``--keep``: the launcher is a session leader, which the device tool leaves running while the
-machine stays held) and the next command with the same ``--work`` resumes it (``attempt.py``):
-the sweep skips the points already measured.
+Every plan module (``mainplan``, ``levels``, ``steady``, ``kill``, ``eight``) imports this one
+(``steady`` also ``attempt``'s session calls, ``eight`` a few of its siblings' helpers);
+``attempt.py`` runs one device command around a plan; ``cli.py`` imports the plans and the
+attempt. Nothing here imports a plan, so there is no import loop.
 """
 
 from __future__ import annotations
