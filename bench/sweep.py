@@ -195,9 +195,12 @@ def point(rec: Record) -> Point:
     return str(rec["target"]), int(rec["max_concurrency"]), int(rec.get("repeat") or 1)
 
 
-def pending(targets: Sequence[load.Target], cfg: SweepConfig, out: Path | None) -> list[Point]:
-    done = {point(r) for r in earlier(out)}
-    return [p for p in points(targets, cfg) if p not in done]
+def pending(
+    targets: Sequence[load.Target], cfg: SweepConfig, out: Path | None, done: Sequence[Record] = ()
+) -> list[Point]:
+    """The sweep's points not in ``out`` (or, given, in ``done``: the records already read)."""
+    finished = {point(r) for r in (done or earlier(out))}
+    return [p for p in points(targets, cfg) if p not in finished]
 
 
 def estimate_seconds(c: int, cfg: SweepConfig, seen: Sequence[Record]) -> float:
@@ -263,8 +266,7 @@ async def sweep(
     prompts = sweep_prompts(cfg)
     records: list[Record] = []
     before_now = earlier(out) if cfg.resume else []
-    done = {point(r) for r in before_now}
-    todo = [p for p in points(targets, cfg) if p not in done]
+    todo = pending(targets, cfg, None, before_now)
     seen: dict[str, list[Record]] = {t.label: [] for t in targets}
     for r in before_now:
         seen.setdefault(str(r["target"]), []).append(r)

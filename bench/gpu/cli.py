@@ -273,8 +273,10 @@ def _levels(text: str) -> str:
 
 
 def run_parser() -> FlagParser:
-    from dynspec.bench.gpu.toolkit import LEVELS
+    from dynspec.bench.gpu.toolkit import LEVELS, Steady
     from dynspec.bench.gpu.toolkit import PROG as RUN_PROG
+
+    steady = Steady()  # the plans' defaults are the flags' defaults: one record of them
 
     p = FlagParser(prog=RUN_PROG, description=RUN_HELP)
     p.add_argument("--plan", choices=PLANS, default="main", help="what to run")
@@ -299,18 +301,26 @@ def run_parser() -> FlagParser:
         "--hysteresis", type=non_negative_int, default=8, help="router hysteresis (main)"
     )
     p.add_argument(
-        "--repeats", type=positive_int, default=3, help="runs of each point, targets interleaved"
+        "--repeats",
+        type=positive_int,
+        default=steady.repeats,
+        help="runs of each point, targets interleaved",
     )
     p.add_argument(
         "--min-seconds",
         type=non_negative_float,
-        default=15.0,
+        default=steady.min_seconds,
         help="a level measures at least this long (and at least --requests-per-c x C requests)",
     )
     p.add_argument(
-        "--requests-per-c", type=positive_int, default=10, help="measured requests per level / C"
+        "--requests-per-c",
+        type=positive_int,
+        default=steady.per_c,
+        help="measured requests per level / C",
     )
-    p.add_argument("--output-len", type=positive_int, default=128, help="output tokens a request")
+    p.add_argument(
+        "--output-len", type=positive_int, default=steady.output_len, help="output tokens a request"
+    )
     p.add_argument(
         "--keep",
         action="store_true",
