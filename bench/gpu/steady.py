@@ -132,7 +132,8 @@ def router_pid(launcher_pid: int, port: int) -> int | None:
 
 
 def learned(status: Mapping[str, Any]) -> dict[str, Any]:
-    """The threshold fields of the router's ``/status``, whichever of them it has."""
+    """The threshold fields of the router's ``/status``, whichever of them it has, and each
+    server's learned speed curve (so a threshold can be traced to what was learned)."""
     keys = ("policy", "threshold", "threshold_auto", "hysteresis", "mode")
     found = {k: status[k] for k in keys if k in status}
     pairs = status.get("pairs")
@@ -142,7 +143,17 @@ def learned(status: Mapping[str, Any]) -> dict[str, Any]:
             for p in pairs
             if isinstance(p, Mapping)
         ]
+    servers = status.get("servers")
+    if isinstance(servers, list):
+        # What the learner believes at the level's end: the curves the threshold is derived from.
+        found["servers"] = [
+            {k: s[k] for k in _LEARNED if k in s} for s in servers if isinstance(s, Mapping)
+        ]
     return found
+
+
+_LEARNED = ("pool", "curve", "running_limit", "learned_floor", "learned_reach",
+            "spec_accept_length")  # fmt: skip
 
 
 class Levels:

@@ -63,6 +63,7 @@ def test_learned_keeps_whatever_status_has() -> None:
     assert steady.learned({"policy": "threshold", "threshold": 8, "servers": []}) == {
         "policy": "threshold",
         "threshold": 8,
+        "servers": [],
     }
     status = {"threshold": "auto", "threshold_auto": True, "pairs": [{"threshold": 61, "x": 1}]}
     assert steady.learned(status) == {
@@ -71,6 +72,10 @@ def test_learned_keeps_whatever_status_has() -> None:
         "pairs": [{"threshold": 61}],
     }
     assert steady.learned({"pairs": "odd"}) == {}
+    server = {"url": "u", "pool": "eagle", "curve": [[1, 0.01]], "running_limit": 128, "x": 2}
+    assert steady.learned({"servers": [server, "odd"]}) == {
+        "servers": [{"pool": "eagle", "curve": [[1, 0.01]], "running_limit": 128}]
+    }
 
 
 def rec(target: str, c: int, rep: int, tok: float, **kw: object) -> dict[str, object]:
