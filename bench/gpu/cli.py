@@ -101,6 +101,8 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
     only_steady = args.keep or args.router_cost or args.sweep_seconds is not None
     if only_steady and args.plan not in steady_plans:
         p.error(f"--keep, --router-cost, --sweep-seconds: only the {', '.join(steady_plans)} plans")
+    if args.baseline_from is not None and args.plan not in ("pair-a", "pair-b"):
+        p.error("--baseline-from: only the pair-a and pair-b plans")
     if args.router_cost and args.plan == "router-cost":
         p.error("--router-cost: the router-cost plan measures nothing else")
     if args.dry_run:
@@ -133,6 +135,8 @@ def plan_body(args: argparse.Namespace) -> Body:
             wanted = parse_levels(levels)
         if args.router_cost:
             study = steady.with_router_cost(study, wanted)
+        if args.baseline_from is not None:
+            study = steady.baseline_from(study, wanted, args.baseline_from)
         return lambda run, models, session: steady.plan_steady(
             run, models, study, levels=wanted, session=session, keep=args.keep,
             sweep_seconds=args.sweep_seconds,
@@ -339,6 +343,13 @@ def run_parser() -> FlagParser:
         action="store_true",
         help="pair-*: also measure a second router (threshold above any load) against EAGLE "
         "alone, at the plan's levels from C=16 up, in the same launch",
+    )
+    p.add_argument(
+        "--baseline-from",
+        type=positive_int,
+        default=None,
+        help="pair-*: measure the baseline alone only at the plan's levels from this C up, where "
+        "it could be the better server (default: every level)",
     )
     p.add_argument(
         "--commit", help="the code's commit, for meta.json (the device copy has no .git)"

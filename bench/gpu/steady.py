@@ -99,6 +99,14 @@ def with_router_cost(study: Study, levels: Sequence[int]) -> Study:
     return Study(study.name, study.threshold, study.mps, tuple(targets))
 
 
+def baseline_from(study: Study, levels: Sequence[int], c: int) -> Study:
+    """``study`` with the baseline alone measured only at ``levels`` from ``c`` up: below, where
+    EAGLE alone is the better server by far (C=1: 2.4x on the H200), the time goes to repeats."""
+    baseline = Target(BASELINE.label, BASELINE.what, tuple(x for x in levels if x >= c))
+    targets = tuple(baseline if t == BASELINE else t for t in study.targets)
+    return Study(study.name, study.threshold, study.mps, targets)
+
+
 def cost_router_argv(commands: Sequence[str], port: int) -> list[str]:
     """The launcher's router command line (from its ``--dry-run``) on ``port`` with a threshold
     above any load and no speed profile: the same router, every request on EAGLE."""

@@ -46,6 +46,20 @@ def test_router_cost_target_sits_before_eagle_alone_from_c16_up() -> None:
     assert study.targets[1].what == "cost"
 
 
+def test_baseline_from_keeps_the_baseline_alone_to_the_levels_from_there_up() -> None:
+    study = steady.with_router_cost(steady.STUDIES["pair-a"], [1, 16, 64, 256])
+    study = steady.baseline_from(study, [1, 16, 64, 256], 64)
+    assert [(t.label, t.levels) for t in study.targets] == [
+        ("routed", None), ("routed_eagle", (16, 64, 256)), ("eagle", None),
+        ("baseline", (64, 256)),
+    ]  # fmt: skip
+    # The report then compares routed with EAGLE alone where the baseline was not measured.
+    rows = [rec("routed", 1, 1, 460), rec("eagle", 1, 1, 470), rec("routed", 64, 1, 8000),
+            rec("eagle", 64, 1, 8300), rec("baseline", 64, 1, 8500)]  # fmt: skip
+    ratios = steadyreport.pair_ratios(rows)
+    assert ratios[1]["better"] == "eagle" and ratios[64]["better"] == "baseline"
+
+
 def test_cost_router_is_the_launchers_router_with_the_threshold_above_any_load() -> None:
     commands = [
         "CUDA_VISIBLE_DEVICES=0 py -m sglang.launch_server --port 30001",
@@ -180,6 +194,10 @@ def test_bad_flags_are_usage_errors(tmp_path: Path) -> None:
     ports = f"{free_port()},{free_port()},{free_port()}"
     bad = [["--plan", "pair-a", "--threshold", "often"], ["--plan", "main", "--keep"]]
     bad += [["--plan", "router-cost", "--router-cost"], ["--plan", "kill", "--sweep-seconds", "5"]]
+    bad += [
+        ["--plan", "router-cost", "--baseline-from", "64"],
+        ["--plan", "pair-a", "--baseline-from", "0"],
+    ]
     for extra in bad:
         done = gpu_run(tmp_path, ports, *extra, "--out", str(tmp_path / "o"))
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
