@@ -4,8 +4,8 @@ Two sources feed it, both O(1) per observation:
 - each finished streamed request (the proxy's finish hook): its mean TPOT, (duration - TTFT) /
   (output tokens - 1), against the server's mean in-flight count over the request's life;
 - each poll of a server's ``/metrics`` (``poller.py``): running / gen_throughput at the load
-  running + queued when the gauges moved since the last poll and the running count held
-  (``steady``), the limit it runs at (queue > 0), and EAGLE's accept length.
+  running + queued when the gauges moved at this poll and the one before and the running count
+  held (``steady``), the limit it runs at (queue > 0), and EAGLE's accept length.
 
 The curves are rebuilt from the buckets (``speed.build_curve``, O(buckets) per server) at most
 every ``REBUILD_S`` when observations arrive, never per routed request. Each server's
@@ -54,22 +54,37 @@ _MIN_RUNNING = 1
 STEADY_SHARE = 0.25
 
 
-def steady(previous: tuple[float, float] | None, running: float, gen_throughput: float) -> bool:
+def steady(
+    previous: tuple[float, float, bool] | None, running: float, gen_throughput: float
+) -> bool:
     """Whether a poll's running / gen_throughput is a TPOT at load ``running``.
 
     SGLang's ``gen_throughput`` is the tokens of the last decode-log interval (40 decode batches)
-    over its length, while ``num_running_reqs`` is the batch at its end; both gauges keep their
-    values while the server idles (for 30 s). At the tail of a burst the interval's tokens came
-    from many more requests than the one left running, which reads as a fast server at low load.
-    So a poll is learned only when the gauges moved since the last poll (fresh) and the running
-    count did not move by more than ``STEADY_SHARE`` of it, or one request, across the poll
-    interval."""
+    over its length, since the log line before, while ``num_running_reqs`` is the batch at its
+    end; both gauges keep their values while the server idles (for 30 s). Two ways that reads
+    wrong:
+    - At the tail of a burst the interval's tokens came from many more requests than the one left
+      running, which reads as a fast server at low load. So the running count must not have moved
+      by more than ``STEADY_SHARE`` of it, or one request, across the poll interval.
+    - The first interval after an idle spell spans the idle time: the H200 read 56 running at
+      231 tok/s (242 ms a token, against 7 ms) as EAGLE's first log line after 30 s idle, and a
+      learned threshold fell from 128 to 20 on it. So the gauges must have moved at this poll
+      (fresh) AND at the poll before: then the interval began after the poll before last, while
+      the server was already logging. An idle spell shorter than one poll interval is not caught;
+      it dilutes one reading by the share of the interval it took."""
     if previous is None:
         return False
-    before, throughput_before = previous
+    before, throughput_before, fresh_before = previous
     if throughput_before == gen_throughput and before == running:
         return False  # not updated since the last poll: nothing new, or an idle server's last
+    if not fresh_before:
+        return False  # the gauges had held still: this interval may span an idle spell
     return abs(running - before) <= max(1.0, STEADY_SHARE * max(running, before))
+
+
+def moved(previous: tuple[float, float, bool] | None, running: float, gen_throughput: float) -> bool:
+    """Whether the gauges changed since the poll before (the server logged in between)."""
+    return previous is not None and (previous[0], previous[1]) != (running, gen_throughput)
 
 
 class SpeedLearner:
@@ -144,7 +159,7 @@ class SpeedLearner:
             speed.accept_length = accept_length
         previous, speed.previous = speed.previous, None
         if running is not None and gen_throughput is not None:
-            speed.previous = (running, gen_throughput)
+            speed.previous = (running, gen_throughput, moved(previous, running, gen_throughput))
         if running is None or running < _MIN_RUNNING:
             return
         if queued is not None and queued > 0:

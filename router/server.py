@@ -87,7 +87,7 @@ class ServerSpeed:
         self.direct = BucketSet(keep)
         self.polled = BucketSet(keep)
         # The last poll's (running, gen_throughput): what tells a fresh, steady poll.
-        self.previous: tuple[float, float] | None = None
+        self.previous: tuple[float, float, bool] | None = None  # running, gen_throughput, moved
         self.ratio = 1.0  # router-clock TPOT / server-clock TPOT
         # Whether ``ratio`` was measured on this server (else it is borrowed, or 1).
         self.calibrated = False

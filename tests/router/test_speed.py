@@ -243,6 +243,33 @@ def test_a_poll_is_learned_only_when_fresh_and_steady() -> None:
     assert 4 <= lr.servers[E].reach <= 5
 
 
+def test_a_poll_whose_interval_spans_an_idle_spell_is_not_learned() -> None:
+    """EAGLE's gauges on the H200 (pair-a-calibrated, eagle.log): 64 running at ~9,400 tok/s, then
+    30 s idle with the gauges held, then its first log line of the next level, 56 running at
+    231 tok/s: the interval since the last line spans the idle spell. Learned, that read 242 ms
+    a token at load 56 where EAGLE runs 7 ms, and the threshold fell from 128 to 20."""
+    lr, clock = learner()
+    for i in range(10):  # steady under load: learned
+        clock.now += 1
+        lr.polled(E, running=64, queued=0, gen_throughput=9_400.0 + i)
+    lr.rebuild()
+    at_load = lr.curve(E).at(56)
+    for _ in range(30):  # idle: the gauges hold their last values
+        clock.now += 1
+        lr.polled(E, running=64, queued=0, gen_throughput=9_409.0)
+    for running, throughput in ((56, 231.27), (64, 8_582.13)):
+        clock.now += 1
+        lr.polled(E, running=running, queued=0, gen_throughput=throughput)
+    lr.rebuild()
+    assert lr.curve(E).at(56) < 1.5 * at_load  # learned, it reads several times more
+    # The next steady polls are learned again: 64 / 8,582 tok/s = 7.5 ms.
+    for i in range(10):
+        clock.now += 1
+        lr.polled(E, running=64, queued=0, gen_throughput=8_582.0 + i)
+    lr.rebuild()
+    assert lr.curve(E).at(64) == pytest.approx(64 / 8_582, rel=0.1)
+
+
 def test_polls_learn_the_running_limit_and_accept_length() -> None:
     lr, clock = learner()
     clock.now += 1
