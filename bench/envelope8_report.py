@@ -26,7 +26,7 @@ from dynspec.bench import report, simreport
 from dynspec.bench.envelope8 import EXPERIMENT, adaptive_counterpart
 from dynspec.bench.report import Record
 from dynspec.bench.simreport import cell
-from dynspec.bench.ways import EIGHT_WAYS, HOMOGENEOUS
+from dynspec.bench.ways import EIGHT_WAYS, HOMOGENEOUS, SHARED
 from dynspec.launcher.sim.profile import Profile, load_profile
 
 WAYS = EIGHT_WAYS
@@ -252,7 +252,7 @@ def _servers_lines(records: Sequence[Record], ran: Sequence[str]) -> list[str]:
     used = next((r["way_servers"] for r in records if r.get("way_servers")), None)
     if not used:
         return []
-    own = [w for w in ran if used.get(w, {}).get("set", "shared") != "shared"]
+    own = [w for w in ran if used.get(w, {}).get("set", SHARED) != SHARED]
     if not own:
         return ["- Every way ran on the same simulators, one after the other."]
     return [
