@@ -9,9 +9,14 @@ runs where the profile has an adaptive-EAGLE counterpart measured at its accepta
 records say why.
 
 Every level runs each way in turn (``sweep``'s order), so a drift of the machine spreads over all.
-Servers are shared between ways that run one after the other (``split-*`` and ``2x-eagle`` use
-the first EAGLE server). ``envelope8_report.py`` holds the goals and the report. Everything is
-SIMULATED.
+A way whose router learns from its servers (``ways.LEARNING``: ``split-balance``, ``paired-auto``)
+runs on simulators of its own (``ways.server_set``), seeded as the others are: with one set of
+servers for all, ``paired-auto``'s router learnt from the ``/metrics`` of the pairs that
+``paired-threshold`` was loading, and met what that way left on them. The ways that learn nothing
+share theirs, one after the other (``split-threshold`` and ``2x-eagle`` use the first EAGLE
+server, as the single-server sweeps do). Every record names the servers each way's router was
+pointed at (``way_servers``). ``envelope8_report.py`` holds the goals and the report. Everything
+is SIMULATED.
 """
 
 from __future__ import annotations
@@ -124,16 +129,19 @@ def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Reco
     records: list[Record] = []
     thr, hyst = cfg.threshold, cfg.hysteresis
     singles = thr is None or hyst is None
-    want: dict[str, int] = {"eagle": 1, "baseline": 1} if singles else {}
-    for way in run_ways:
-        for kind, n in ways.needs(way).items():
-            want[kind] = max(want.get(kind, 0), n)
+    plan = ways.plan_servers(run_ways, {"eagle": 1, "baseline": 1} if singles else None)
     with harness.processes() as procs:
-        servers = harness.start_servers(procs, want, cfg, adaptive)
+        sets = {
+            name: harness.start_servers(
+                procs, want, cfg, adaptive, owner="" if name == ways.SHARED else name
+            )
+            for name, want in plan.items()
+        }
         crossover = None
         if thr is None or hyst is None:
             # As the envelope does: each server alone, then suggest-threshold on those sweeps.
-            alone = [Target("eagle", servers.eagle[0]), Target("baseline", servers.baseline[0])]
+            shared = sets[ways.SHARED]
+            alone = [Target("eagle", shared.eagle[0]), Target("baseline", shared.baseline[0])]
             records += _sweep_levels(alone, scfg, cfg.out, progress)
             s = threshold.suggest(
                 [r for r in records if r["target"] == "eagle"],
@@ -144,10 +152,11 @@ def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Reco
             crossover = s.crossover
         profile_path = harness.router_profile(procs, prof, cfg.speed)
         targets: list[Target] = []
+        used: dict[str, dict[str, Any]] = {}
         for way in run_ways:
             router = ways.way_router(
                 way,
-                servers,
+                sets[ways.server_set(way)],
                 threshold=thr,
                 hysteresis=hyst,
                 speed_profile=profile_path,
@@ -155,7 +164,9 @@ def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Reco
             )
             url, _ = harness.start_router(procs, f"router-{way}", router, cfg.startup_timeout)
             targets.append(Target(way, url))
+            used[way] = {"set": ways.server_set(way), "urls": list(router.urls())}
         rextra = {**scfg.extra, "threshold": thr, "hysteresis": hyst, "crossover": crossover}
+        rextra["way_servers"] = used
         if not singles:
             rextra["threshold_by_hand"] = True
         rcfg = dataclasses.replace(scfg, extra=rextra)

@@ -26,7 +26,7 @@ from dynspec.bench import report, simreport
 from dynspec.bench.envelope8 import EXPERIMENT, adaptive_counterpart
 from dynspec.bench.report import Record
 from dynspec.bench.simreport import cell
-from dynspec.bench.ways import EIGHT_WAYS, HOMOGENEOUS
+from dynspec.bench.ways import EIGHT_WAYS, HOMOGENEOUS, SHARED
 from dynspec.launcher.sim.profile import Profile, load_profile
 
 WAYS = EIGHT_WAYS
@@ -246,6 +246,21 @@ def _judged(records: Sequence[Record]) -> tuple[list[Record], list[str], list[Go
     return model, notes, evaluate(model, thr, None if cross is None else float(cross))
 
 
+def _servers_lines(records: Sequence[Record], ran: Sequence[str]) -> list[str]:
+    """Which ways ran on simulators of their own (``way_servers``; records before it have none:
+    there every way shared one set)."""
+    used = next((r["way_servers"] for r in records if r.get("way_servers")), None)
+    if not used:
+        return []
+    own = [w for w in ran if used.get(w, {}).get("set", SHARED) != SHARED]
+    if not own:
+        return ["- Every way ran on the same simulators, one after the other."]
+    return [
+        f"- Simulators of their own (no other way's load on what their routers learn from): "
+        f"{', '.join(f'`{w}`' for w in own)}; the other ways shared theirs, one after the other."
+    ]
+
+
 def _header(records: Sequence[Record], ran: Sequence[str], notes: Sequence[str]) -> list[str]:
     meta = records[0]
     speed = float(meta.get("speed", 1.0))
@@ -272,6 +287,7 @@ def _header(records: Sequence[Record], ran: Sequence[str], notes: Sequence[str])
         f"- Ways run: {', '.join(f'`{w}`' for w in ran)}. "
         + WAY_TEXT.format(speed=speed)
         + (f" `2x-adaptive` ran profile `{adaptive}`'s eagle mode." if adaptive else ""),
+        *_servers_lines(records, ran),
         _threshold_line(thr_rec, thr),
         *[f"- {n}." for n in notes],
         *([runs] if runs else []),

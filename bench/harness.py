@@ -147,12 +147,19 @@ def _start_sim(
 
 
 def start_servers(
-    procs: Children, want: Mapping[str, int], sim: SimSettings, adaptive: str | None = None
+    procs: Children,
+    want: Mapping[str, int],
+    sim: SimSettings,
+    adaptive: str | None = None,
+    owner: str = "",
 ) -> Servers:
     """The simulated servers ``want`` counts per kind (``Servers``' fields, as ``ways.needs``
     gives them), once healthy: ``eagle`` / ``baseline`` servers of their own, ``adaptive`` ones
     (the ``adaptive`` profile's eagle mode; none without it) and ``shared_gpus``, each a
-    ``dynspec-sim --pair`` (``sim.sharing``); the k-th of a kind gets ``sim.seed + k``."""
+    ``dynspec-sim --pair`` (``sim.sharing``); the k-th of a kind gets ``sim.seed + k``, whoever
+    it is for. ``owner`` (a way with servers of its own) goes into the children's names, so
+    that each set's logs are apart."""
+    at = f"{owner}-" if owner else ""
     kinds = [("eagle", sim.profile, "eagle"), ("baseline", sim.profile, "baseline")]
     if adaptive:
         kinds.append(("adaptive", adaptive, "eagle"))
@@ -163,7 +170,8 @@ def start_servers(
             port = free_port()
             urls.append(f"http://127.0.0.1:{port}")
             flags = ["--profile", profile, "--seed", str(sim.seed + k), "--port", str(port)]
-            _start_sim(procs, sim, f"sim-{kind}-{'ab'[k]}", [*flags, "--mode", mode], urls[-1:])
+            name = f"sim-{at}{kind}-{'ab'[k]}"
+            _start_sim(procs, sim, name, [*flags, "--mode", mode], urls[-1:])
         got[kind] = tuple(urls)
     shared = []
     for k in range(want.get("shared_gpus", 0)):
@@ -173,7 +181,7 @@ def start_servers(
         flags = ["--profile", sim.profile, "--seed", str(sim.seed + k), "--pair"]
         flags += ["--eagle-port", str(eport), "--baseline-port", str(bport)]
         pair = (f"http://127.0.0.1:{eport}", f"http://127.0.0.1:{bport}")
-        _start_sim(procs, sim, f"sim-shared-{k}", [*flags, "--sharing", sim.sharing], pair)
+        _start_sim(procs, sim, f"sim-{at}shared-{k}", [*flags, "--sharing", sim.sharing], pair)
         shared.append(pair)
     return Servers(**got, shared_gpus=tuple(shared))
 

@@ -1,11 +1,17 @@
 """The experiments' ways and variants: their names, the simulated servers each needs and the
 router each runs (pure, and loading nothing heavy: the CLI validates ``--ways`` and ``--variants``
 with them before the load modules are imported). ``harness.py`` starts what they plan.
+
+Which servers an eight-GPU way runs on is its server set (``server_set``, planned by
+``plan_servers``): a way whose router learns from its servers (``LEARNING``) has servers of its
+own, so no other way's load reaches the ``/metrics`` it polls, nor is left on them when its
+level starts; the ways that learn nothing share one set (``SHARED``), one after the other.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,15 +19,20 @@ from pathlib import Path
 # shared-GPU simulator (dynspec-sim --pair) for four GPUs holding an EAGLE and a baseline server.
 EIGHT_WAYS = (
     "split-threshold",  # one EAGLE + one baseline server on GPUs of their own, --threshold N
-    "split-balance",  # the same two, --policy balance --speed-profile
+    "split-balance",  # the same layout (servers of its own), --policy balance --speed-profile
     "paired-threshold",  # two shared GPUs, router --pair ... --threshold N
-    "paired-auto",  # the same two, --threshold auto, no profile
+    "paired-auto",  # the same layout (servers of its own), --threshold auto, no profile
     "2x-eagle",  # two EAGLE servers, one pool
     "2x-baseline",  # two baseline servers, one pool
     "2x-adaptive",  # two adaptive-EAGLE servers, where the profile has a measured counterpart
 )
 HOMOGENEOUS = ("2x-eagle", "2x-baseline", "2x-adaptive")
 PAIRED = ("paired-threshold", "paired-auto")
+# The ways whose router learns from the servers it polls (each server's /metrics, and its own
+# requests' speeds): ``--threshold auto`` derives each pair's threshold from the learned curves,
+# ``--policy balance`` routes every request by them. A set threshold (and one pool) only polls.
+LEARNING = ("split-balance", "paired-auto")
+SHARED = "shared"  # the server set of the ways that learn nothing
 SHARING = ("timeslice", "mps")
 
 # The ramp's routers (bench/ramp.py), and which is held against which (learning, seeded, within).
@@ -93,6 +104,11 @@ class Router:
     settings: tuple[str, ...] = ()
     healthy: int = 2
 
+    def urls(self) -> tuple[str, ...]:
+        """The server URLs its flags point it at, in their order."""
+        values = self.servers[1::2]  # every server flag takes one value
+        return tuple(u for v in values for u in v.split(","))
+
 
 def needs(way: str) -> dict[str, int]:
     """How many servers of each kind (``Servers``' fields) a way uses."""
@@ -103,6 +119,27 @@ def needs(way: str) -> dict[str, int]:
     if way in HOMOGENEOUS:
         return {way[3:]: 2}
     raise ValueError(f"unknown way {way!r} (known: {', '.join(EIGHT_WAYS)})")
+
+
+def server_set(way: str) -> str:
+    """The servers ``way`` runs on: its own (named after it) when its router learns from them,
+    else ``SHARED``."""
+    needs(way)  # an unknown way is refused here too
+    return way if way in LEARNING else SHARED
+
+
+def plan_servers(
+    run_ways: Sequence[str], shared: Mapping[str, int] | None = None
+) -> dict[str, dict[str, int]]:
+    """Per server set of ``run_ways``, how many servers of each kind it holds: the most any of
+    its ways needs (``needs``), ``SHARED`` at least ``shared`` (servers swept alone). A set none
+    of them needs is not planned."""
+    plan: dict[str, dict[str, int]] = {SHARED: dict(shared)} if shared else {}
+    for way in run_ways:
+        want = plan.setdefault(server_set(way), {})
+        for kind, n in needs(way).items():
+            want[kind] = max(want.get(kind, 0), n)
+    return plan
 
 
 def _split(eagle: str, baseline: str) -> tuple[str, ...]:

@@ -3,6 +3,7 @@ from its JSONL, and short real runs of the split and the paired ways (loopback o
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -11,8 +12,9 @@ from typing import Any
 import pytest
 from utils import bench
 
-from dynspec.bench import envelope8, envelope8_report, ways
+from dynspec.bench import envelope8, envelope8_report, harness, ways
 from dynspec.bench.envelope8_report import evaluate, verdict_lines, verdicts
+from dynspec.bench.sweep import SweepConfig
 from dynspec.bench.ways import Router, Servers, way_router
 from dynspec.launcher.sim.profile import load_profile
 
@@ -83,6 +85,34 @@ def test_each_way_uses_eight_gpus() -> None:
     # Each simulated server stands for four GPUs; a shared-GPU simulator for four shared ones.
     for way in ways.EIGHT_WAYS:
         assert sum(ways.needs(way).values()) == 2, way
+
+
+def test_a_way_that_learns_has_servers_of_its_own() -> None:
+    # --threshold auto and --policy balance route by what they learn from the servers' /metrics.
+    assert [w for w in ways.EIGHT_WAYS if ways.server_set(w) != ways.SHARED] == [
+        "split-balance",
+        "paired-auto",
+    ]
+    assert ways.plan_servers(["paired-threshold", "paired-auto"]) == {
+        ways.SHARED: {"shared_gpus": 2},
+        "paired-auto": {"shared_gpus": 2},
+    }
+    singles = {"eagle": 1, "baseline": 1}
+    assert ways.plan_servers(["split-threshold", "split-balance", "2x-eagle"], singles) == {
+        ways.SHARED: {"eagle": 2, "baseline": 1},
+        "split-balance": {"eagle": 1, "baseline": 1},
+    }
+    # A run of learning ways alone with a set threshold starts no shared set.
+    assert ways.plan_servers(["paired-auto"]) == {"paired-auto": {"shared_gpus": 2}}
+    with pytest.raises(ValueError, match="unknown way"):
+        ways.server_set("3x-eagle")
+
+
+def test_a_routers_urls_are_those_its_flags_name() -> None:
+    router = way_router("paired-auto", SERVERS, threshold=7, hysteresis=2)
+    assert router.urls() == ("http://pe1", "http://pb1", "http://pe2", "http://pb2")
+    router = way_router("2x-baseline", SERVERS, threshold=7, hysteresis=2)
+    assert router.urls() == ("http://b1", "http://b2")
 
 
 def test_ways_parse_in_the_run_order_and_the_four_way_names_are_gone() -> None:
@@ -401,6 +431,15 @@ def test_the_split_ways_run(tmp_path: Path) -> None:
     # is its own tests' business (it learns, and explores now and then).
     assert by[("split-balance", 1)]["backend_share"].get("eagle", 0.0) >= 0.75
     assert set(by[("split-balance", 16)]["backend_share"]) <= {"eagle", "baseline"}
+    # balance learns from its servers: they are its own; the others share the first EAGLE.
+    used = by[("split-balance", 1)]["way_servers"]
+    assert used["split-balance"]["set"] == "split-balance"
+    assert {used[w]["set"] for w in run[:4] if w != "split-balance"} == {ways.SHARED}
+    assert set(used["split-balance"]["urls"]).isdisjoint(
+        u for w in run[:4] if w != "split-balance" for u in used[w]["urls"]
+    )
+    assert used["split-threshold"]["urls"][0] == used["2x-eagle"]["urls"][0]
+    assert by[("eagle", 1)]["url"] == used["2x-eagle"]["urls"][0]
 
 
 @pytest.mark.usefixtures("needs_pairs")
@@ -418,3 +457,53 @@ def test_the_paired_ways_run(tmp_path: Path) -> None:
     # Below the threshold a lone request speculates; at C=16 > 4 both pairs are past it.
     assert by[("paired-threshold", 1)]["backend_share"] == {"eagle": 1.0}
     assert by[("paired-threshold", 16)]["backend_share"].get("baseline", 0.0) >= 0.5
+
+
+def _flag_urls(argv: list[str]) -> set[str]:
+    """The server URLs on a dynspec-router command line."""
+    flags = ("--pair", "--eagle-url", "--baseline-url")
+    pairs = itertools.pairwise(argv)
+    return {u for flag, value in pairs if flag in flags for u in value.split(",")}
+
+
+@pytest.mark.usefixtures("needs_pairs")
+def test_paired_auto_learns_from_simulators_no_other_way_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """paired-auto's router polls its servers' /metrics and learns from them: the servers
+    paired-threshold loads must not be among them (they were, one set for all)."""
+    started: dict[str, list[str]] = {}
+    start_router = harness.start_router
+
+    def spy(procs: Any, name: str, router: Router, timeout: float) -> Any:
+        url, proc = start_router(procs, name, router, timeout)
+        started[name.removeprefix("router-")] = [str(a) for a in proc.args]
+        return url, proc
+
+    monkeypatch.setattr(harness, "start_router", spy)
+    level = SweepConfig(concurrencies=[1, 4], requests=8, input_len=32, output_len=16, pause=0.1)
+    cfg = envelope8.EightGpusConfig(
+        "demo", 10.0, level, tmp_path / "e8.jsonl", ways=["paired-threshold", "paired-auto"],
+        threshold=2, hysteresis=1,
+    )  # fmt: skip
+    recs = envelope8.run(cfg)
+    assert sorted(started) == ["paired-auto", "paired-threshold"]
+    auto, fixed = _flag_urls(started["paired-auto"]), _flag_urls(started["paired-threshold"])
+    assert len(auto) == len(fixed) == 4
+    assert auto.isdisjoint(fixed), (auto, fixed)
+    # Every record says so: the set and the URLs each way's router was pointed at.
+    assert {(x["target"], x["max_concurrency"]) for x in recs} == {
+        (w, c) for w in started for c in (1, 4)
+    }
+    for x in recs:
+        assert x["failed"] == 0, x
+        used = x["way_servers"]
+        assert used["paired-auto"]["set"] == "paired-auto"
+        assert set(used["paired-auto"]["urls"]) == auto
+        assert used["paired-threshold"]["set"] == ways.SHARED
+        assert set(used["paired-threshold"]["urls"]) == fixed
+    md, _ = envelope8_report.write_report(cfg.out, recs)
+    assert (
+        "- Simulators of their own (no other way's load on what their routers learn from): "
+        "`paired-auto`; the other ways shared theirs" in md.read_text()
+    )
