@@ -82,7 +82,9 @@ def steady(
     return abs(running - before) <= max(1.0, STEADY_SHARE * max(running, before))
 
 
-def moved(previous: tuple[float, float, bool] | None, running: float, gen_throughput: float) -> bool:
+def moved(
+    previous: tuple[float, float, bool] | None, running: float, gen_throughput: float
+) -> bool:
     """Whether the gauges changed since the poll before (the server logged in between)."""
     return previous is not None and (previous[0], previous[1]) != (running, gen_throughput)
 
