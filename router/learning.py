@@ -54,6 +54,13 @@ _MIN_RUNNING = 1
 STEADY_SHARE = 0.25
 
 
+def moved(
+    previous: tuple[float, float, bool] | None, running: float, gen_throughput: float
+) -> bool:
+    """Whether the gauges changed since the poll before (the server logged in between)."""
+    return previous is not None and (previous[0], previous[1]) != (running, gen_throughput)
+
+
 def steady(
     previous: tuple[float, float, bool] | None, running: float, gen_throughput: float
 ) -> bool:
@@ -72,21 +79,12 @@ def steady(
       (fresh) AND at the poll before: then the interval began after the poll before last, while
       the server was already logging. An idle spell shorter than one poll interval is not caught;
       it dilutes one reading by the share of the interval it took."""
-    if previous is None:
-        return False
-    before, throughput_before, fresh_before = previous
-    if throughput_before == gen_throughput and before == running:
+    if previous is None or not moved(previous, running, gen_throughput):
         return False  # not updated since the last poll: nothing new, or an idle server's last
-    if not fresh_before:
+    before, _, moved_before = previous
+    if not moved_before:
         return False  # the gauges had held still: this interval may span an idle spell
     return abs(running - before) <= max(1.0, STEADY_SHARE * max(running, before))
-
-
-def moved(
-    previous: tuple[float, float, bool] | None, running: float, gen_throughput: float
-) -> bool:
-    """Whether the gauges changed since the poll before (the server logged in between)."""
-    return previous is not None and (previous[0], previous[1]) != (running, gen_throughput)
 
 
 class SpeedLearner:

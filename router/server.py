@@ -86,8 +86,9 @@ class ServerSpeed:
         self.limit_seen: int | None = None
         self.direct = BucketSet(keep)
         self.polled = BucketSet(keep)
-        # The last poll's (running, gen_throughput): what tells a fresh, steady poll.
-        self.previous: tuple[float, float, bool] | None = None  # running, gen_throughput, moved
+        # The last poll's (running, gen_throughput, whether they had moved since the poll before
+        # it): what tells a fresh, steady poll (``learning.steady``).
+        self.previous: tuple[float, float, bool] | None = None
         self.ratio = 1.0  # router-clock TPOT / server-clock TPOT
         # Whether ``ratio`` was measured on this server (else it is borrowed, or 1).
         self.calibrated = False
