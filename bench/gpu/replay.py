@@ -100,15 +100,13 @@ def read_logs(path: Path) -> dict[str, list[str]]:
     return out
 
 
-def replay(
-    logs: dict[str, list[str]], profile: object, *, start: int | None = None
-) -> Iterator[Derived]:
+def replay(logs: dict[str, list[str]], profile: object) -> Iterator[Derived]:
     """Every second from the router's start: each server's poll, then the derived threshold."""
     series = {mode: gauges(logs.get(name, ())) for mode, name in SERVERS.items()}
     if not series["eagle"] or not series["baseline"]:
         raise ValueError("no decode-log lines in eagle.log and baseline.log")
     first = min(min(s) for s in series.values())
-    start = start if start is not None else router_started(logs.get("router.log", ())) or first
+    start = router_started(logs.get("router.log", ())) or first
     clock = [float(first)]
     learner = SpeedLearner(
         [("eagle", "eagle"), ("baseline", "baseline")],
