@@ -33,7 +33,6 @@ COMMANDS = {
     "models": "build the random 8B-shaped target and the EAGLE-3 drafts (needs torch)",
     "run": "one bounded attempt on one GPU: launcher, router checks, sweeps (see --help)",
     "report": "the README tables of the pair (or --eight) plans from their sweep JSONL files",
-    "replay": "a run's logged SGLang gauges through the router's learner: the derived threshold",
 }
 
 
@@ -422,44 +421,7 @@ def cmd_report(argv: Sequence[str]) -> NoReturn:
     run_main(PROG, body, args.log_level)
 
 
-def cmd_replay(argv: Sequence[str]) -> NoReturn:
-    from dynspec.bench.gpu import replay
-
-    p = FlagParser(prog=f"{PROG} replay", description=COMMANDS["replay"])
-    p.add_argument("logs", type=Path, help="a run's logs folder or logs.tar.xz (eagle.log, ...)")
-    p.add_argument("--profile", type=Path, help="the speed profile the router started from")
-    p.add_argument("--since", help="print the changes from this UTC time on (YYYY-MM-DD HH:MM:SS)")
-    add_log_level(p)
-    args = p.parse_layered(argv)
-    configure_logging(args.log_level)
-
-    def body() -> int:
-        for path in (args.logs, args.profile):
-            if path is not None and not path.exists():
-                raise UsageError(f"{path}: no such file")
-        try:
-            since = replay.seconds(args.since) if args.since else None
-        except ValueError:
-            raise UsageError(f"--since: not a time: {args.since!r}") from None
-        try:
-            logs = replay.read_logs(args.logs)
-            derived = list(replay.replay(logs, replay.load_profile_json(args.profile)))
-        except (OSError, ValueError) as e:
-            raise UsageError(f"{args.logs}: {e}") from None
-        for d in replay.changes(derived, since):
-            print(d.line())
-        return 0
-
-    run_main(PROG, body, args.log_level)
-
-
-HANDLERS = {
-    "bundle": cmd_bundle,
-    "models": cmd_models,
-    "run": cmd_run,
-    "report": cmd_report,
-    "replay": cmd_replay,
-}
+HANDLERS = {"bundle": cmd_bundle, "models": cmd_models, "run": cmd_run, "report": cmd_report}
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

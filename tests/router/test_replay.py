@@ -1,6 +1,6 @@
-"""``dynspec-bench gpu replay`` on the committed pair-a-calibrated run's real logs: the poll rule
-that dropped an interval spanning an idle spell keeps the derived threshold above C=64, where
-EAGLE alone served 8,812 tok/s against the baseline's 8,122 (the rule before it read 20-32)."""
+"""``python -m dynspec.router.replay`` on the committed pair-a-calibrated run's real logs: the
+poll rule that drops an interval spanning an idle spell keeps the derived threshold above C=64,
+where EAGLE alone served 8,812 tok/s against the baseline's 8,122 (the rule before read 20-32)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dynspec.bench.gpu import replay
+from dynspec.router import replay
 
 RUN = Path(__file__).resolve().parents[2] / "bench" / "results" / "h200" / "pair-a-calibrated"
 PROFILE = RUN / "calibration-llama8b-random-45e2ab5788a2fde3.json"
@@ -39,7 +39,7 @@ def test_gauges_keep_the_last_line_of_each_second_and_skip_other_lines() -> None
 
 def test_the_command_prints_the_changes_and_refuses_bad_input(tmp_path: Path) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "dynspec.bench", "gpu", "replay", *args]
+        argv = [sys.executable, "-m", "dynspec.router.replay", *args]
         return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
 
     done = cli(str(RUN / "logs.tar.xz"), "--profile", str(PROFILE), "--since",

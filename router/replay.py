@@ -1,5 +1,7 @@
-"""``dynspec-bench gpu replay``: a GPU run's logged SGLang gauges, fed again to the router's
-speed learner, and the threshold it derives from them, second by second.
+"""``python -m dynspec.router.replay LOGS [--profile P] [--since T]``: a GPU run's logged SGLang
+gauges, fed again to the router's speed learner, and the threshold it derives from them, second
+by second. A diagnostic of the learner, not part of serving: it lives beside the learner because
+it drives its internals (the bench only speaks to a router over HTTP).
 
 The router learns from each server's ``/metrics`` (``sglang:num_running_reqs``,
 ``sglang:gen_throughput``, ``sglang:num_queue_reqs``), and SGLang sets those gauges when it
@@ -22,8 +24,9 @@ import tarfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NoReturn, cast
 
+from dynspec.common.cli import FlagParser, UsageError, add_log_level, configure_logging, run_main
 from dynspec.router.autothreshold import derive_threshold
 from dynspec.router.learning import SpeedLearner
 from dynspec.router.speed import profile_from_json
@@ -157,3 +160,38 @@ def changes(derived: Iterable[Derived], since: int | None = None) -> list[Derive
 
 def load_profile_json(path: Path | None) -> object:
     return None if path is None else json.loads(path.read_text())
+
+
+PROG = "python -m dynspec.router.replay"
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    p = FlagParser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("logs", type=Path, help="a run's logs folder or logs.tar.xz (eagle.log, ...)")
+    p.add_argument("--profile", type=Path, help="the speed profile the router started from")
+    p.add_argument("--since", help="print the changes from this UTC time on (YYYY-MM-DD HH:MM:SS)")
+    add_log_level(p)
+    args = p.parse_layered(argv)
+    configure_logging(args.log_level)
+
+    def body() -> int:
+        for path in (args.logs, args.profile):
+            if path is not None and not path.exists():
+                raise UsageError(f"{path}: no such file")
+        try:
+            since = seconds(args.since) if args.since else None
+        except ValueError:
+            raise UsageError(f"--since: not a time: {args.since!r}") from None
+        try:
+            derived = list(replay(read_logs(args.logs), load_profile_json(args.profile)))
+        except (OSError, ValueError) as e:
+            raise UsageError(f"{args.logs}: {e}") from None
+        for d in changes(derived, since):
+            print(d.line())
+        return 0
+
+    run_main(PROG, body, args.log_level)
+
+
+if __name__ == "__main__":
+    main()
