@@ -25,7 +25,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +96,7 @@ def with_router_cost(study: Study, levels: Sequence[int]) -> Study:
     cost = Target("routed_eagle", "cost", tuple(c for c in levels if c >= COST_FROM))
     targets = list(study.targets)
     targets.insert(targets.index(EAGLE), cost)
-    return Study(study.name, study.threshold, study.mps, tuple(targets))
+    return replace(study, targets=tuple(targets))
 
 
 def baseline_from(study: Study, levels: Sequence[int], c: int) -> Study:
@@ -104,7 +104,7 @@ def baseline_from(study: Study, levels: Sequence[int], c: int) -> Study:
     EAGLE alone is the better server by far (C=1: 2.4x on the H200), the time goes to repeats."""
     baseline = Target(BASELINE.label, BASELINE.what, tuple(x for x in levels if x >= c))
     targets = tuple(baseline if t == BASELINE else t for t in study.targets)
-    return Study(study.name, study.threshold, study.mps, targets)
+    return replace(study, targets=targets)
 
 
 def cost_router_argv(commands: Sequence[str], port: int) -> list[str]:
