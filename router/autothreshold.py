@@ -9,7 +9,8 @@ only as good as what was seen, so the rules around the derivation hold it to evi
 - **bound**: the threshold goes at most twice past what EAGLE was seen serving, or the load the
   group carries now, and never past EAGLE's running limit (``auto_bound``);
 - **hysteresis**: at least a quarter of the threshold (``auto_hysteresis``);
-- **step**: a change of one hysteresis step or less is not made (``learned_settings``);
+- **step**: a change of one hysteresis step or less is not made (``learned_settings``), unless
+  it would move the load an EAGLE-mode group carries now to the baseline;
 - **hold and early re-derive**: derived at most every ``AUTO_EVERY_S``, and at once when a new
   request would take an EAGLE-mode group past a threshold its bound held down (``past_held``);
 - **probes**: a server nothing was learned of for a while gets one request at light load
@@ -117,13 +118,25 @@ def auto_hysteresis(threshold: int, configured: int) -> int:
 
 
 def learned_settings(
-    derived: int, current: tuple[int, int], configured_hysteresis: int, bound: int
+    derived: int,
+    current: tuple[int, int],
+    configured_hysteresis: int,
+    bound: int,
+    eagle_load: int | None = None,
 ) -> tuple[int, int] | None:
     """The (threshold, hysteresis) for a ``derived`` threshold held to ``bound``, or None to
     keep ``current``: a change of one current hysteresis step or less (at least 1) is not made,
-    so the threshold does not flicker with every new observation."""
+    so the threshold does not flicker with every new observation.
+
+    Unless ``eagle_load`` (the load of a group in EAGLE mode; None in baseline mode) is such that
+    the next request would pass the new threshold and not the current one: then the curves say
+    the load carried now runs on the slower server, and the step would keep it there for as long
+    as the load holds (a closed loop at EAGLE's running limit, for good: on the H200, pair-b,
+    derived 107-113 under a threshold of 128 with hysteresis 32 kept C=128 on EAGLE, where the
+    baseline served 1.15x). Once switched, the mode's own hysteresis keeps the load where it is."""
     threshold = min(max(derived, AUTO_MIN), bound, AUTO_MAX)
-    if abs(threshold - current[0]) <= max(current[1], 1):
+    moves_load = eagle_load is not None and threshold < eagle_load + 1 <= current[0]
+    if abs(threshold - current[0]) <= max(current[1], 1) and not moves_load:
         return None
     return threshold, auto_hysteresis(threshold, configured_hysteresis)
 
@@ -171,8 +184,9 @@ def relearn(
     )
     current = group.settings
     new = learned_settings(
-        derived, (current.threshold, current.hysteresis), configured_hysteresis, bound
-    )
+        derived, (current.threshold, current.hysteresis), configured_hysteresis, bound,
+        eagle_load=load if group.mode == "eagle" else None,
+    )  # fmt: skip
     return (Thresholds(*new) if new is not None else None), derived > bound
 
 

@@ -3,9 +3,11 @@ policy, the threshold derived from two curves, the flags, and ``Pools`` with pai
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +33,8 @@ from dynspec.router.policy import (
     least_loaded,
 )
 from dynspec.router.pool import Pools
-from dynspec.router.speed import BUCKETS, NEUTRAL_CURVE, SpeedCurve
+from dynspec.router.speed import BUCKETS, NEUTRAL_CURVE, SpeedCurve, profile_from_json
+from dynspec.router.thresholds import Thresholds
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,6 +434,58 @@ def test_learned_settings(
     derived: int, current: tuple[int, int], bound: int, expected: tuple[int, int] | None
 ) -> None:
     assert learned_settings(derived, current, 2, bound) == expected
+
+
+@pytest.mark.parametrize(
+    "derived, eagle_load, expected",
+    [
+        (107, 127, (107, 27)),  # the next request (128) passes 107, not 128: made
+        (107, 128, None),  # it passes 128 already: the mode switches without the change
+        (107, 100, None),  # 101 passes neither: kept, as in baseline mode
+        (107, None, None),  # baseline mode: the mode's hysteresis keeps the load where it is
+        (126, 127, (126, 32)),  # one request's worth is enough
+    ],
+)
+def test_learned_settings_give_way_where_they_keep_the_load_on_the_slower_server(
+    derived: int, eagle_load: int | None, expected: tuple[int, int] | None
+) -> None:
+    assert learned_settings(derived, (128, 32), 2, 128, eagle_load) == expected
+
+
+PAIR_B_PROFILE = (
+    Path(__file__).parents[2]
+    / "bench/results/h200/pair-b-calibrated/calibration-llama8b-random-eb45906f4b10a464.json"
+)
+
+
+def test_a_held_threshold_gives_way_to_the_curves_at_the_load_carried() -> None:
+    """On the H200 (pair-b) the router learned 128, EAGLE's running limit, with hysteresis 32;
+    later derivations read 107-113, within one step of it, so the step rule kept the closed loop
+    of 128 on EAGLE for two runs (9,746 and 9,442 tok/s), where the baseline alone served 11,195
+    and 9,830. With the launch's own calibration as the curves (crossover at 105), the same
+    state now gives way at the next derivation and the next request goes to the baseline."""
+    now = [0.0]
+    pools = Pools(
+        [(E0, "eagle"), (B0, "baseline")],
+        ThresholdPolicy(),
+        threshold=8,
+        hysteresis=2,
+        pairs=[(E0, B0)],
+        auto=True,
+        clock=lambda: now[0],
+    )
+    for s in pools.servers:
+        s.healthy = True
+    profile = profile_from_json(json.loads(PAIR_B_PROFILE.read_text()))
+    SpeedLearner(pools.servers, profile, clock=lambda: now[0])
+    group = pools.groups[0]
+    group.settings = Thresholds(128, 32)  # what that router held
+    leases = [pools.acquire() for _ in range(127)]
+    assert {x.pool for x in leases} == {"eagle"}
+    now[0] = 10.0
+    pools.derive()
+    assert group.settings.threshold == 105
+    assert pools.acquire().pool == "baseline"
 
 
 def test_threshold_auto_stops_at_eagle_s_running_limit() -> None:
