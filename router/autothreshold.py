@@ -4,7 +4,8 @@ A group's threshold is derived from its two speed curves (``derive_threshold``):
 at which EAGLE's predicted time per output token is no worse than the baseline's. The curves are
 only as good as what was seen, so the rules around the derivation hold it to evidence:
 
-- **floor**: loads below the lowest at which both servers were seen are not compared;
+- **floor**: loads below the lowest at which both servers were seen are not compared; where
+  EAGLE already loses at it, the threshold is capped just below it, never raised to it;
 - **extrapolation**: past the load EAGLE was seen at, its TPOT is judged against the baseline's;
 - **bound**: the threshold goes at most twice past what EAGLE was seen serving, or the load the
   group carries now, and never past EAGLE's running limit (``auto_bound``);
@@ -177,12 +178,18 @@ def relearn(
     assert speed is not None and e is not None and b is not None
     n = len(eagle)
     reach = None if speed.seeded else speed.reach
-    derived = derive_threshold(e, b, n, len(baseline), reach=reach, floor=floor_of(eagle, baseline))
+    floor = floor_of(eagle, baseline)
+    derived = derive_threshold(e, b, n, len(baseline), reach=reach, floor=floor)
+    current = group.settings
+    if derived < floor:
+        # EAGLE already loses at the floor: the crossover lies below it, where nothing was
+        # compared, so floor - 1 is only a cap. A threshold below it stands (else a pair whose
+        # baseline was seen only at 32 went from 8 to 31 and sent C=64 to EAGLE).
+        derived = min(derived, current.threshold)
     limit = speed.limit
     bound = auto_bound(
         reach * n if reach is not None else None, limit * n if limit is not None else None, load
     )
-    current = group.settings
     new = learned_settings(
         derived, (current.threshold, current.hysteresis), configured_hysteresis, bound,
         eagle_load=load if group.mode == "eagle" else None,

@@ -54,8 +54,15 @@ RELEARN: list[tuple[str, dict[str, Any], dict[str, Any], int, Any, Any, bool]] =
     ("seen up to 3 but carrying 10: twice that", SEEN, SEEN, 10, (4, 1), (10, 3), False),
     ("EAGLE's running limit holds it", {"seeded": True, "limit": 6}, {"seeded": True}, 0, (4, 1),
      (6, 2), True),
-    ("the baseline seen from 16 only: compared from there", {**SEEN, "reach": 32.0},
-     {**SEEN, "floor": 16.0, "reach": 32.0}, 0, (4, 1), (15, 4), False),
+    # The curves cross at 10-11, below the floor: a loss at the floor caps the threshold below
+    # it and never raises it (the simulated demo pairs at C=64 went from 8 to 31 on it).
+    ("the baseline seen from 16 only, EAGLE losing there: a lower threshold stands",
+     {**SEEN, "reach": 32.0}, {**SEEN, "floor": 16.0, "reach": 32.0}, 0, (4, 1), None, False),
+    ("the baseline seen from 16 only, EAGLE losing there: a higher one comes to just below",
+     {**SEEN, "reach": 32.0}, {**SEEN, "floor": 16.0, "reach": 32.0}, 0, (40, 10), (15, 4),
+     False),
+    ("EAGLE seen to 8, the baseline at 32 only, carrying 32: not raised to 31",
+     {**SEEN, "reach": 8.0}, {**SEEN, "floor": 32.0, "reach": 32.0}, 32, (8, 2), None, False),
     ("within one hysteresis step: kept", {"seeded": True}, {"seeded": True}, 0, (8, 2), None,
      False),
 ]  # fmt: skip
