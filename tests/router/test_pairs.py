@@ -246,6 +246,22 @@ def test_derive_threshold_compares_only_where_both_were_seen() -> None:
     assert derive_threshold(baseline, eagle, floor=16) == 15
 
 
+def one_pair_pools(now: list[float], hysteresis: int) -> Pools:
+    """One pair (E0, B0) under ``--threshold auto`` from 8, both healthy, on the clock ``now``."""
+    pools = Pools(
+        [(E0, "eagle"), (B0, "baseline")],
+        ThresholdPolicy(),
+        threshold=8,
+        hysteresis=hysteresis,
+        pairs=[(E0, B0)],
+        auto=True,
+        clock=lambda: now[0],
+    )
+    for s in pools.servers:
+        s.healthy = True
+    return pools
+
+
 def pair_pools(auto: bool = False, clock: list[float] | None = None) -> Pools:
     now = clock if clock is not None else [0.0]
     pools = Pools(
@@ -465,17 +481,7 @@ def test_a_held_threshold_gives_way_to_the_curves_at_the_load_carried() -> None:
     and 9,830. With the launch's own calibration as the curves (crossover at 105), the same
     state now gives way at the next derivation and the next request goes to the baseline."""
     now = [0.0]
-    pools = Pools(
-        [(E0, "eagle"), (B0, "baseline")],
-        ThresholdPolicy(),
-        threshold=8,
-        hysteresis=2,
-        pairs=[(E0, B0)],
-        auto=True,
-        clock=lambda: now[0],
-    )
-    for s in pools.servers:
-        s.healthy = True
+    pools = one_pair_pools(now, hysteresis=2)
     profile = profile_from_json(json.loads(PAIR_B_PROFILE.read_text()))
     SpeedLearner(pools.servers, profile, clock=lambda: now[0])
     group = pools.groups[0]
@@ -528,17 +534,8 @@ def test_a_pair_server_is_probed_only_while_its_mate_is_idle() -> None:
     beside EAGLE's 15 and the level served 0.85x of EAGLE alone; earlier, in the simulator, a
     probe in flight all the time at C=4 had halved the pair's tok/s."""
     now = [0.0]
-    pools = Pools(
-        [(E0, "eagle"), (B0, "baseline")],
-        ThresholdPolicy(),
-        threshold=8,  # light load for a probe: at most 2 in flight on the pair, counting it
-        hysteresis=1,
-        pairs=[(E0, B0)],
-        auto=True,
-        clock=lambda: now[0],
-    )
-    for s in pools.servers:
-        s.healthy = True
+    # Threshold 8: light load for a probe is at most 2 in flight on the pair, counting it.
+    pools = one_pair_pools(now, hysteresis=1)
     SpeedLearner(pools.servers, clock=lambda: now[0])
     busy = pools.acquire()  # the pair's EAGLE server holds a request...
     assert not busy.probe and busy.pool == "eagle"
