@@ -19,7 +19,13 @@ from dynspec.bench.cli_common import (
     sim_profile,
     sweep_config,
 )
-from dynspec.common.cli import FlagParser, UsageError, non_negative_int, positive_float
+from dynspec.common.cli import (
+    LOG_LEVELS,
+    FlagParser,
+    UsageError,
+    non_negative_int,
+    positive_float,
+)
 
 if TYPE_CHECKING:
     from dynspec.bench.report import Record
@@ -84,6 +90,15 @@ def add_arguments(p: FlagParser) -> None:
         default=None,
         help="--eight-gpus: the balance router's --metrics-interval (default: the router's)",
     )
+    p.add_argument(
+        "--router-log-level",
+        default="warning",
+        choices=LOG_LEVELS,
+        help="the --log-level of the routers the bench starts ('info': each learned threshold "
+        "and mode switch); their logs are router-WAY.log (router.log without --eight-gpus) in "
+        "the run's folder (dynspec-envelope-* in the temporary directory, /tmp by default), "
+        "kept after the run and named in the bench's log at its start",
+    )
 
 
 def _report_of(records: Sequence[Record]) -> Any:
@@ -112,8 +127,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _same(args: argparse.Namespace, more: str = "") -> dict[str, Any]:
     """The settings both configs take from the flags of the same name."""
-    names = f"profile speed threshold hysteresis seed startup_timeout {more}".split()
-    return {k: getattr(args, k) for k in names}
+    names = f"profile speed threshold hysteresis seed startup_timeout router_log_level {more}"
+    return {k: getattr(args, k) for k in names.split()}
 
 
 def _eight_gpus(args: argparse.Namespace, name: str, progress: Any) -> int:

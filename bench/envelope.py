@@ -46,6 +46,7 @@ class EnvelopeConfig:
     hysteresis: int | None = None
     seed: int = 0
     startup_timeout: float = 60.0
+    router_log_level: str = "warning"  # the routers' --log-level
     command: str = ""
     sharing: str = "timeslice"  # no shared GPU here; harness.SimSettings asks for it
 
@@ -149,6 +150,7 @@ def run(cfg: EnvelopeConfig, progress: ProgressLine | None = None) -> list[Recor
         thr = suggestion.threshold if cfg.threshold is None else cfg.threshold
         hyst = suggestion.hysteresis if cfg.hysteresis is None else cfg.hysteresis
         router = ways.way_router("split-threshold", servers, threshold=thr, hysteresis=hyst)
+        router = dataclasses.replace(router, log_level=cfg.router_log_level)
         url, _ = harness.start_router(procs, "router", router, cfg.startup_timeout)
         rcfg = dataclasses.replace(scfg, extra={**scfg.extra, "threshold": thr, "hysteresis": hyst})
         records += asyncio.run(sweep([Target("routed", url)], rcfg, cfg.out, progress))

@@ -77,6 +77,7 @@ class EightGpusConfig:
     adaptive_profile: str | None = None  # None: adaptive_counterpart(profile)
     seed: int = 0
     startup_timeout: float = 60.0
+    router_log_level: str = "warning"  # the routers' --log-level
     append: bool = False
     command: str = ""
 
@@ -162,6 +163,7 @@ def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Reco
                 speed_profile=profile_path,
                 metrics_interval=cfg.metrics_interval,
             )
+            router = dataclasses.replace(router, log_level=cfg.router_log_level)
             url, _ = harness.start_router(procs, f"router-{way}", router, cfg.startup_timeout)
             targets.append(Target(way, url))
             used[way] = {"set": ways.server_set(way), "urls": list(router.urls())}

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import importlib.util
+import logging
 import os
 import platform
 import subprocess
@@ -33,15 +34,19 @@ from dynspec.launcher import spec as launch_spec
 from dynspec.launcher.facts import flag_facts
 from dynspec.launcher.sim.profile import Profile
 
+logger = logging.getLogger(__name__)
+
 
 @contextlib.contextmanager
 def processes() -> Iterator[Children]:
-    """The experiment's children, logs in a fresh temporary folder, all stopped at the end.
+    """The experiment's children, logs in a fresh temporary folder (``NAME.log`` each, kept
+    after the run, and said at the start), all stopped at the end.
 
     The children get their settings from argv only: a DYNSPEC_* variable meant for another run
     (an API key, a port) must not leak into the experiment.
     """
     folder = Path(tempfile.mkdtemp(prefix="dynspec-envelope-"))
+    logger.info("the servers' and routers' logs: %s", folder)
     with Children(folder, drop_env=("DYNSPEC_",)) as children:
         yield children
 
@@ -196,7 +201,8 @@ def router_argv(router: Router, port: int) -> list[str]:
     servers of one kind in one pool, nor of a baseline pool alone): they stand where the
     launcher puts its servers' URLs. The server ports given to the launcher are placeholders."""
     launch = ["--simulate", "--port", str(port), "--eagle-port", "1", "--baseline-port", "2"]
-    config = launch_config.load_config([*launch, "--log-level", "warning", *router.settings], {})
+    flags = [*launch, "--log-level", router.log_level, *router.settings]
+    config = launch_config.load_config(flags, {})
     argv = list(launch_spec.build_router_spec(config).argv)
     own = launch_spec.backend_args(config, flag_facts(config))
     at = argv.index(own[0])

@@ -103,6 +103,8 @@ class Router:
     servers: tuple[str, ...]
     settings: tuple[str, ...] = ()
     healthy: int = 2
+    # Its --log-level: "info" writes each learned threshold and mode switch to its log.
+    log_level: str = "warning"
 
     def urls(self) -> tuple[str, ...]:
         """The server URLs its flags point it at, in their order."""

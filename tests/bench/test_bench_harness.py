@@ -4,6 +4,7 @@ speed. Its processes are exercised by every experiment's tiny run."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -125,3 +126,31 @@ def test_the_router_profile_runs_at_the_simulators_wall_clock_speed() -> None:
         assert f.prefill_time(256) == pytest.approx(m.prefill_time(256) / 4.0)
     assert "4x faster" in fast.source
     assert harness.wall_clock_profile(demo, 1.0) is demo
+
+
+class _Ran(Exception):
+    pass
+
+
+def test_router_log_level_reaches_the_routers_command_lines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``envelope --router-log-level info`` gives the routers the bench starts ``--log-level
+    info`` (their learned thresholds and switches are info lines); the default stays warning."""
+    from dynspec.bench import cli, envelope8
+
+    got: list[envelope8.EightGpusConfig] = []
+
+    def capture(cfg: envelope8.EightGpusConfig, progress: object = None) -> None:
+        got.append(cfg)
+        raise _Ran
+
+    monkeypatch.setattr(envelope8, "run", capture)
+    for flags, level in (([], "warning"), (["--router-log-level", "info"], "info")):
+        with pytest.raises(SystemExit):
+            cli.main(["envelope", "--simulate", "--eight-gpus", "--no-progress", *flags])
+        assert got[-1].router_log_level == level
+    router = way_router("paired-auto", SERVERS, threshold=7, hysteresis=2)
+    argv = harness.router_argv(dataclasses.replace(router, log_level="info"), 18000)
+    assert argv[argv.index("--log-level") + 1] == "info"
+    assert parse_config(argv[3:], environ={}).log_level == "info"
