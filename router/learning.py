@@ -140,7 +140,7 @@ class SpeedLearner:
         if speed is None:
             return
         tpot = (duration - ttft) / (output_tokens - 1)
-        self._learn(speed, speed.direct, mean_in_flight, tpot, alone)
+        self._learn(speed, speed.direct, mean_in_flight, tpot, alone, "request")
 
     def polled(
         self,
@@ -173,14 +173,24 @@ class SpeedLearner:
             return
         alone = speed.server is None or speed.server.alone()
         load = running + (queued or 0.0)
-        self._learn(speed, speed.polled, load, running / gen_throughput, alone)
+        self._learn(speed, speed.polled, load, running / gen_throughput, alone, "poll")
 
-    def _learn(
-        self, speed: ServerSpeed, source: BucketSet, load: float, tpot: float, alone: bool
+    def _learn(  # noqa: PLR0917 - one call from each source
+        self,
+        speed: ServerSpeed,
+        source: BucketSet,
+        load: float,
+        tpot: float,
+        alone: bool,
+        what: str,
     ) -> None:
         if not alone:
             return  # not the server's speed alone: its GPUs were shared meanwhile
         now = self.clock()
+        logger.debug(
+            "%s (%s): %s, %.2f ms a token at load %.1f", speed.url, speed.pool, what, tpot * 1e3,
+            load,
+        )  # fmt: skip
         source.add(load, tpot, now, speed.prior)
         speed.learned(load, now)
         self._changed(now)

@@ -218,6 +218,8 @@ class Pools:
             if found is None:
                 continue
             new, g.held = found
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("%s: at load %d %s", g.name, self.group_load(g), _curves(g))
             if new is not None:
                 logger.info(
                     "%s: threshold %d, hysteresis %d (learned)",
@@ -341,6 +343,18 @@ class Pools:
     def resume(self, pool: PoolName) -> None:
         self.drained.discard(pool)
         logger.info("pool %s resumed", pool)
+
+
+def _curves(g: Group) -> str:
+    """Each of the group's pools' first server's curve at a few loads, ms a token (debug)."""
+    out = []
+    for pool in POOLS:
+        servers = g.of(pool)
+        speed = servers[0].speed if servers else None
+        if speed is not None:
+            at = ", ".join(f"{b}: {speed.curve.at(b) * 1e3:.1f}" for b in (1, 8, 16, 32, 64))
+            out.append(f"{pool} {{{at}}} seen {speed.floor:g}-{speed.reach:g}")
+    return "; ".join(out)
 
 
 def _most(pools: list[PoolName]) -> PoolName:
