@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # Eight GPUs, seven ways (bench/envelope8.py). Each simulated server stands for four GPUs; a
@@ -219,7 +219,7 @@ def replica_router(
     more: tuple[str, ...] = ("--load-signal", signal)
     if signal == "servers" and load_interval is not None:
         more += ("--load-interval", repr(load_interval))
-    return Router(r.servers, r.settings + more, r.healthy)
+    return replace(r, settings=r.settings + more)
 
 
 def variant_router(
