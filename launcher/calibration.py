@@ -40,8 +40,7 @@ from dynspec.common.levels import (
 from dynspec.launcher.config import LaunchConfig
 from dynspec.launcher.facts import LaunchFacts
 from dynspec.launcher.loadgen import (
-    OUTPUT_TOKENS,
-    PROMPT_WORDS,
+    METHOD,
     READ_TIMEOUT_S,
     ROUNDS,
     CalibrationError,
@@ -141,6 +140,7 @@ def calibration_key(
         "sglang": facts.sglang_version,
         "gpu": facts.gpu_name,
         "sharing": sharing,
+        "load": METHOD,
     }
 
 
@@ -239,11 +239,12 @@ async def _measure_server(
 ) -> ServerResult:
     levels: list[Level] = []
     c = 0
+    model = plan.served_model_name or "default"  # SGLang's OpenAI routes want one
     try:
         await wait_quiet(client, target.url, headers)
         for c in plan.levels:
             level = await measure_level(
-                client, target.url, c, headers=headers, window_s=plan.window_s
+                client, target.url, c, model=model, headers=headers, window_s=plan.window_s
             )
             levels.append(level)
             tag = " (SIMULATED)" if plan.simulated else ""
@@ -347,9 +348,8 @@ def _source(plan: CalibrationPlan, sets: int, measured_at: str) -> str:
             else ""
         )
         + f"dynspec-launch --calibrate, {measured_at}, on {key['gpu']} with {key['sglang']}: "
-        "each server alone (the other server of its GPU set idle), closed loop on POST /generate "
-        f"({PROMPT_WORDS} random words in, {OUTPUT_TOKENS // 2}-{OUTPUT_TOKENS} tokens out, "
-        f"ignore_eos) at C={','.join(map(str, plan.levels))}; throughput = aggregate output "
+        "each server alone (the other server of its GPU set idle), closed loop, "
+        f"{METHOD}, at C={','.join(map(str, plan.levels))}; throughput = aggregate output "
         "tok/s over a steady window (every one of the C requests decoding, until "
         f"{ROUNDS} rounds of C requests ended or {plan.window_s:g}s passed). "
         + combined

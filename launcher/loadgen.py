@@ -2,10 +2,15 @@
 
 Small on purpose (the bench's aiohttp generator is a bench extra the launcher does not import):
 one shared ``httpx.AsyncClient``, ``C`` workers that each send their next request as soon as the
-last one ends. Requests go to SGLang's native ``POST /generate``, streamed, with ``ignore_eos``
-and a fixed ``max_new_tokens``: every event of its stream carries the cumulative
-``meta_info.completion_tokens`` (SGLang and dynspec-sim alike), so the tokens that arrive in a
-window and the tokens per decode step are counted exactly, without a tokenizer.
+last one ends. Requests go to the OpenAI text route, ``POST /v1/completions``, streamed, with
+``ignore_eos`` and a fixed ``max_tokens``, asking for ``stream_options.continuous_usage_stats``:
+every event then carries the cumulative ``usage.completion_tokens`` (SGLang and dynspec-sim
+alike), so the tokens that arrive in a window and the tokens per decode step are counted exactly,
+without a tokenizer. It streams deltas, as the routes the router serves do. (SGLang's native
+``/generate``, which this used before, sends the whole output so far in every event, text and
+token ids: work per event that grows with the output, in the server's front end and here, and
+the baseline sends about four times EAGLE's events. On one H200 its levels read the baseline
+at 0.54-0.99x of the steady bench's speed at C=128, ``bench/results/h200/README.md``.)
 
 A level's tok/s is measured over a steady window: it opens once every one of the ``C`` workers
 has its first token (all ``C`` in flight, prefills done), and closes after ``rounds x C``
@@ -155,11 +160,30 @@ class _Window:
             self.closed.set()
 
 
-def request_body(rng: random.Random, output_tokens: int) -> bytes:
+ROUTE = "/v1/completions"
+_USAGE = {"include_usage": True, "continuous_usage_stats": True}
+# How a level is loaded, in the calibration cache's key: a profile measured another way (the
+# native /generate before) is measured again, not reused.
+METHOD = (
+    f"POST {ROUTE} streamed, continuous usage stats, {PROMPT_WORDS} words in, "
+    f"{OUTPUT_TOKENS // 2}-{OUTPUT_TOKENS} tokens out, ignore_eos"
+)
+
+
+def request_body(rng: random.Random, output_tokens: int, model: str) -> bytes:
     words = " ".join(rng.choices(_WORDS, k=PROMPT_WORDS))
     tokens = rng.randint(max(1, output_tokens // 2), output_tokens)
-    params = {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0.0}
-    return orjson.dumps({"text": words, "sampling_params": params, "stream": True})
+    return orjson.dumps(
+        {
+            "model": model,
+            "prompt": words,
+            "max_tokens": tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": _USAGE,
+        }
+    )
 
 
 def _describe(exc: httpx.HTTPError) -> str:
@@ -186,13 +210,13 @@ async def _one_request(
     done = False
     try:
         # SGLang's FastAPI (0.5.17's bundles FastAPI 0.165, strict about it) reads a body as
-        # JSON only when it is labelled so: unlabelled, /generate answers 400.
+        # JSON only when it is labelled so: unlabelled, its routes answer 400.
         labelled = {"content-type": "application/json", **headers}
         async with client.stream("POST", url, content=body, headers=labelled) as r:
             if r.status_code != 200:
                 detail = (await r.aread())[:200].decode("utf-8", "replace").strip()
                 raise CalibrationError(
-                    f"HTTP {r.status_code} from /generate" + (f": {detail}" if detail else "")
+                    f"HTTP {r.status_code} from {ROUTE}" + (f": {detail}" if detail else "")
                 )
             pending = b""
             async for data in r.aiter_raw():
@@ -206,7 +230,7 @@ async def _one_request(
                         continue
                     if not payload:
                         continue
-                    count, prompt = _counts(payload)
+                    count, prompt = event_counts(payload)
                     if count <= seen:
                         continue
                     if seen == 0:
@@ -227,18 +251,24 @@ async def _one_request(
     window.finish(time.perf_counter())
 
 
-def _counts(payload: bytes) -> tuple[int, int | None]:
-    """(completion tokens so far, prompt tokens) of one /generate event; an error event fails."""
+def event_counts(payload: bytes) -> tuple[int, int | None]:
+    """(completion tokens so far, prompt tokens) of one stream event; an error event fails, and
+    so does an event without usage (a server that ignores ``continuous_usage_stats``)."""
     try:
         data = orjson.loads(payload)
     except orjson.JSONDecodeError:
         raise CalibrationError("a stream event is not JSON") from None
-    meta = data.get("meta_info") if isinstance(data, dict) else None
-    if not isinstance(meta, dict) or not isinstance(meta.get("completion_tokens"), int):
-        error = data.get("error") if isinstance(data, dict) else None
-        raise CalibrationError(f"the server sent an error: {str(error)[:120]}")
-    prompt = meta.get("prompt_tokens")
-    return meta["completion_tokens"], prompt if isinstance(prompt, int) else None
+    usage = data.get("usage") if isinstance(data, dict) else None
+    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+        prompt = usage.get("prompt_tokens")
+        return usage["completion_tokens"], prompt if isinstance(prompt, int) else None
+    if isinstance(data, dict) and "choices" in data:
+        raise CalibrationError(
+            "the stream's events carry no usage (the server ignores "
+            "stream_options.continuous_usage_stats)"
+        )
+    error = data.get("error") or data.get("message") if isinstance(data, dict) else None
+    raise CalibrationError(f"the server sent an error: {str(error)[:120]}")
 
 
 async def _worker(
@@ -249,10 +279,11 @@ async def _worker(
     worker: int,
     window: _Window,
     output_tokens: int,
+    model: str,
 ) -> None:
     rng = random.Random(worker)
     while True:
-        body = request_body(rng, output_tokens)
+        body = request_body(rng, output_tokens, model)
         await _one_request(client, url, body, headers=headers, worker=worker, window=window)
 
 
@@ -276,15 +307,17 @@ async def measure_level(
     base_url: str,
     c: int,
     *,
+    model: str,
     headers: Mapping[str, str] | None = None,
     rounds: int = ROUNDS,
     window_s: float = WINDOW_S,
     output_tokens: int = OUTPUT_TOKENS,
     open_timeout: float = OPEN_TIMEOUT_S,
 ) -> Level:
-    """One closed-loop level of ``c`` requests against the server at ``base_url``."""
+    """One closed-loop level of ``c`` requests for ``model`` (the served model name) against the
+    server at ``base_url``."""
     window = _Window(c, rounds)
-    url = base_url + "/generate"
+    url = base_url + ROUTE
     tasks = [
         asyncio.create_task(
             _worker(
@@ -294,6 +327,7 @@ async def measure_level(
                 worker=i,
                 window=window,
                 output_tokens=output_tokens,
+                model=model,
             )
         )
         for i in range(c)

@@ -295,6 +295,7 @@ class SimApp:
                     include_usage=inp.include_usage,
                     model=inp.model,
                     watcher=watcher,
+                    continuous_usage=inp.continuous_usage,
                 )
             elif inp.stream:
                 await streams.stream_choices(
@@ -305,6 +306,7 @@ class SimApp:
                     include_usage=inp.include_usage,
                     model=inp.model,
                     watcher=watcher,
+                    continuous_usage=inp.continuous_usage,
                 )
             else:
                 await self._answer(send, reqs, chat, inp.model)
@@ -382,6 +384,7 @@ class SimApp:
         include_usage: bool,
         model: str,
         watcher: asyncio.Task[None],
+        continuous_usage: bool = False,
     ) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": SSE})
         created = int(time.time())
@@ -405,12 +408,13 @@ class SimApp:
                     events.append(chunks.finish(req.finish_reason, req.matched_stop))
             else:
                 assert isinstance(chunks, wire.CompletionChunks)
+                usage = wire.usage_json(req.prompt_tokens, n) if continuous_usage else None
                 if req.done:
                     events.append(
-                        chunks.last(req.text(sent, n), req.finish_reason, req.matched_stop)
+                        chunks.last(req.text(sent, n), req.finish_reason, req.matched_stop, usage)
                     )
                 elif n > sent:
-                    events.append(chunks.text(req.text(sent, n)))
+                    events.append(chunks.text(req.text(sent, n), usage))
             if n > sent:
                 content_chunks += 1
             sent = n

@@ -49,6 +49,8 @@ class GenerationInput:
     n: int = 1  # choices, each its own request in the engine (SGLang's parallel sampling)
     stop: tuple[str, ...] = ()  # the answer ends before the first of these it produces
     seed: int | None = None  # the request's own seed: same seed, same request, same text
+    # stream_options.continuous_usage_stats: each completion chunk carries the usage so far
+    continuous_usage: bool = False
 
 
 def media_type(headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -160,6 +162,7 @@ def parse_generation(body: bytes, chat: bool, context_length: int) -> Generation
         n=n,
         stop=_stop_strings(obj.get("stop")),
         seed=seed,
+        continuous_usage=bool(opts and opts.get("continuous_usage_stats")),
     )
 
 

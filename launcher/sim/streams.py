@@ -23,6 +23,7 @@ async def stream_choices(
     include_usage: bool,
     model: str,
     watcher: asyncio.Task[None],
+    continuous_usage: bool = False,
 ) -> None:
     """A stream of n > 1 choices, as SGLang interleaves them: each choice's chunks carry its
     index and id as its tokens come; chat finish chunks come after every choice has ended."""
@@ -56,10 +57,14 @@ async def stream_choices(
                     events.append(c.content(r.text(sent[i], n)))
                 if r.done:
                     finished.append(i)
-            elif r.done:
-                events.append(c.last(r.text(sent[i], n), r.finish_reason, r.matched_stop))
             else:
-                events.append(c.text(r.text(sent[i], n)))
+                usage = wire.usage_json(r.prompt_tokens, n) if continuous_usage else None
+                if r.done:
+                    events.append(
+                        c.last(r.text(sent[i], n), r.finish_reason, r.matched_stop, usage)
+                    )
+                else:
+                    events.append(c.text(r.text(sent[i], n), usage))
             sent[i] = n
             ended[i] = r.done
         last = all(ended)

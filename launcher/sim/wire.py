@@ -5,7 +5,8 @@ so ``delta`` always has ``reasoning_content`` first and no ``usage`` key): a rol
 chunks, a separate finish chunk with ``finish_reason`` and ``matched_stop``, a usage chunk with
 ``"choices": []`` only when ``stream_options.include_usage`` is true (pydantic, all usage fields),
 then ``data: [DONE]``. Completion streams (``serving_completions.py``, pydantic, ``"usage": null``
-in each chunk): text chunks, the last one carrying ``finish_reason``; the usage chunk drops nulls.
+in each chunk, or the usage so far with ``stream_options.continuous_usage_stats``): text chunks,
+the last one carrying ``finish_reason``; the usage chunk drops nulls.
 Chunks are built from per-request byte templates: one ``orjson.dumps`` of the text per chunk.
 With ``n`` choices each has its own templates (its ``index``, and SGLang's id of that choice).
 """
@@ -33,6 +34,7 @@ _TAIL_OPEN = b',"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n\n'
 _TAIL_OPEN_COMPLETION = (
     b',"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null}\n\n'
 )
+_TAIL_OPEN_USAGE = b',"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":'
 
 
 def error_body(message: str, err_type: str = "BadRequestError", code: int = 400) -> bytes:
@@ -102,15 +104,22 @@ class CompletionChunks:
         self._head = top + _choice_head(index) + b',"text":'
         self._usage_head = top + b',"choices":[],"usage":'
 
-    def text(self, text: str) -> bytes:
-        return self._head + orjson.dumps(text) + _TAIL_OPEN_COMPLETION
+    def text(self, text: str, usage: bytes | None = None) -> bytes:
+        """A text chunk; ``usage`` (``usage_json``) where continuous usage stats were asked for."""
+        if usage is None:
+            return self._head + orjson.dumps(text) + _TAIL_OPEN_COMPLETION
+        return self._head + orjson.dumps(text) + _TAIL_OPEN_USAGE + usage + b"}\n\n"
 
-    def last(self, text: str, finish_reason: str, matched_stop: MatchedStop) -> bytes:
+    def last(
+        self, text: str, finish_reason: str, matched_stop: MatchedStop, usage: bytes | None = None
+    ) -> bytes:
         return (
             self._head
             + orjson.dumps(text)
             + _finish_fields(finish_reason, matched_stop)
-            + b'}],"usage":null}\n\n'
+            + b'}],"usage":'
+            + (b"null" if usage is None else usage)
+            + b"}\n\n"
         )
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:

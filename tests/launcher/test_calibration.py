@@ -27,7 +27,7 @@ from dynspec.launcher.calibration import (
 )
 from dynspec.launcher.config import LaunchConfig, load_config
 from dynspec.launcher.facts import LaunchFacts, flag_facts
-from dynspec.launcher.loadgen import Level, gauge
+from dynspec.launcher.loadgen import CalibrationError, Level, event_counts, gauge
 from dynspec.launcher.sim.profile import load_profile
 from dynspec.launcher.spec import build_specs
 from dynspec.router.config import read_speed_profile
@@ -209,6 +209,15 @@ def test_a_cached_profile_is_reused_only_for_its_own_key(tmp_path: Path) -> None
         and other.action == "measure"
         and other.path != first.path
     )
+    # A file measured the way calibrations were before (no "load" in its key: SGLang's native
+    # /generate, which ran the baseline slow) is measured again, not reused.
+    data = json.loads(first.path.read_text())
+    assert data["calibration"]["key"]["load"].startswith("POST /v1/completions streamed")
+    del data["calibration"]["key"]["load"]
+    first.path.write_text(json.dumps(data))
+    older = plan_for(tmp_path, *SIM)
+    assert isinstance(older, CalibrationPlan)
+    assert (older.action, older.why) == ("measure", "the cached file was measured for another key")
     # Another key in the file of this one (edited by hand, say) is not this launch's figures.
     data = json.loads(first.path.read_text())
     data["calibration"]["key"]["gpu"] = "another GPU"
@@ -287,3 +296,15 @@ def test_the_flag_its_variable_its_toml_key_help_and_dry_run(tmp_path: Path) -> 
     never = run_launch(*SIM, "--dry-run", "--calibrate", "never")
     assert never.stdout.splitlines()[0] == "# calibration: off (--calibrate never)"
     assert not list((tmp_path / "logs").glob("**/*.json"))  # a dry run measures and writes nothing
+
+
+def test_an_event_is_counted_by_its_usage_and_one_without_usage_fails_the_level() -> None:
+    chunk = b'{"object":"text_completion","choices":[{"index":0,"text":"a b"}],"usage":%s}'
+    usage = b'{"prompt_tokens":201,"completion_tokens":7,"total_tokens":208}'
+    assert event_counts(chunk % usage) == (7, 201)
+    with pytest.raises(CalibrationError, match="continuous_usage_stats"):
+        event_counts(chunk % b"null")  # a server that ignores stream_options: no exact count
+    with pytest.raises(CalibrationError, match=r"the server sent an error: .*too long"):
+        event_counts(b'{"object":"error","message":"the prompt is too long","code":400}')
+    with pytest.raises(CalibrationError, match="not JSON"):
+        event_counts(b"{ not json")

@@ -193,6 +193,26 @@ def test_completion_stream_chunk_sequence(eagle_sim: Sim, include_usage: bool) -
     assert last["choices"][0]["matched_stop"] is None
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_completion_stream_with_continuous_usage(eagle_sim: Sim, n: int) -> None:
+    # SGLang's serving_completions with stream_options.continuous_usage_stats: every chunk of a
+    # choice carries that choice's usage so far (the launcher's calibration counts tokens so).
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    body = {"model": "m", "prompt": "abc", "max_tokens": 25, "stream": True, "n": n}
+    chunks = sse_json(_post(eagle_sim, "/v1/completions", {**body, "stream_options": opts}).content)
+    *chunks, usage_chunk = chunks
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 25 * n
+    for index in range(n):
+        mine = [c for c in chunks if c["choices"][0]["index"] == index]
+        counts = [c["usage"]["completion_tokens"] for c in mine]
+        assert counts == sorted(counts) and counts[0] >= 1 and counts[-1] == 25
+        assert len(set(counts)) == len(counts)  # a chunk per decode step, each with new tokens
+        for c in mine:
+            u = c["usage"]
+            assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+        assert mine[-1]["choices"][0]["finish_reason"] == "length"
+
+
 def test_non_streamed_bodies(eagle_sim: Sim) -> None:
     r = _post(eagle_sim, "/v1/chat/completions", {"model": "m", "messages": CHAT, "max_tokens": 4})
     body = r.json()
