@@ -90,6 +90,19 @@ out = {
         choices=[CompletionResponseStreamChoice(index=2, text=text, logprobs=None,
                                                 finish_reason="stop", matched_stop=a["stop"])],
     ).model_dump_json() + "\n\n",
+    # serving_completions with stream_options.continuous_usage_stats: each chunk's usage so far.
+    "comp_text_usage": "data: " + CompletionStreamResponse(
+        id=rid, created=created, object="text_completion", model=model,
+        choices=[CompletionResponseStreamChoice(index=0, text=text, logprobs=None,
+                                                finish_reason=None, matched_stop=None)],
+        usage=UsageProcessor.calculate_token_usage(prompt_tokens=p, completion_tokens=c),
+    ).model_dump_json() + "\n\n",
+    "comp_last_usage": "data: " + CompletionStreamResponse(
+        id=rid, created=created, object="text_completion", model=model,
+        choices=[CompletionResponseStreamChoice(index=0, text=text, logprobs=None,
+                                                finish_reason="stop", matched_stop=128009)],
+        usage=UsageProcessor.calculate_token_usage(prompt_tokens=p, completion_tokens=c),
+    ).model_dump_json() + "\n\n",
     "comp_usage": "data: " + CompletionStreamResponse(
         id=rid, created=created, choices=[], model=model, usage=usage,
     ).model_dump_json(exclude_none=True) + "\n\n",
@@ -226,6 +239,9 @@ def test_completion_stream_chunks_match_sglang(sglang_bytes: dict[str, Any]) -> 
     assert chunks.usage(a["p"], a["c"]).decode() == sglang_bytes["comp_usage"]
     third = wire.CompletionChunks(a["rid"], a["created"], a["model"], index=2)
     assert third.last(a["text"], "stop", a["stop"]).decode() == sglang_bytes["comp_last_str_2"]
+    usage = wire.usage_json(a["p"], a["c"])
+    assert chunks.text(a["text"], usage).decode() == sglang_bytes["comp_text_usage"]
+    assert chunks.last(a["text"], "stop", 128009, usage).decode() == sglang_bytes["comp_last_usage"]
 
 
 def test_bodies_match_sglang(sglang_bytes: dict[str, Any]) -> None:
