@@ -1,11 +1,19 @@
-"""Online speed learning: each server's TPOT-by-load curve, from what the router sees.
+"""Online speed learning: each server's per-token time by load, from what the router sees.
 
-Two sources feed it, both O(1) per observation:
-- each finished streamed request (the proxy's finish hook): its mean TPOT, (duration - TTFT) /
-  (output tokens - 1), against the server's mean in-flight count over the request's life;
-- each poll of a server's ``/metrics`` (``poller.py``): running / gen_throughput at the load
-  running + queued when the gauges moved at this poll and the one before and the running count
-  held (``steady``), the limit it runs at (queue > 0), and EAGLE's accept length.
+The quantity learned is a profile's own (``common.profile``: closed-loop ``[C, tok/s]`` points):
+the time a request stays on the server per output token at load ``L``, ``L / X`` for a server
+delivering ``X`` tok/s with ``L`` requests in flight (Little's law), queue wait and prefill
+included. Two sources feed it, both O(1) per observation:
+- each finished request (the proxy's finish hook): its stay, the lease's life from routing to
+  the response's end, over its output tokens, against the server's mean in-flight count over
+  that same stay (the ``L`` whose time average Little's law pairs with it);
+- each poll of a server's ``/metrics`` (``poller.py``): (running + queued) / gen_throughput at the
+  load running + queued when the gauges moved at this poll and the one before and the running
+  count held (``steady``), the limit it runs at (queue > 0), and EAGLE's accept length.
+
+Decode time alone (a request's TPOT after its first token, a poll's running / gen_throughput)
+was learned before: it hides what queueing and prefill cost, which is where a server with the
+same decode speed and a faster prefill (or more requests running) wins.
 
 The curves are rebuilt from the buckets (``speed.build_curve``, O(buckets) per server) at most
 every ``REBUILD_S`` when observations arrive, never per routed request. Each server's
@@ -18,10 +26,11 @@ the poll), and both end in the same check (``_learn``). The time comes from the 
 so tests feed observations at chosen times and read the curves.
 
 The two sources run on different clocks when a server's time is not real time (a simulator at
-``--speed 2``): the server's figures are scaled by the ratio of the two where they overlap. A
-profile (or the neutral prior) gives the shape where nothing was seen, scaled to the server's
-measured level; a server with no data at all borrows the other servers' level, so that both pools
-are compared on the same clock from the first observation on.
+``--speed 2``): the server's figures are scaled by the ratio of the two where they overlap (both
+are the same quantity, so the ratio is the clocks'). A profile (or the neutral prior) gives the
+shape where nothing was seen, scaled to the server's measured level; a server with no data at
+all borrows the other servers' level, so that both pools are compared on the same clock from the
+first observation on.
 """
 
 from __future__ import annotations
@@ -64,7 +73,11 @@ def moved(
 def steady(
     previous: tuple[float, float, bool] | None, running: float, gen_throughput: float
 ) -> bool:
-    """Whether a poll's running / gen_throughput is a TPOT at load ``running``.
+    """Whether a poll's gen_throughput is the server's tok/s with ``running`` requests running.
+
+    The check is on the running count, not the load (running + queued): the tokens made depend
+    on the batch only, and a queue that grew or drained at a full batch leaves the reading
+    right (the requests in flight now share the batch's tokens).
 
     SGLang's ``gen_throughput`` is the tokens of the last decode-log interval (40 decode batches)
     over its length, since the log line before, while ``num_running_reqs`` is the batch at its
@@ -123,24 +136,24 @@ class SpeedLearner:
 
     # -- observations ------------------------------------------------------------------------------
 
-    def finished(  # noqa: PLR0917 - the proxy's finish hook (proxy.FinishHook) is positional
+    def finished(
         self,
         url: str,
         mean_in_flight: float,
-        duration: float,
-        ttft: float | None,
+        stay: float,
         output_tokens: int | None,
         alone: bool = True,
     ) -> None:
-        """One finished request (``alone``: nothing else ran on its GPUs meanwhile); only a
-        streamed one with two tokens or more says something."""
-        if ttft is None or output_tokens is None or output_tokens < 2 or duration <= ttft:
+        """One finished request: ``stay`` seconds on the server (its lease's life) at a mean of
+        ``mean_in_flight`` requests there, ``alone`` when nothing else ran on its GPUs
+        meanwhile; one with no token count (or none) says nothing."""
+        if output_tokens is None or output_tokens < 1 or stay <= 0:
             return
         speed = self.servers.get(url)
         if speed is None:
             return
-        tpot = (duration - ttft) / (output_tokens - 1)
-        self._learn(speed, speed.direct, mean_in_flight, tpot, alone, "request")
+        per_token = stay / output_tokens
+        self._learn(speed, speed.direct, mean_in_flight, per_token, alone, "request")
 
     def polled(
         self,
@@ -172,15 +185,17 @@ class SpeedLearner:
         if not steady(previous, running, gen_throughput):
             return
         alone = speed.server is None or speed.server.alone()
+        # Every request there, queued ones included, gets its share of the tokens made: its stay
+        # per token (``L / X``) at this load.
         load = running + (queued or 0.0)
-        self._learn(speed, speed.polled, load, running / gen_throughput, alone, "poll")
+        self._learn(speed, speed.polled, load, load / gen_throughput, alone, "poll")
 
     def _learn(  # noqa: PLR0917 - one call from each source
         self,
         speed: ServerSpeed,
         source: BucketSet,
         load: float,
-        tpot: float,
+        per_token: float,
         alone: bool,
         what: str,
     ) -> None:
@@ -188,10 +203,10 @@ class SpeedLearner:
             return  # not the server's speed alone: its GPUs were shared meanwhile
         now = self.clock()
         logger.debug(
-            "%s (%s): %s, %.2f ms a token at load %.1f", speed.url, speed.pool, what, tpot * 1e3,
-            load,
+            "%s (%s): %s, %.2f ms a token at load %.1f", speed.url, speed.pool, what,
+            per_token * 1e3, load,
         )  # fmt: skip
-        source.add(load, tpot, now, speed.prior)
+        source.add(load, per_token, now, speed.prior)
         speed.learned(load, now)
         self._changed(now)
 

@@ -49,6 +49,7 @@ class Lease:
         "mean_in_flight",
         "probe",
         "server",
+        "stay",
     )
 
     def __init__(self, pools: Pools, server: Server, now: float, group: Group, probe: bool) -> None:
@@ -63,6 +64,9 @@ class Lease:
         # The server's mean in-flight count over the lease's life (this request included),
         # known once the lease is released.
         self.mean_in_flight = 0.0
+        # Seconds from routing to release (the pool's clock): the request's stay on the server,
+        # over which ``mean_in_flight`` is taken; known once the lease is released.
+        self.stay = 0.0
         # False when its mate had requests in flight during this one (known at release): its
         # speed then is not the server's speed alone.
         self.alone = True
@@ -78,6 +82,7 @@ class Lease:
         server = self.server
         now = self._pools._release(self)
         elapsed = now - self._since
+        self.stay = elapsed
         self.mean_in_flight = (
             (server.area - self._area) / elapsed if elapsed > 0 else float(server.in_flight + 1)
         )

@@ -60,9 +60,9 @@ from dynspec.router.upstream import Client, ConnectError, NoAnswer, Response, Up
 logger = logging.getLogger(__name__)
 
 # Called once per request that ended with 200: (server URL, the server's mean in-flight count over
-# the request's life, duration, TTFT or None, all seconds; output tokens or None; whether nothing
-# else ran on its GPUs meanwhile, ``Lease.alone``).
-FinishHook = Callable[[str, float, float, "float | None", "int | None", bool], None]
+# the request's stay, the stay in seconds (``Lease.stay``: routed to released), output tokens or
+# None, whether nothing else ran on its GPUs meanwhile, ``Lease.alone``).
+FinishHook = Callable[[str, float, float, "int | None", bool], None]
 
 
 class _Request:
@@ -342,7 +342,7 @@ class Proxy:
             )
             if req.code == 200 and self.on_finish is not None:
                 mean, alone = lease.mean_in_flight, lease.alone
-                self.on_finish(lease.server.url, mean, duration, ttft, output_tokens, alone)
+                self.on_finish(lease.server.url, mean, lease.stay, output_tokens, alone)
             how = " (direct)" if req.raw is not None else ""
             logger.debug("%s: %s %d via %s%s", req.rid, lease.pool, req.code, lease.server.url, how)
 

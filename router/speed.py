@@ -1,11 +1,16 @@
-"""Speed curves: a server's time per output token (TPOT) as a function of its requests in flight.
+"""Speed curves: a server's time per output token as a function of its requests in flight.
+
+The time is a request's whole stay on the server (queue wait and prefill included) over its
+output tokens: ``L / X`` at load ``L`` for a server making ``X`` tok/s, a profile's own quantity
+(its closed-loop ``[C, tok/s]`` points), which the learner measures too (``learning.py``). The
+names say TPOT (``tpots``, ``predicted_tpot_s``) for short; it is not the decode-only TPOT.
 
 A ``SpeedCurve`` is immutable: the ``balance`` policy reads it from the routing snapshot, and the
 learner (``learning.py``) replaces it with a new one when observations arrive. The load axis has
 fixed buckets (1, 2, 3, 4, 6, 8, ... 512 requests in flight, queued ones included); a prediction
 between two buckets is interpolated in log-load, beyond the last one it grows linearly with load,
-and past the server's running limit it grows at least linearly too (a queued request waits for a
-running one to end; the TPOT measured by the server does not show that wait).
+and past the server's running limit it grows at least linearly too (the batch stays at the limit
+and every request more waits its turn: ``L / X`` with ``X`` held).
 
 ``BucketSet`` keeps one source of observations as weighted means per bucket, older observations
 weighed down by newer ones (never by wall time); ``build_curve`` combines the sources with a prior
@@ -15,7 +20,7 @@ reads a clock.
 A speed profile (``--speed-profile``, the simulator's format, written by ``dynspec-bench
 profile``) is read by the one profile reader, ``dynspec.common.profile`` (pure, no I/O): per mode,
 ``throughput`` is ``[batch, tok/s]`` points (linear between them, flat past the last one), so one
-request's TPOT at batch ``b`` is ``b / throughput(b)``.
+request's time per token at load ``b`` is ``b / throughput(min(b, limit))``.
 """
 
 from __future__ import annotations
@@ -51,24 +56,33 @@ KEEP = 0.97
 # The prior counts as this many observations: data wins as soon as there is a little of it.
 PRIOR_WEIGHT = 1.0
 # Without a profile both pools start from this one curve, so ties (and EAGLE) win until data
-# says otherwise: 20 ms per token alone, growing with load like a typical decode step.
+# says otherwise: 20 ms per token alone, growing with load like a typical decode step. It is a
+# TPOT's shape, and a fair one of a stay's per-token time too: prefill adds about a constant share
+# per token at light load and one growing with load (each request waits out the others'
+# prefills), so both are affine in the load below the running limit; only the level differs, and
+# the level is what the data sets (``prior_scale``). Past a known limit ``SpeedCurve.at`` makes it
+# grow at least linearly.
 NEUTRAL_TPOT_S = 0.02
 NEUTRAL_KNEE = 16.0
 
 
 @dataclass(frozen=True, slots=True)
 class SpeedCurve:
-    """Predicted TPOT (seconds) per bucket, monotone non-decreasing, plus the running limit."""
+    """Predicted time per output token (seconds, a stay's) per bucket, monotone
+    non-decreasing, plus the running limit."""
 
     tpots: tuple[float, ...]
     # Requests the server runs at once; beyond it requests queue. None: not known.
     limit: int | None = None
 
     def at(self, load: float) -> float:
-        """Predicted TPOT with ``load`` requests in flight (counting the one being routed)."""
+        """Predicted time per token with ``load`` requests in flight (counting the one being
+        routed). Past the running limit at least the time at the limit grown in proportion: the
+        batch holds and the rest wait (the buckets there hold that already, when measured or
+        from a profile; a neutral prior's shape does not)."""
         limit = self.limit
         if limit is not None and load > limit:
-            return self._base(limit) * load / limit
+            return max(self._base(load), self._base(limit) * load / limit)
         return self._base(load)
 
     def _base(self, load: float) -> float:
@@ -242,7 +256,7 @@ def build_curve(
 
 @dataclass(frozen=True, slots=True)
 class ModeSpeed:
-    """One mode of a profile: the prior curve (TPOT per bucket) and the running limit."""
+    """One mode of a profile: the prior curve (time per token per bucket) and the limit."""
 
     prior: tuple[float, ...]
     limit: int | None
@@ -265,9 +279,10 @@ def _mode_speed(mode: str, mp: ModeProfile) -> ModeSpeed:
         limit = DEFAULT_RUNNING_LIMIT.get(mode)
     prior: list[float] = []
     for b in BUCKETS:
-        # Past the running limit the batch stays at the limit (the rest wait in the queue).
+        # Past the running limit the batch stays at the limit (the rest wait in the queue): the
+        # tokens made are the limit's, shared by all ``b`` in flight.
         batch = min(b, limit) if limit is not None else b
-        prior.append(batch / mp.throughput_at(batch))
+        prior.append(b / mp.throughput_at(batch))
     return ModeSpeed(tuple(prior), limit)
 
 

@@ -122,10 +122,10 @@ def test_a_server_s_counts_and_whether_it_ran_alone() -> None:
 def test_the_learner_drops_what_did_not_run_alone_from_either_source() -> None:
     lr = SpeedLearner([(E0, "eagle")], clock=lambda: 5.0)
     before, seen = lr.curve(E0), lr.servers[E0].seen
-    lr.finished(E0, 1, duration=1.0, ttft=0.0, output_tokens=101, alone=False)
+    lr.finished(E0, 1, stay=1.0, output_tokens=100, alone=False)
     lr.rebuild()
     assert lr.curve(E0) == before and lr.servers[E0].seen == seen
-    lr.finished(E0, 1, duration=1.0, ttft=0.0, output_tokens=101, alone=True)
+    lr.finished(E0, 1, stay=1.0, output_tokens=100, alone=True)
     lr.rebuild()
     assert lr.curve(E0) != before and lr.servers[E0].seen == 5.0
 

@@ -329,8 +329,8 @@ def test_threshold_auto_learns_per_pair_and_an_operator_turns_it_off() -> None:
     assert [p.settings.threshold for p in pools.groups] == [2, 2]
     # Pair 0 measured: EAGLE 10 ms, baseline 30 ms at load 1 (the neutral shape scaled).
     for _ in range(20):
-        lr.finished(E0, 1, duration=1.0, ttft=0.0, output_tokens=101)
-        lr.finished(B0, 1, duration=3.0, ttft=0.0, output_tokens=101)
+        lr.finished(E0, 1, stay=1.0, output_tokens=100)
+        lr.finished(B0, 1, stay=3.0, output_tokens=100)
     lr.rebuild()
     pools.derive()  # within AUTO_EVERY_S of the last: not yet
     assert pools.groups[0].settings.threshold == 2
@@ -343,7 +343,7 @@ def test_threshold_auto_learns_per_pair_and_an_operator_turns_it_off() -> None:
     assert pools.groups[1].settings.threshold == 2  # not measured
     # EAGLE seen serving 12 at once, still faster: the bound doubles past it.
     for _ in range(20):
-        lr.finished(E0, 12, duration=1.5, ttft=0.0, output_tokens=101)
+        lr.finished(E0, 12, stay=1.5, output_tokens=100)
     lr.rebuild()
     now[0] = 6.0
     pools.derive()
@@ -361,8 +361,8 @@ def test_a_load_past_a_bound_held_threshold_derives_again_at_once() -> None:
     pools.groups[1].eagle.healthy = pools.groups[1].baseline.healthy = False
     lr = SpeedLearner(pools.servers, clock=lambda: now[0])
     for _ in range(20):  # EAGLE 10 ms, baseline 30 ms, both seen at load 1
-        lr.finished(E0, 1, duration=1.0, ttft=0.0, output_tokens=101)
-        lr.finished(B0, 1, duration=3.0, ttft=0.0, output_tokens=101)
+        lr.finished(E0, 1, stay=1.0, output_tokens=100)
+        lr.finished(B0, 1, stay=3.0, output_tokens=100)
     lr.rebuild()
     now[0] = 3.0
     leases = [pools.acquire() for _ in range(AUTO_START)]
@@ -377,8 +377,8 @@ def test_a_load_past_a_bound_held_threshold_derives_again_at_once() -> None:
     # EAGLE measured slower than the baseline from load 12 on: the curves' crossover is below
     # the load, not held by the bound, and the next request past it switches.
     for _ in range(40):
-        lr.finished(E0, 12, duration=6.0, ttft=0.0, output_tokens=101)
-        lr.finished(B0, 12, duration=4.0, ttft=0.0, output_tokens=101)
+        lr.finished(E0, 12, stay=6.0, output_tokens=100)
+        lr.finished(B0, 12, stay=4.0, output_tokens=100)
     lr.rebuild()
     now[0] = 6.0
     pools.acquire()
@@ -397,8 +397,8 @@ def test_a_baseline_seen_only_at_high_load_does_not_win_low_load() -> None:
     lr = SpeedLearner(pools.servers, clock=lambda: now[0])
     for _ in range(20):
         for load, seconds in ((1, 0.5), (8, 0.6), (20, 0.8)):
-            lr.finished(E0, load, duration=seconds, ttft=0.0, output_tokens=101)
-        lr.finished(B0, 40, duration=1.5, ttft=0.0, output_tokens=101)
+            lr.finished(E0, load, stay=seconds, output_tokens=100)
+        lr.finished(B0, 40, stay=1.5, output_tokens=100)
     lr.rebuild()
     assert (lr.servers[E0].floor, lr.servers[B0].floor) == (1, 40)
     assert lr.curve(B0).at(1) < lr.curve(E0).at(1)  # the extrapolation that misled
@@ -499,9 +499,9 @@ def test_threshold_auto_stops_at_eagle_s_running_limit() -> None:
     pools = pair_pools(auto=True, clock=now)
     lr = SpeedLearner(pools.servers, clock=lambda: now[0])
     for _ in range(20):
-        lr.finished(E0, 1, duration=1.0, ttft=0.0, output_tokens=101)
-        lr.finished(E0, 200, duration=2.0, ttft=0.0, output_tokens=101)
-        lr.finished(B0, 1, duration=3.0, ttft=0.0, output_tokens=101)
+        lr.finished(E0, 1, stay=1.0, output_tokens=100)
+        lr.finished(E0, 200, stay=2.0, output_tokens=100)
+        lr.finished(B0, 1, stay=3.0, output_tokens=100)
     lr.set_limit(E0, 40)
     now[0] = 3.0
     pools.derive()

@@ -51,10 +51,11 @@ def feed(
     n: int,
     every: float = 0.1,
 ) -> None:
-    """``n`` finished requests of 11 tokens at ``load``, ``every`` seconds apart."""
+    """``n`` finished requests of 10 tokens at ``load``, ``every`` seconds apart, each a stay of
+    ``tpot`` a token."""
     for _ in range(n):
         clock.now += every
-        lr.finished(url, load, duration=0.05 + 10 * tpot, ttft=0.05, output_tokens=11)
+        lr.finished(url, load, stay=10 * tpot, output_tokens=10)
     lr.rebuild()
 
 
@@ -156,14 +157,14 @@ def test_unvisited_loads_follow_the_prior_at_the_measured_level() -> None:
     assert non_decreasing(learned) and non_decreasing(lr.curve(B))
 
 
-def test_only_finished_streams_with_two_tokens_count() -> None:
+def test_only_finished_requests_with_a_token_count_count() -> None:
     lr, clock = learner()
     before = lr.curve(E)
     clock.now += 1
-    lr.finished(E, 3, duration=1.0, ttft=None, output_tokens=50)
-    lr.finished(E, 3, duration=1.0, ttft=0.1, output_tokens=1)
-    lr.finished(E, 3, duration=1.0, ttft=0.1, output_tokens=None)
-    lr.finished("http://unknown", 3, duration=1.0, ttft=0.1, output_tokens=50)
+    lr.finished(E, 3, stay=1.0, output_tokens=0)
+    lr.finished(E, 3, stay=1.0, output_tokens=None)
+    lr.finished(E, 3, stay=0.0, output_tokens=50)
+    lr.finished("http://unknown", 3, stay=1.0, output_tokens=50)
     lr.rebuild()
     assert lr.curve(E) == before
 
@@ -174,11 +175,11 @@ def test_rebuilt_at_most_every_interval_onto_the_server_record() -> None:
     lr = SpeedLearner([record], clock=clock, rebuild_s=1.0)
     assert record.speed is lr.servers[E] and record.curve == NEUTRAL_CURVE
     clock.now += 2
-    lr.finished(E, 1, duration=1.0, ttft=0.0, output_tokens=101)  # rebuilt: the first in 1 s
+    lr.finished(E, 1, stay=1.0, output_tokens=100)  # rebuilt: the first in 1 s
     first = record.curve
     assert first is not None and first.at(1) < NEUTRAL_TPOT_S
     clock.now += 0.1
-    lr.finished(E, 1, duration=3.0, ttft=0.0, output_tokens=101)  # within 1 s: waits
+    lr.finished(E, 1, stay=3.0, output_tokens=100)  # within 1 s: waits
     assert record.curve == first
     lr.refresh()  # what the poller does after each round
     assert record.curve != first and record.curve == lr.curve(E)
@@ -208,7 +209,7 @@ def test_polls_feed_the_curve_on_the_router_clock() -> None:
     for i in range(40):
         clock.now += 0.25
         lr.polled(E, running=4, queued=0, gen_throughput=4 / 0.040 + i % 2 / 1e6)
-        lr.finished(E, 4, duration=0.2, ttft=0.0, output_tokens=11)  # 20 ms, router clock
+        lr.finished(E, 4, stay=0.2, output_tokens=10)  # 20 ms, router clock
     lr.rebuild()
     assert lr.curve(E).at(4) == pytest.approx(0.020, rel=0.02)
     # Then only polls, at a higher load: put on the router's clock too.
@@ -341,4 +342,6 @@ def test_profile_curves_and_limits() -> None:
     base = profile_from_json(one).modes["baseline"]
     assert base.limit == 2 and base.prior[0] == pytest.approx(1 / 50)
     assert base.prior[1] == pytest.approx(2 / 75)  # interpolated throughput at batch 2
-    assert base.prior[2] == base.prior[1]  # past the limit the running batch stays at 2
+    # Past the limit the running batch stays at 2 and the third request waits: its tokens are
+    # batch 2's, shared by 3 in flight (a stay's time per token, as a closed loop measures it).
+    assert base.prior[2] == pytest.approx(3 / 75)
