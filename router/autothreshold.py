@@ -8,7 +8,8 @@ only as good as what was seen, so the rules around the derivation hold it to evi
   EAGLE already loses at it, the threshold is capped just below it, never raised to it;
 - **extrapolation**: past the load EAGLE was seen at, its TPOT is judged against the baseline's;
 - **bound**: the threshold goes at most twice past what EAGLE was seen serving, or the load the
-  group carries now, and never past EAGLE's running limit (``auto_bound``);
+  group carries now (``auto_bound``); EAGLE's running limit does not bound it: the curves are
+  a stay's time per token, queue wait included, so past the limit they show what it costs;
 - **hysteresis**: at least a quarter of the threshold (``auto_hysteresis``);
 - **step**: a change of one hysteresis step or less is not made (``learned_settings``), unless
   it would move the load an EAGLE-mode group carries now to the baseline;
@@ -65,7 +66,8 @@ def derive_threshold(
     reach: float | None = None,
     floor: int = AUTO_MIN,
 ) -> int:
-    """The largest load up to which EAGLE's predicted TPOT is no worse than the baseline's.
+    """The largest load up to which EAGLE's predicted time per token (a stay's) is no worse than
+    the baseline's.
 
     Load ``L`` is spread evenly over each pool's servers (one each in a pair). The crossover is the
     first load where EAGLE is predicted slower: the threshold is the load just below it (at least
@@ -93,21 +95,23 @@ def derive_threshold(
     return AUTO_MAX
 
 
-def auto_bound(reach: float | None, limit: int | None, load: int = 0) -> int:
+def auto_bound(reach: float | None, load: int = 0) -> int:
     """The largest threshold the curves may set: ``AUTO_GROWTH`` times ``reach`` (the load EAGLE
     was seen serving; None: a profile says what lies beyond) or times the ``load`` carried now,
-    at least ``AUTO_START``; and at most EAGLE's running ``limit`` (past it requests queue, which
-    no measured TPOT shows).
+    at least ``AUTO_START``.
 
     Past what was seen both curves are the prior's shape, which cannot say where the crossover
     is. The current load's share lets a group parked on its baseline at a load where the curves
     say EAGLE would win try EAGLE there once (the threshold goes up to twice that load, so the
-    hysteresis lets the mode back): measured, the curves then keep it or switch back."""
+    hysteresis lets the mode back): measured, the curves then keep it or switch back.
+
+    EAGLE's running limit once capped it too, when the curves were decode TPOT, which shows no
+    queue wait: they are a stay's time per token now, and past the limit they grow with the
+    queue (``SpeedCurve.at``). On the H200 (pair-a) EAGLE at C=256, 128 running and 128 queued,
+    made 10,716 tok/s to the baseline's 9,848."""
     bound = AUTO_MAX
     if reach is not None:
         bound = min(bound, max(AUTO_START, int(AUTO_GROWTH * max(reach, load))))
-    if limit is not None:
-        bound = min(bound, max(AUTO_MIN, limit))
     return bound
 
 
@@ -186,10 +190,7 @@ def relearn(
         # compared, so floor - 1 is only a cap. A threshold below it stands (else a pair whose
         # baseline was seen only at 32 went from 8 to 31 and sent C=64 to EAGLE).
         derived = min(derived, current.threshold)
-    limit = speed.limit
-    bound = auto_bound(
-        reach * n if reach is not None else None, limit * n if limit is not None else None, load
-    )
+    bound = auto_bound(reach * n if reach is not None else None, load)
     new = learned_settings(
         derived, (current.threshold, current.hysteresis), configured_hysteresis, bound,
         eagle_load=load if group.mode == "eagle" else None,

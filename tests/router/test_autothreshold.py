@@ -52,8 +52,10 @@ RELEARN: list[tuple[str, dict[str, Any], dict[str, Any], int, Any, Any, bool]] =
      (10, 3), False),
     ("seen up to 3: held to the start value", SEEN, SEEN, 0, (4, 1), (8, 2), True),
     ("seen up to 3 but carrying 10: twice that", SEEN, SEEN, 10, (4, 1), (10, 3), False),
-    ("EAGLE's running limit holds it", {"seeded": True, "limit": 6}, {"seeded": True}, 0, (4, 1),
-     (6, 2), True),
+    # Past EAGLE's running limit of 6 its curve grows linearly (the queue): the curves cross
+    # at 8-9, not at the limit (which once capped it at 6, held) nor at 10-11 (no limit).
+    ("EAGLE's running limit: its queue in the curve, not a cap", {"seeded": True, "limit": 6},
+     {"seeded": True}, 0, (4, 1), (8, 2), False),
     # The curves cross at 10-11, below the floor: a loss at the floor caps the threshold below
     # it and never raises it (the simulated demo pairs at C=64 went from 8 to 31 on it).
     ("the baseline seen from 16 only, EAGLE losing there: a lower threshold stands",

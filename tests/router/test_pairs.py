@@ -408,21 +408,22 @@ def test_a_baseline_seen_only_at_high_load_does_not_win_low_load() -> None:
 
 
 @pytest.mark.parametrize(
-    "reach, limit, bound",
+    "reach, load, bound",
     [
-        (None, None, AUTO_MAX),  # seeded by a profile, no limit known: the curves decide
-        (0.0, None, AUTO_START),  # nothing seen yet: never below the start value
-        (3.0, None, AUTO_START),
-        (12.0, None, 24),
-        (12.4, None, 24),
-        (400.0, None, AUTO_MAX),
-        (100.0, 48, 48),  # past EAGLE's running limit requests queue
-        (None, 128, 128),
-        (2.0, 4, 4),
+        (None, 0, AUTO_MAX),  # seeded by a profile: the curves decide
+        (0.0, 0, AUTO_START),  # nothing seen yet: never below the start value
+        (3.0, 0, AUTO_START),
+        (12.0, 0, 24),
+        (12.4, 0, 24),
+        (400.0, 0, AUTO_MAX),
+        (12.0, 40, 80),  # carrying more than was seen: twice the load carried
+        (None, 128, AUTO_MAX),
     ],
 )
-def test_auto_bound(reach: float | None, limit: int | None, bound: int) -> None:
-    assert auto_bound(reach, limit) == bound
+def test_auto_bound(reach: float | None, load: int, bound: int) -> None:
+    """EAGLE's running limit is no bound (it was, for decode-TPOT curves): the curves are a
+    stay's time per token and show the queue past it (test_speed's limit tests)."""
+    assert auto_bound(reach, load) == bound
 
 
 @pytest.mark.parametrize(
@@ -494,18 +495,26 @@ def test_a_held_threshold_gives_way_to_the_curves_at_the_load_carried() -> None:
     assert pools.acquire().pool == "baseline"
 
 
-def test_threshold_auto_stops_at_eagle_s_running_limit() -> None:
+def test_threshold_auto_goes_past_eagle_s_running_limit_to_where_its_queue_loses() -> None:
+    """EAGLE's running limit (40) is not a cap: past it EAGLE's curve grows with the queue (a
+    stay's time per token), and the threshold is where that meets the baseline's. It once
+    stopped at the limit, when the curves were decode TPOT and showed no queue."""
     now = [0.0]
     pools = pair_pools(auto=True, clock=now)
     lr = SpeedLearner(pools.servers, clock=lambda: now[0])
     for _ in range(20):
-        lr.finished(E0, 1, stay=1.0, output_tokens=100)
-        lr.finished(E0, 200, stay=2.0, output_tokens=100)
-        lr.finished(B0, 1, stay=3.0, output_tokens=100)
+        for load in (1, 40):
+            lr.finished(E0, load, stay=1.0 + load / 40, output_tokens=100)  # 10 to 20 ms
+        for load in (1, 200):
+            lr.finished(B0, load, stay=3.0 + load / 200, output_tokens=100)  # 30 to 40 ms
     lr.set_limit(E0, 40)
+    lr.set_limit(B0, 256)
     now[0] = 3.0
     pools.derive()
-    assert pools.groups[0].settings.threshold == 40
+    e, b = lr.curve(E0), lr.curve(B0)
+    threshold = pools.groups[0].settings.threshold
+    assert 40 < threshold < 80  # EAGLE at load 80: 20 ms x 80 / 40 = 40 ms, the baseline's
+    assert e.at(threshold) <= b.at(threshold) and e.at(threshold + 1) > b.at(threshold + 1)
 
 
 def test_a_stale_other_server_gets_one_probe_at_light_load() -> None:
