@@ -52,6 +52,7 @@ from dynspec.router.speed import (
     combine,
     neutral_prior,
     prior_scale,
+    queued_shape,
 )
 
 logger = logging.getLogger(__name__)
@@ -236,6 +237,7 @@ class SpeedLearner:
         self._built = now
         self._dirty = False
         data: dict[str, list[tuple[float, float]]] = {}
+        shapes: dict[str, tuple[float, ...]] = {}
         sources: dict[str, tuple[list[tuple[float, float]], list[tuple[float, float]]]] = {}
         for speed in self.servers.values():
             direct = speed.direct.read(now)
@@ -256,7 +258,8 @@ class SpeedLearner:
             ratio = speed.ratio if speed.calibrated or shared is None else shared
             merged = combine(direct, polled, ratio)
             data[speed.url] = merged
-            speed.scale = prior_scale(merged, speed.prior)
+            shapes[speed.url] = shape = queued_shape(speed.prior, speed.limit)
+            speed.scale = prior_scale(merged, shape)
         known = [s.scale for s in self.servers.values() if s.scale is not None]
         borrowed = sum(known) / len(known) if known else None
         for speed in self.servers.values():
@@ -265,7 +268,7 @@ class SpeedLearner:
                 # No data of its own: the others' level (same clock), else the server's clock
                 # ratio if one was measured, else the prior as it is.
                 scale = borrowed if borrowed is not None else speed.ratio
-            speed.curve = build_curve(data[speed.url], speed.prior, scale, speed.limit)
+            speed.curve = build_curve(data[speed.url], shapes[speed.url], scale, speed.limit)
 
     def curve(self, url: str) -> SpeedCurve:
         speed = self.servers.get(url)

@@ -9,8 +9,8 @@ A ``SpeedCurve`` is immutable: the ``balance`` policy reads it from the routing 
 learner (``learning.py``) replaces it with a new one when observations arrive. The load axis has
 fixed buckets (1, 2, 3, 4, 6, 8, ... 512 requests in flight, queued ones included); a prediction
 between two buckets is interpolated in log-load, beyond the last one it grows linearly with load,
-and past the server's running limit it grows at least linearly too (the batch stays at the limit
-and every request more waits its turn: ``L / X`` with ``X`` held).
+and past the server's running limit the prior grows at least linearly too (``queued_shape``: the
+batch stays at the limit and every request more waits its turn, ``L / X`` with ``X`` held).
 
 ``BucketSet`` keeps one source of observations as weighted means per bucket, older observations
 weighed down by newer ones (never by wall time); ``build_curve`` combines the sources with a prior
@@ -77,12 +77,8 @@ class SpeedCurve:
 
     def at(self, load: float) -> float:
         """Predicted time per token with ``load`` requests in flight (counting the one being
-        routed). Past the running limit at least the time at the limit grown in proportion: the
-        batch holds and the rest wait (the buckets there hold that already, when measured or
-        from a profile; a neutral prior's shape does not)."""
-        limit = self.limit
-        if limit is not None and load > limit:
-            return max(self._base(load), self._base(limit) * load / limit)
+        routed). Past the running limit the buckets hold the queue's wait already (measured, or
+        the prior made to: ``queued_shape``)."""
         return self._base(load)
 
     def _base(self, load: float) -> float:
@@ -108,6 +104,20 @@ def neutral_prior() -> tuple[float, ...]:
 
 
 NEUTRAL_CURVE = SpeedCurve(neutral_prior())
+
+
+def queued_shape(prior: Sequence[float], limit: int | None) -> tuple[float, ...]:
+    """``prior`` with a running limit's queue: past ``limit``, at least its value at the limit
+    grown in proportion to the load (the batch holds, each request more waits its turn, so
+    ``L / X`` with ``X`` held). A profile's prior is that already (``mode_speed``); the neutral
+    one, which knows no limit, is not."""
+    if limit is None:
+        return tuple(prior)
+    at_limit = SpeedCurve(tuple(prior))._base(limit)
+    return tuple(
+        max(p, at_limit * b / limit) if b > limit else p
+        for b, p in zip(BUCKETS, prior, strict=True)
+    )
 
 
 # -- one source of observations --------------------------------------------------------------------

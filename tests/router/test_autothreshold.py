@@ -18,7 +18,7 @@ from dynspec.router.autothreshold import (
     stale,
 )
 from dynspec.router.server import Group, Server, ServerSpeed
-from dynspec.router.speed import BUCKETS, KEEP
+from dynspec.router.speed import BUCKETS, KEEP, queued_shape
 from dynspec.router.thresholds import Thresholds
 
 # EAGLE 10 ms alone, +2 ms per request; the baseline 20 ms, +1 ms: the curves cross at 10-11.
@@ -28,6 +28,7 @@ SLOW = tuple(0.020 + 0.001 * (b - 1) for b in BUCKETS)
 
 def server(url: str, pool: str, prior: tuple[float, ...] = FAST, **speed: Any) -> Server:
     """A server whose ServerSpeed has the prior as its curve and the given fields set."""
+    prior = speed.pop("prior", prior)
     record = Server(url, pool)  # type: ignore[arg-type]
     limit = speed.pop("limit", None)
     record.speed = ServerSpeed(url, pool, prior, limit, KEEP, seeded=speed.pop("seeded", False))
@@ -54,8 +55,9 @@ RELEARN: list[tuple[str, dict[str, Any], dict[str, Any], int, Any, Any, bool]] =
     ("seen up to 3 but carrying 10: twice that", SEEN, SEEN, 10, (4, 1), (10, 3), False),
     # Past EAGLE's running limit of 6 its curve grows linearly (the queue): the curves cross
     # at 8-9, not at the limit (which once capped it at 6, held) nor at 10-11 (no limit).
-    ("EAGLE's running limit: its queue in the curve, not a cap", {"seeded": True, "limit": 6},
-     {"seeded": True}, 0, (4, 1), (8, 2), False),
+    ("EAGLE's running limit: its queue in the curve, not a cap",
+     {"seeded": True, "limit": 6, "prior": queued_shape(FAST, 6)}, {"seeded": True}, 0, (4, 1),
+     (8, 2), False),
     # The curves cross at 10-11, below the floor: a loss at the floor caps the threshold below
     # it and never raises it (the simulated demo pairs at C=64 went from 8 to 31 on it).
     ("the baseline seen from 16 only, EAGLE losing there: a lower threshold stands",

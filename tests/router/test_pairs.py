@@ -517,6 +517,25 @@ def test_threshold_auto_goes_past_eagle_s_running_limit_to_where_its_queue_loses
     assert e.at(threshold) <= b.at(threshold) and e.at(threshold + 1) > b.at(threshold + 1)
 
 
+def test_h200_pair_a_c256_polls_keep_eagle_with_its_queue() -> None:
+    """The H200 pair-a run at C=256, as polls: EAGLE 128 running + 128 queued making 10,716
+    tok/s, the baseline 256 running making 9,848. Per token of a stay EAGLE is 23.9 ms, the
+    baseline 26.0 ms: the threshold keeps 256 on EAGLE. (Decode TPOT put EAGLE at 11.9 ms, but
+    the threshold stopped at EAGLE's running limit of 128 and sent 256 to the baseline.)"""
+    now = [0.0]
+    pools = pair_pools(auto=True, clock=now)
+    lr = SpeedLearner(pools.servers, clock=lambda: now[0])
+    for i in range(30):
+        now[0] += 1
+        lr.polled(E0, running=128, queued=128, gen_throughput=10_716.0 + i % 2)
+        lr.polled(B0, running=256, queued=0, gen_throughput=9_848.0 + i % 2)
+    lr.rebuild()
+    now[0] += 3
+    pools.derive()
+    assert lr.curve(E0).at(256) < lr.curve(B0).at(256)
+    assert pools.groups[0].settings.threshold >= 256
+
+
 def test_a_stale_other_server_gets_one_probe_at_light_load() -> None:
     now = [0.0]
     pools = pair_pools(auto=True, clock=now)

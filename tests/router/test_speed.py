@@ -20,6 +20,7 @@ from dynspec.router.speed import (
     SpeedCurve,
     monotone,
     profile_from_json,
+    queued_shape,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,11 +86,18 @@ def test_interpolation_is_log_linear_between_buckets() -> None:
 def test_extrapolation_grows_linearly_past_the_last_bucket_and_the_limit() -> None:
     flat = SpeedCurve((0.01,) * len(BUCKETS))
     assert flat.at(1024) == pytest.approx(2 * flat.at(512))
-    capped = SpeedCurve((0.01,) * len(BUCKETS), limit=8)
     # Past the running limit the extra requests queue: twice the load, twice the time per token.
+    # The prior's shape says so (``queued_shape``), not the curve: measured buckets past the
+    # limit hold the queue's wait already, and ``at`` reads them as they are.
+    capped = SpeedCurve(queued_shape((0.01,) * len(BUCKETS), 8), limit=8)
     assert capped.at(16) == pytest.approx(2 * capped.at(8))
     assert capped.at(8) == flat.at(8)
     assert non_decreasing(capped)
+    assert SpeedCurve((0.01,) * len(BUCKETS), limit=8).at(16) == 0.01
+    # A prior growing faster than that past the limit keeps its own shape.
+    steep = tuple(0.01 * b for b in BUCKETS)
+    assert queued_shape(steep, 8) == steep
+    assert queued_shape(steep, None) == steep
 
 
 def test_monotone_pools_adjacent_violators() -> None:
@@ -167,6 +175,35 @@ def test_only_finished_requests_with_a_token_count_count() -> None:
     lr.finished("http://unknown", 3, stay=1.0, output_tokens=50)
     lr.rebuild()
     assert lr.curve(E) == before
+
+
+def test_a_request_s_first_token_wait_counts() -> None:
+    """A stay's time per token, not decode TPOT: two servers decoding at 10 ms a token, the
+    baseline's first token 0.5 s later (prefill, queue): its curve is 0.5 s / 64 tokens slower
+    a token. Decode TPOT ((duration - TTFT) / (tokens - 1)) saw them tied (h200-8b-accept4's
+    C=64 in the simulator, where the baseline's lead is its prefill)."""
+    lr, clock = learner()
+    for _ in range(30):
+        clock.now += 0.1
+        lr.finished(E, 16, stay=0.6 + 63 * 0.010, output_tokens=64)
+        lr.finished(B, 16, stay=0.1 + 63 * 0.010, output_tokens=64)
+    lr.rebuild()
+    assert lr.curve(E).at(16) == pytest.approx((0.6 + 0.63) / 64, rel=0.01)
+    assert lr.curve(E).at(16) - lr.curve(B).at(16) == pytest.approx(0.5 / 64, rel=0.02)
+
+
+def test_a_poll_s_queue_shares_the_tokens_made() -> None:
+    """128 running and 128 queued at 10,000 tok/s: each of the 256 in flight stays 25.6 ms a
+    token (the running batch's TPOT is 12.8 ms); the queue made the limit 128, and past it the
+    measured bucket stands as it is."""
+    lr, clock = learner()
+    for i in range(30):
+        clock.now += 1
+        lr.polled(E, running=128, queued=128, gen_throughput=10_000.0 + i % 2)
+    lr.rebuild()
+    curve = lr.curve(E)
+    assert curve.limit == 128
+    assert curve.at(256) == pytest.approx(256 / 10_000, rel=0.01)
 
 
 def test_rebuilt_at_most_every_interval_onto_the_server_record() -> None:
