@@ -1,6 +1,6 @@
 """The learned threshold's rules (``autothreshold``) as plain tables: a group and its load in,
-the rule's answer out. The derivation's own tables (``derive_threshold``, ``auto_bound``,
-``auto_hysteresis``, ``learned_settings``) are in test_pairs.py."""
+the rule's answer out. The derivation's own tables (``derive_threshold``, ``auto_hysteresis``,
+``learned_settings``) are in test_pairs.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ from typing import Any
 import pytest
 
 from dynspec.router.autothreshold import (
+    AUTO_MAX,
+    AUTO_START,
     PROBE_AFTER_REQUESTS,
     PROBE_AFTER_S,
+    auto_bound,
     floor_of,
     measured,
     past_held,
@@ -193,3 +196,22 @@ def test_a_pair_server_is_probed_only_while_its_mate_is_idle() -> None:
     # The split layout's servers have no mate (other GPUs): a busy EAGLE pool does not matter.
     alone = server(B, "baseline")
     assert alone.mate is None and stale(alone, due, 10)
+
+
+@pytest.mark.parametrize(
+    "reach, load, bound",
+    [
+        (None, 0, AUTO_MAX),  # seeded by a profile: the curves decide
+        (0.0, 0, AUTO_START),  # nothing seen yet: never below the start value
+        (3.0, 0, AUTO_START),
+        (12.0, 0, 24),
+        (12.4, 0, 24),
+        (400.0, 0, AUTO_MAX),
+        (12.0, 40, 80),  # carrying more than was seen: twice the load carried
+        (None, 128, AUTO_MAX),
+    ],
+)
+def test_auto_bound(reach: float | None, load: int, bound: int) -> None:
+    """EAGLE's running limit is no bound (it was, for decode-TPOT curves): the curves are a
+    stay's time per token and show the queue past it (test_speed's limit tests)."""
+    assert auto_bound(reach, load) == bound
