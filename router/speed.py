@@ -60,7 +60,7 @@ PRIOR_WEIGHT = 1.0
 # TPOT's shape, and a fair one of a stay's per-token time too: prefill adds about a constant share
 # per token at light load and one growing with load (each request waits out the others'
 # prefills), so both are affine in the load below the running limit; only the level differs, and
-# the level is what the data sets (``prior_scale``). Past a known limit ``SpeedCurve.at`` makes it
+# the level is what the data sets (``prior_scale``). Past a known limit ``queued_shape`` makes it
 # grow at least linearly.
 NEUTRAL_TPOT_S = 0.02
 NEUTRAL_KNEE = 16.0
