@@ -51,8 +51,9 @@ def test_threshold_auto_goes_past_eagle_s_running_limit_to_where_its_queue_loses
 
 
 def test_h200_pair_a_c256_polls_keep_eagle_with_its_queue() -> None:
-    """The H200 pair-a run at C=256, as polls: EAGLE 128 running + 128 queued making 10,716
-    tok/s, the baseline 256 running making 9,848. Per token of a stay EAGLE is 23.9 ms, the
+    """The H200 pair-a run at C=256, as polls that read what the clients got: EAGLE 128 running
+    + 128 queued making 10,716 tok/s, the baseline 256 running making 9,848 (its own gauges read
+    about twice that, which polls alone cannot correct). Per token of a stay EAGLE is 23.9 ms, the
     baseline 26.0 ms: the threshold keeps 256 on EAGLE. (Decode TPOT put EAGLE at 11.9 ms, but
     the threshold stopped at EAGLE's running limit of 128 and sent 256 to the baseline.)"""
     now = [0.0]
