@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from pairkit import B0, E0, one_pair_pools
 
 from dynspec.common.cli import UsageError
 from dynspec.router.autothreshold import (
@@ -73,7 +74,7 @@ def route_pair(pairs: list[PairView], exclude: frozenset[str] = frozenset()) -> 
     return PairChoice(pairs[i].index, choice.server, choice.mode, choice.reason)
 
 
-E0, B0, E1, B1 = "http://e0:1", "http://b0:1", "http://e1:1", "http://b1:1"
+E1, B1 = "http://e1:1", "http://b1:1"
 
 
 def sv(url: str, pool: str, up: bool = True, n: int = 0, stale: bool = False) -> ServerView:
@@ -243,22 +244,6 @@ def test_derive_threshold_compares_only_where_both_were_seen() -> None:
     assert 64 <= t <= 128
     # A floor where EAGLE already loses: the crossover lies below it, so just below.
     assert derive_threshold(baseline, eagle, floor=16) == 15
-
-
-def one_pair_pools(now: list[float], hysteresis: int) -> Pools:
-    """One pair (E0, B0) under ``--threshold auto`` from 8, both healthy, on the clock ``now``."""
-    pools = Pools(
-        [(E0, "eagle"), (B0, "baseline")],
-        ThresholdPolicy(),
-        threshold=8,
-        hysteresis=hysteresis,
-        pairs=[(E0, B0)],
-        auto=True,
-        clock=lambda: now[0],
-    )
-    for s in pools.servers:
-        s.healthy = True
-    return pools
 
 
 def pair_pools(auto: bool = False, clock: list[float] | None = None) -> Pools:

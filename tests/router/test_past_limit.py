@@ -5,27 +5,9 @@ learner with the cap."""
 
 from __future__ import annotations
 
+from pairkit import B0, E0, one_pair_pools
+
 from dynspec.router.learning import SpeedLearner
-from dynspec.router.policy import ThresholdPolicy
-from dynspec.router.pool import Pools
-
-E0, B0 = "http://e0:1", "http://b0:1"
-
-
-def pair_pools(now: list[float]) -> Pools:
-    """One pair under --threshold auto on the clock ``now[0]``, both servers up."""
-    pools = Pools(
-        [(E0, "eagle"), (B0, "baseline")],
-        ThresholdPolicy(),
-        threshold=2,
-        hysteresis=1,
-        pairs=[(E0, B0)],
-        auto=True,
-        clock=lambda: now[0],
-    )
-    for s in pools.servers:
-        s.healthy = True
-    return pools
 
 
 def test_threshold_auto_goes_past_eagle_s_running_limit_to_where_its_queue_loses() -> None:
@@ -33,7 +15,7 @@ def test_threshold_auto_goes_past_eagle_s_running_limit_to_where_its_queue_loses
     stay's time per token), and the threshold is where that meets the baseline's. It once
     stopped at the limit, when the curves were decode TPOT and showed no queue."""
     now = [0.0]
-    pools = pair_pools(now)
+    pools = one_pair_pools(now, threshold=2, hysteresis=1)
     lr = SpeedLearner(pools.servers, clock=lambda: now[0])
     for _ in range(20):
         for load in (1, 40):
@@ -57,7 +39,7 @@ def test_h200_pair_a_c256_polls_keep_eagle_with_its_queue() -> None:
     baseline 26.0 ms: the threshold keeps 256 on EAGLE. (Decode TPOT put EAGLE at 11.9 ms, but
     the threshold stopped at EAGLE's running limit of 128 and sent 256 to the baseline.)"""
     now = [0.0]
-    pools = pair_pools(now)
+    pools = one_pair_pools(now, threshold=2, hysteresis=1)
     lr = SpeedLearner(pools.servers, clock=lambda: now[0])
     for i in range(30):
         now[0] += 1

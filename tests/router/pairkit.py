@@ -1,0 +1,27 @@
+"""In-process pair helpers for the learned-threshold tests (no processes): one pair's ``Pools``
+under ``--threshold auto`` on a test's clock. One home, imported by each test module that needs
+it."""
+
+from __future__ import annotations
+
+from dynspec.router.policy import ThresholdPolicy
+from dynspec.router.pool import Pools
+
+E0, B0 = "http://e0:1", "http://b0:1"
+
+
+def one_pair_pools(now: list[float], *, threshold: int = 8, hysteresis: int) -> Pools:
+    """One pair (E0, B0) under ``--threshold auto`` from ``threshold``, both healthy, on the clock
+    ``now``."""
+    pools = Pools(
+        [(E0, "eagle"), (B0, "baseline")],
+        ThresholdPolicy(),
+        threshold=threshold,
+        hysteresis=hysteresis,
+        pairs=[(E0, B0)],
+        auto=True,
+        clock=lambda: now[0],
+    )
+    for s in pools.servers:
+        s.healthy = True
+    return pools
