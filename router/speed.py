@@ -79,9 +79,6 @@ class SpeedCurve:
         """Predicted time per token with ``load`` requests in flight (counting the one being
         routed). Past the running limit the buckets hold the queue's wait already (measured, or
         the prior made to: ``queued_shape``)."""
-        return self._base(load)
-
-    def _base(self, load: float) -> float:
         tpots = self.tpots
         if load <= 1:
             return tpots[0]
@@ -113,7 +110,7 @@ def queued_shape(prior: Sequence[float], limit: int | None) -> tuple[float, ...]
     one, which knows no limit, is not."""
     if limit is None:
         return tuple(prior)
-    at_limit = SpeedCurve(tuple(prior))._base(limit)
+    at_limit = SpeedCurve(tuple(prior)).at(limit)
     return tuple(
         max(p, at_limit * b / limit) if b > limit else p
         for b, p in zip(BUCKETS, prior, strict=True)
