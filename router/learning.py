@@ -26,8 +26,11 @@ the poll), and both end in the same check (``_learn``). The time comes from the 
 so tests feed observations at chosen times and read the curves.
 
 The two sources run on different clocks when a server's time is not real time (a simulator at
-``--speed 2``): the server's figures are scaled by the ratio of the two where they overlap (both
-are the same quantity, so the ratio is the clocks'). A profile (or the neutral prior) gives the
+``--speed 2``), and a real server's gauges are not its clients' view at every load (on the H200,
+SGLang's baseline read about twice what its clients got at 256 in flight, and right at 16): the
+server's figures are scaled by the ratio of the two at the nearest load where both saw it
+(``speed.local_ratios``), so where the router's own requests saw a load theirs is the figure. A
+profile (or the neutral prior) gives the
 shape where nothing was seen, scaled to the server's measured level; a server with no data at
 all borrows the other servers' level, so that both pools are compared on the same clock from the
 first observation on.

@@ -205,11 +205,43 @@ def combine(
     server: Sequence[tuple[float, float]],
     ratio: float,
 ) -> list[tuple[float, float]]:
-    """One ``(weight, mean)`` per bucket from both sources, the server's scaled by ``ratio``."""
+    """One ``(weight, mean)`` per bucket from both sources, the server's put on the router's
+    scale by the ratio of the two near that load (``local_ratios``; ``ratio`` where they never
+    overlapped). Where both saw a bucket the router's own mean is the bucket's."""
     out: list[tuple[float, float]] = []
-    for (wd, md), (ws, ms) in zip(direct, server, strict=True):
+    ratios = local_ratios(direct, server, ratio)
+    for (wd, md), (ws, ms), r in zip(direct, server, ratios, strict=True):
         w = wd + ws
-        out.append((w, (wd * md + ws * ms * ratio) / w) if w > 0 else (0.0, 0.0))
+        out.append((w, (wd * md + ws * ms * r) / w) if w > 0 else (0.0, 0.0))
+    return out
+
+
+def local_ratios(
+    direct: Sequence[tuple[float, float]],
+    server: Sequence[tuple[float, float]],
+    fallback: float,
+) -> list[float]:
+    """Router-measured over server-reported time per bucket: where both sources saw the bucket
+    (at least ``MIN_FIT_WEIGHT`` each), their own ratio; elsewhere the nearest such bucket's (the
+    mean of the two at a tie), or ``fallback`` if there is none.
+
+    One ratio per server is the clocks' (a simulator at ``--speed 2``) only where the gauges are
+    true; a real server's are not at every load (SGLang's ``gen_throughput`` is the decode
+    batches' rate, which leaves prefill out: on the H200 at 256 in flight the baseline's read
+    about twice what its clients got, and about right at 16), so the ratio is taken by load.
+    """
+    known = [
+        (i, md / ms)
+        for i, ((wd, md), (ws, ms)) in enumerate(zip(direct, server, strict=True))
+        if min(wd, ws) >= MIN_FIT_WEIGHT and ms > 0
+    ]
+    if not known:
+        return [fallback] * len(direct)
+    out: list[float] = []
+    for i in range(len(direct)):
+        gap = min(abs(i - j) for j, _ in known)
+        near = [r for j, r in known if abs(i - j) == gap]
+        out.append(sum(near) / len(near))
     return out
 
 

@@ -257,6 +257,30 @@ def test_polls_feed_the_curve_on_the_router_clock() -> None:
     assert lr.curve(E).at(16) == pytest.approx(0.050, rel=0.05)
 
 
+def test_gauges_wrong_only_at_high_load_are_corrected_there() -> None:
+    """The H200's baseline (pair-a, db4e51c): its gauges matched its clients at light load and
+    read about twice what they got at 256 in flight (gen_throughput leaves prefill out). Where
+    the router's own requests saw a load, theirs is the figure; a load only polls saw takes the
+    ratio nearest it, not one ratio averaged over all loads (which put the baseline at 256 a
+    quarter too fast, ahead of an EAGLE that was faster)."""
+    lr, clock = learner()
+    for load, gauges, clients in ((16, 0.010, 0.010), (256, 0.0128, 0.0256)):
+        for i in range(40):
+            clock.now += 0.25
+            lr.polled(B, running=load, queued=0, gen_throughput=load / gauges + i % 2 / 1e6)
+            lr.finished(B, load, stay=10 * clients, output_tokens=10)
+    lr.rebuild()
+    curve = lr.curve(B)
+    assert curve.at(16) == pytest.approx(0.010, rel=0.05)  # pooled with the prior above it
+    assert curve.at(256) == pytest.approx(0.0256, rel=0.02)
+    # A load only polls saw (384) is put on the scale of the nearest one both saw (256).
+    for i in range(40):
+        clock.now += 0.25
+        lr.polled(B, running=384, queued=0, gen_throughput=384 / 0.016 + i % 2 / 1e6)
+    lr.rebuild()
+    assert lr.curve(B).at(384) == pytest.approx(0.032, rel=0.05)
+
+
 def test_a_poll_is_learned_only_when_fresh_and_steady() -> None:
     """The real H200's tail polls (running 1, gen_throughput of the batch that just finished)
     taught a baseline 1.5 ms at load 1 where it runs 4.8 ms; a learned threshold of 1 followed."""
