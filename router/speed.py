@@ -175,8 +175,15 @@ class BucketSet:
 
 # -- combining sources -----------------------------------------------------------------------------
 
-# A calibration or scale fitted from less data than this (in observations) is not trusted.
+# A scale fitted from less data than this (in observations) is not trusted.
 MIN_FIT_WEIGHT = 0.5
+# A ratio of the two sources needs this many observations of each where they overlap: one of
+# each is a ratio of two noisy figures that rescales every load the polls saw. On the H200
+# (pair-a, launch 3 at 4109b72) one probe of the idle baseline against one poll at the tail of a
+# burst (4.98 against 10.3 ms a token) read 0.485, halved the baseline's whole curve and took the
+# threshold from 34 to 4 (replayed; the router logged 32 and 10 in turn there, 30 s apart: the
+# probes' period).
+MIN_RATIO_WEIGHT = 3.0
 
 
 def calibration(
@@ -195,7 +202,7 @@ def calibration(
             num += w * md
             den += w * ms
             total += w
-    if total < MIN_FIT_WEIGHT or den <= 0:
+    if total < MIN_RATIO_WEIGHT or den <= 0:
         return None
     return num / den
 
@@ -222,7 +229,7 @@ def local_ratios(
     fallback: float,
 ) -> list[float]:
     """Router-measured over server-reported time per bucket: where both sources saw the bucket
-    (at least ``MIN_FIT_WEIGHT`` each), their own ratio; elsewhere the nearest such bucket's (the
+    (at least ``MIN_RATIO_WEIGHT`` each), their own ratio; elsewhere the nearest such bucket's (the
     mean of the two at a tie), or ``fallback`` if there is none.
 
     One ratio per server is the clocks' (a simulator at ``--speed 2``) only where the gauges are
@@ -233,7 +240,7 @@ def local_ratios(
     known = [
         (i, md / ms)
         for i, ((wd, md), (ws, ms)) in enumerate(zip(direct, server, strict=True))
-        if min(wd, ws) >= MIN_FIT_WEIGHT and ms > 0
+        if min(wd, ws) >= MIN_RATIO_WEIGHT and ms > 0
     ]
     if not known:
         return [fallback] * len(direct)

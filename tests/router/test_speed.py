@@ -281,6 +281,24 @@ def test_gauges_wrong_only_at_high_load_are_corrected_there() -> None:
     assert lr.curve(B).at(384) == pytest.approx(0.032, rel=0.05)
 
 
+def test_one_probe_against_one_poll_does_not_rescale_the_curve() -> None:
+    """The H200's idle baseline (pair-a, launch 3 at 4109b72): one poll at 1 running read the
+    tail of a burst (10.3 ms a token), one probe request there took 4.98 ms. Their ratio (0.485)
+    put on every load the polls saw halved the baseline's curve at 16-64 and took the learned
+    threshold from 34 to 4. One observation of each is not a ratio: the polls stand as read."""
+    lr, clock = learner()
+    for load, per_token in ((1, 0.0103), (64, 0.012), (128, 0.016)):
+        for i in range(8):
+            clock.now += 1
+            lr.polled(B, running=load, queued=0, gen_throughput=load / per_token + i / 1e6)
+    lr.rebuild()
+    before = lr.curve(B).at(128)
+    lr.finished(B, 1, stay=128 * 0.00498, output_tokens=128)
+    lr.rebuild()
+    assert lr.servers[B].calibrated is False
+    assert lr.curve(B).at(128) == pytest.approx(before, rel=0.02)
+
+
 def test_a_poll_is_learned_only_when_fresh_and_steady() -> None:
     """The real H200's tail polls (running 1, gen_throughput of the batch that just finished)
     taught a baseline 1.5 ms at load 1 where it runs 4.8 ms; a learned threshold of 1 followed."""
