@@ -10,7 +10,7 @@ pass first (``warm``: every target at every level once, one round of C requests,
 so that no measured level is the first traffic at a batch size), several ``repeats``, and may be
 split over several processes: with ``resume`` the points already in ``out`` are skipped, and a
 ``deadline`` stops the sweep before a level that would not end in time (``pending`` says what is
-left).
+left; ``complete_groups`` what a new launch of the servers keeps of an earlier launch's points).
 """
 
 from __future__ import annotations
@@ -201,6 +201,19 @@ def pending(
     """The sweep's points not in ``out`` (or, given, in ``done``: the records already read)."""
     finished = {point(r) for r in (done or earlier(out))}
     return [p for p in points(targets, cfg) if p not in finished]
+
+
+def complete_groups(
+    targets: Sequence[load.Target], cfg: SweepConfig, done: Sequence[Record]
+) -> list[Record]:
+    """``done`` less the records of the sweep's (level, repeat) groups that it holds only in part
+    (a group: every target that runs at that level, once, back to back; ``points``). The report
+    takes one target over another repeat by repeat, so a group that one launch of the servers
+    left unfinished is measured again whole by the next launch, not finished beside a fresh
+    server's figures. Records of points outside the sweep are kept."""
+    have = {point(r) for r in done}
+    partial = {(c, rep) for label, c, rep in points(targets, cfg) if (label, c, rep) not in have}
+    return [r for r in done if point(r)[1:] not in partial]
 
 
 def estimate_seconds(c: int, cfg: SweepConfig, seen: Sequence[Record]) -> float:
