@@ -4,7 +4,10 @@ A device command is at most 10 minutes, and one launch of a pair with its steady
 longer: a command that keeps its session leaves the launcher (a session leader, which the device
 tool leaves running while the machine stays held) running and writes down its pids, and the next
 command with the same ``--work`` resumes it, its sweep skipping the points already measured. The
-plans get the kept session's state; the command line (``cli.py``) builds the ``Attempt``.
+machine is given back soon after a command, though, and a command that lands on a fresh one finds
+no session: with ``--resume-from`` it goes on from an earlier command's results folder, carried
+in the working tree (``carried_meta``; the plan keeps that folder's records, in a new launch).
+The plans get the kept session's state; the command line (``cli.py``) builds the ``Attempt``.
 """
 
 from __future__ import annotations
@@ -86,6 +89,33 @@ def kept_session(run: Run, plan: str) -> dict[str, Any] | None:
     return state
 
 
+def carried_meta(folder: Path, plan: str, steady: Steady) -> dict[str, Any]:
+    """The ``meta.json`` of the earlier command whose results ``folder`` holds (``--resume-from``),
+    for this command's meta to go on from: its device commands and launches kept (a meta from
+    before launches were recorded had one, its own). Refused for another plan, or for other
+    steady settings: the levels of one point must be of one length. No meta (a command killed at
+    the device's limit brings back its sweep, not its meta): one launch, not known."""
+    path = folder / "meta.json"
+    try:
+        meta: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {"launches": [{"tag": None, "started": None, "commit": None, "records_kept": 0}]}
+    except (OSError, ValueError) as exc:
+        raise RunFailed(f"--resume-from: {path} does not read ({exc})") from None
+    if meta.get("plan") != plan:
+        raise RunFailed(f"--resume-from: {folder} holds a {meta.get('plan')} run, not {plan}")
+    earlier, now = meta.get("steady") or {}, vars(steady)
+    differ = [f"{k} {earlier.get(k)} there, {now.get(k)} here"
+              for k in sorted({*earlier, *now}) if earlier.get(k) != now.get(k)]  # fmt: skip
+    if differ:
+        raise RunFailed(f"--resume-from: {folder} was measured otherwise ({'; '.join(differ)})")
+    first = {k: meta.get(k) for k in ("tag", "started", "commit")}
+    meta.setdefault("launches", [{**first, "records_kept": 0}])
+    if "failure" in meta and meta.get("device_commands"):
+        meta["device_commands"][-1]["failure"] = meta.pop("failure")  # that command's, not ours
+    return meta
+
+
 def stop_kept(pid: int, start: int, grace: float = 90.0) -> None:
     """SIGINT a kept session leader (as Ctrl-C: the launcher drains and stops its servers), then
     SIGKILL its process group if it has not ended within ``grace`` seconds."""
@@ -116,6 +146,7 @@ class Attempt:
     commit: str
     steady: Steady
     keep: bool = False  # keep the session (launcher) running when the plan is not finished
+    resume_from: Path | None = None  # no session kept: go on from this earlier results folder
 
 
 Body = Callable[[Run, Path, "dict[str, Any] | None"], int]
@@ -126,7 +157,8 @@ def attempt(a: Attempt, body: Body) -> NoReturn:
     (bundle, versions, models; skipped when an earlier command's session is resumed), then the
     plan, then, whatever happened, every child stopped (unless the plan kept its session),
     whatever carries the run's tag killed, ``meta.json`` and the logs written, and the results
-    copied to ``--out``. A ``RunFailed`` is one line and exit 1."""
+    copied to ``--out``. A ``RunFailed`` is one line and exit 1 (a refused ``--resume-from``
+    before anything is started or written)."""
     env = dict(os.environ)
     env.update(FIXED_ENV)
     run = Run(out=a.out, work=a.work, deadline=time.monotonic() + a.budget, env=env)
@@ -139,6 +171,12 @@ def attempt(a: Attempt, body: Body) -> NoReturn:
         shutil.rmtree(run.logs, ignore_errors=True)
         shutil.rmtree(run.results, ignore_errors=True)
         run.tag = f"{os.getpid()}-{time.time_ns()}"
+        if a.resume_from is not None:
+            try:
+                run.meta = carried_meta(a.resume_from, a.plan, a.steady)
+            except RunFailed as exc:
+                fail(str(exc))
+            run.resumed_from = a.resume_from
     else:
         run.tag = str(session["tag"])
         run.ports = tuple(session["ports"])
@@ -166,6 +204,9 @@ def attempt(a: Attempt, body: Body) -> NoReturn:
                 run.say("models built")
         else:
             run.say(f"resuming the session kept by the last command (tag {run.tag})")
+            if a.resume_from is not None:
+                run.say(f"--resume-from {a.resume_from} ignored: the kept session's results "
+                        "are the newer")  # fmt: skip
         code = body(run, models, session)
     except RunFailed as exc:
         failure = str(exc)
@@ -191,9 +232,13 @@ def attempt(a: Attempt, body: Body) -> NoReturn:
             if f.is_file():
                 shutil.copy2(f, a.out / f.name)
     if failure:
-        print(f"{PROG}: error: {failure}", file=sys.stderr)
-        sys.exit(1)
+        fail(failure)
     sys.exit(code)
+
+
+def fail(text: str) -> NoReturn:
+    print(f"{PROG}: error: {text}", file=sys.stderr)
+    sys.exit(1)
 
 
 def pack_logs(run: Run) -> None:

@@ -99,8 +99,16 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
         p.error("--dry-run: only the eight and kill plans have one")
     steady_plans = ("pair-a", "pair-b", "router-cost")
     only_steady = args.keep or args.router_cost or args.sweep_seconds is not None
-    if only_steady and args.plan not in steady_plans:
-        p.error(f"--keep, --router-cost, --sweep-seconds: only the {', '.join(steady_plans)} plans")
+    if (only_steady or args.resume_from is not None) and args.plan not in steady_plans:
+        p.error(f"--keep, --router-cost, --sweep-seconds, --resume-from: only the "
+                f"{', '.join(steady_plans)} plans")  # fmt: skip
+    if args.resume_from is not None:
+        from dynspec.bench.gpu.steady import sweep_file
+
+        if not args.resume_from.is_dir():
+            p.error(f"--resume-from: no folder {args.resume_from}")
+        if not (args.resume_from / sweep_file(args.plan)).is_file():
+            p.error(f"--resume-from: {args.resume_from} holds no {sweep_file(args.plan)}")
     if args.baseline_from is not None and args.plan not in ("pair-a", "pair-b"):
         p.error("--baseline-from: only the pair-a and pair-b plans")
     if args.router_cost and args.plan == "router-cost":
@@ -113,7 +121,7 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
         bundle=args.bundle, models=args.models, drafts=drafts(args), commit=commit(args.commit),
         steady=toolkit.Steady(repeats=args.repeats, min_seconds=args.min_seconds,
                               per_c=args.requests_per_c, output_len=args.output_len),
-        keep=args.keep,
+        keep=args.keep, resume_from=args.resume_from,
     )  # fmt: skip
     attempt.attempt(a, plan_body(args))
 
@@ -330,6 +338,15 @@ def run_parser() -> FlagParser:
         action="store_true",
         help="pair-*, router-cost: when the budget ends before the sweep, leave the launcher "
         "running for the next command with the same --work, which resumes the sweep",
+    )
+    p.add_argument(
+        "--resume-from",
+        type=Path,
+        default=None,
+        help="pair-*, router-cost: when no session is kept (a fresh machine), go on from an "
+        "earlier command's results carried into the working tree (its sweep JSONL, meta.json, "
+        "calibration-*.json): a new launch keeps its whole (level, repeat) groups and measures "
+        "the rest; ignored when a session is kept",
     )
     p.add_argument(
         "--sweep-seconds",

@@ -10,11 +10,13 @@ threshold above any load (every request on EAGLE). ``pair-*`` with ``--router-co
 second router, the launcher's own command line with that threshold on the next port, so one
 launch measures both. Then the warm pass (every server at every level once), then the sweep
 (``toolkit.Steady``: >= 10 x C requests and >= 15 s a level, the targets taking turns, 3
-repeats), over as many device commands as it takes (``--keep``).
+repeats), over as many device commands as it takes (``--keep``; on a fresh machine
+``--resume-from`` an earlier command's results: a new launch, ``begin_launch``).
 
 What each level records besides the sweep's figures (``on_record``): for a router, its learned
 threshold and mode from ``/status``, and the router process's CPU seconds over the level (its
-tree, from /proc); for the EAGLE server, SGLang's ``spec_accept_length``.
+tree, from /proc); for the EAGLE server, SGLang's ``spec_accept_length``; for every target, the
+launch it was measured in (``meta["launches"]``, from 1).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from dynspec.bench.gpu.toolkit import (
     start_launcher,
     stop_launcher,
     sweep,
+    sweep_config,
     warm,
 )
 from dynspec.bench.procs import (
@@ -87,6 +90,11 @@ STUDIES = {
         (Target("routed_eagle", "routed"), Target("eagle", "eagle")),
     ),
 }
+
+
+def sweep_file(plan: str) -> str:
+    """The plan's sweep JSONL, in the results (and in a folder given to ``--resume-from``)."""
+    return f"sweep-{plan}.jsonl"
 
 
 def with_router_cost(study: Study, levels: Sequence[int]) -> Study:
@@ -165,14 +173,19 @@ _LEARNED = ("pool", "curve", "running_limit", "learned_floor", "learned_reach",
 
 
 class Levels:
-    """``on_record``: what the router and the servers say about each level."""
+    """``on_record``: what the router and the servers say about each level, and its launch."""
 
     def __init__(
-        self, targets: Sequence[Target], urls: Mapping[str, str], routers: Mapping[str, int]
+        self,
+        targets: Sequence[Target],
+        urls: Mapping[str, str],
+        routers: Mapping[str, int],
+        launch: int = 1,
     ) -> None:
         self.what = {t.label: t.what for t in targets}
         self.urls, self.routers = urls, routers  # routers: what -> pid
         self.cpu = {what: cpu_seconds(pid) for what, pid in routers.items()}
+        self.launch = launch
 
     def start(self, label: str) -> None:
         what = self.what[label]
@@ -181,6 +194,7 @@ class Levels:
 
     def __call__(self, rec: dict[str, Any]) -> None:
         what = self.what[rec["target"]]
+        rec["launch"] = self.launch
         if what in self.routers:
             rec["router_cpu_s"] = round(cpu_seconds(self.routers[what]) - self.cpu[what], 3)
         with contextlib.suppress(OSError, ValueError):
@@ -210,12 +224,18 @@ def plan_steady(
     urls = {"routed": router, "cost": f"http://127.0.0.1:{cost_port}", "eagle": eagle,
             "baseline": baseline}  # fmt: skip
     wanted = sorted(set(levels) | {c for t in study.targets for c in t.levels or ()})
+    targets = [
+        load.Target(t.label, urls[t.what], levels=frozenset(t.levels) if t.levels else None)
+        for t in study.targets
+    ]
+    jsonl = run.results / sweep_file(study.name)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     if session is None:
+        this_launch = begin_launch(run, targets, jsonl, wanted)
         launch = launch_argv(run, models, threshold=study.threshold, mps=study.mps)
         procs["launcher"] = start_launcher(run, launch)
         run.meta["compute_apps"] = compute_apps()[1]
-        copy_calibration(run)
+        copy_calibration(run, this_launch)
         if any(t.what == "cost" for t in study.targets):
             argv = cost_router_argv(run.meta["commands"], cost_port)
             run.meta["cost_router_argv"] = argv
@@ -229,15 +249,12 @@ def plan_steady(
             pids["cost_router"] = procs["cost_router"].pid
     else:
         pids = {name: int(pid) for name, (pid, _start) in session["procs"].items()}
+        this_launch = max(1, len(run.meta.get("launches", [])))  # the kept one: the last
     routers = {"routed": router_pid(pids["launcher"], run.ports[0])}
     if "cost_router" in pids:
         routers["cost"] = pids["cost_router"]
-    hook = Levels(study.targets, urls, {w: p for w, p in routers.items() if p is not None})
-    targets = [
-        load.Target(t.label, urls[t.what], levels=frozenset(t.levels) if t.levels else None)
-        for t in study.targets
-    ]
-    jsonl = run.results / f"sweep-{study.name}.jsonl"
+    live = {w: p for w, p in routers.items() if p is not None}
+    hook = Levels(study.targets, urls, live, launch=this_launch)
     run.say(f"sweep {', '.join(t.label for t in study.targets)} at C={wanted}")
     title = f"MEASURED: {TITLE}, code at {run.meta.get('commit', '?')}, medians (min-max)"
     done = sweep(run, targets, jsonl, levels=wanted, limit=sweep_seconds, on_record=hook,
@@ -282,9 +299,48 @@ def stop_all(
     run.meta["compute_apps_after"] = compute_apps(header=False)[1]
 
 
-def copy_calibration(run: Run) -> None:
-    """The launcher's calibration profile(s), into the results (what the router started from)."""
+def begin_launch(run: Run, targets: Sequence[Any], jsonl: Path, levels: Sequence[int]) -> int:
+    """This launch's entry in ``meta["launches"]``, and its number (from 1). Going on from an
+    earlier command's results (``run.resumed_from``), first its sweep's records of whole groups
+    (``complete_groups``: a group left in part is measured again whole, in this launch) and its
+    calibration files into the results."""
+    from dynspec.bench.report import append_jsonl, load_jsonl
+    from dynspec.bench.sweep import complete_groups, pending, point
+
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    entry: dict[str, Any] = {"tag": run.tag, "started": started,
+                             "commit": run.meta.get("commit"), "records_kept": 0}  # fmt: skip
+    folder = run.resumed_from
+    if folder is not None:
+        cfg = sweep_config(run, levels, None)
+        try:
+            rows = load_jsonl(folder / jsonl.name)
+        except (OSError, ValueError) as exc:
+            raise RunFailed(f"--resume-from: {exc}") from None
+        kept = complete_groups(targets, cfg, rows)
+        jsonl.unlink(missing_ok=True)
+        for r in kept:
+            append_jsonl(jsonl, r)
+        for f in sorted(folder.glob("calibration-*.json")):
+            (run.results / f.name).write_bytes(f.read_bytes())
+        dropped = len(rows) - len(kept)  # the records of groups kept in part
+        groups = {point(r)[1:] for r in rows} - {point(r)[1:] for r in kept}
+        left = len(pending(targets, cfg, None, kept))
+        part = "a partial group" if len(groups) == 1 else f"{len(groups)} partial groups"
+        what = f", {dropped} of {part} dropped (measured again whole)" if dropped else ""
+        run.say(f"resuming from {folder}: {len(kept)} points kept{what}, {left} left")
+        entry.update(resumed_from=str(folder), records_kept=len(kept), records_dropped=dropped)
+    launches = run.meta.setdefault("launches", [])
+    launches.append(entry)
+    return len(launches)
+
+
+def copy_calibration(run: Run, launch: int = 1) -> None:
+    """The launcher's calibration profile(s), into the results (what the router started from);
+    a later launch's under a name of its own (its cache key, so its name, is the same as the
+    earlier launch's, whose file is in the results too)."""
     folder = run.logs / "calibration"
+    prefix = f"launch{launch}-" if launch > 1 else ""
     for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        (run.results / f"calibration-{f.name}").write_bytes(f.read_bytes())
-        run.meta.setdefault("calibration", []).append(f.name)
+        (run.results / f"calibration-{prefix}{f.name}").write_bytes(f.read_bytes())
+        run.meta.setdefault("calibration", []).append(prefix + f.name)

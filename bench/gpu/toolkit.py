@@ -102,6 +102,7 @@ class Run:
     steady: Steady = field(default_factory=Steady)
     keep: bool = False  # a kept session: leave its processes running at the end
     reserve: float = RESERVE_S  # seconds kept at the end of the budget for the stop and results
+    resumed_from: Path | None = None  # --resume-from, taken: an earlier launch's results folder
 
     @property
     def logs(self) -> Path:

@@ -190,6 +190,97 @@ def test_pair_a_over_two_commands_keeps_its_launcher_and_resumes_the_sweep(tmp_p
     assert len(list(out.iterdir())) <= 8  # what the device tool brings back
 
 
+def test_a_fresh_machine_resumes_from_an_earlier_commands_results(tmp_path: Path) -> None:
+    ports = f"{free_port()},{free_port()},{free_port()}"
+    bundle, models = make_bundle(tmp_path), make_models(tmp_path)
+    common = ["--plan", "pair-a", "--levels", "1,4", "--repeats", "1", "--min-seconds", "0.3",
+              "--output-len", "16", "--bundle", str(bundle), "--models", str(models),
+              "--budget", "200"]  # fmt: skip
+    # An earlier command, on another machine (its own --work), measured the whole sweep ...
+    first = gpu_run(tmp_path, ports, *common, "--work", str(tmp_path / "w1"),
+                    "--out", str(tmp_path / "o1"))  # fmt: skip
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    o1 = tmp_path / "o1"
+    meta1 = json.loads((o1 / "meta.json").read_text())
+    (calibration,) = meta1["calibration"]
+    profile = f"calibration-{calibration}"
+    assert [(x["tag"], x["records_kept"]) for x in meta1["launches"]] == [(meta1["tag"], 0)]
+    earlier = [json.loads(r) for r in (o1 / "sweep-pair-a.jsonl").read_text().splitlines()]
+    assert [r["launch"] for r in earlier] == [1] * 6
+    # ... and what came back is carried in, as the code before launches were recorded wrote it
+    # (no launches, no launch a record), less the C=4 group's last two points: eagle and
+    # baseline C=4 were not measured, so routed C=4 is measured again beside them.
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    (carried / profile).write_bytes((o1 / profile).read_bytes())
+    old_meta = {k: v for k, v in meta1.items() if k != "launches"}
+    (carried / "meta.json").write_text(json.dumps(old_meta))
+    for r in earlier:
+        del r["launch"]
+    (carried / "sweep-pair-a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in earlier[:4]))
+
+    # A fresh machine: no session. It launches anew, keeps C=1, measures nothing (0 s), keeps.
+    second = gpu_run(tmp_path, ports, *common, "--keep", "--sweep-seconds", "0",
+                     "--resume-from", str(carried), "--out", str(tmp_path / "o2"))  # fmt: skip
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
+    assert ("resuming from " + str(carried) + ": 3 points kept, 1 of a partial group dropped "
+            "(measured again whole), 3 left") in second.stdout  # fmt: skip
+    # The machine still held: its kept session wins over a folder that would be refused.
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    (wrong / "sweep-pair-a.jsonl").write_text("")
+    (wrong / "meta.json").write_text(json.dumps({"plan": "pair-b"}))
+    third = gpu_run(tmp_path, ports, *common, "--keep", "--resume-from", str(wrong),
+                    "--out", str(tmp_path / "o3"))  # fmt: skip
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-2000:]
+    assert f"--resume-from {wrong} ignored: the kept session's results" in third.stdout
+
+    out = tmp_path / "o3"
+    rows = [json.loads(ln) for ln in (out / "sweep-pair-a.jsonl").read_text().splitlines()]
+    assert [(r["target"], r["max_concurrency"], r.get("launch")) for r in rows] == [
+        ("routed", 1, None), ("eagle", 1, None), ("baseline", 1, None),
+        ("routed", 4, 2), ("eagle", 4, 2), ("baseline", 4, 2),
+    ]  # fmt: skip
+    assert rows[:3] == earlier[:3]
+    meta = json.loads((out / "meta.json").read_text())
+    assert [c["resumed"] for c in meta["device_commands"]] == [False, False, True]
+    assert meta["device_commands"][0] == meta1["device_commands"][0]
+    first_launch, second_launch = meta["launches"]
+    assert first_launch == {"tag": meta1["tag"], "started": meta1["started"],
+                            "commit": "abc1234", "records_kept": 0}  # fmt: skip
+    assert meta["tag"] == second_launch["tag"] != meta1["tag"]
+    assert meta["started"] == meta1["started"]  # the run's, from its first command
+    assert second_launch["resumed_from"] == str(carried)
+    assert (second_launch["records_kept"], second_launch["records_dropped"]) == (3, 1)
+    # The second launch calibrated anew: its file beside the first's, which is as it came back.
+    assert meta["calibration"] == [calibration, f"launch2-{calibration}"]
+    assert (out / profile).read_bytes() == (o1 / profile).read_bytes()
+    assert (out / f"calibration-launch2-{calibration}").is_file()
+    assert len(list(out.iterdir())) <= 8  # what the device tool brings back
+
+
+def test_resume_from_refuses_another_plans_or_other_settings_results(tmp_path: Path) -> None:
+    from dynspec.bench.gpu.toolkit import Steady
+
+    ports = f"{free_port()},{free_port()},{free_port()}"
+    steady_settings = vars(Steady())
+    cases = [({"plan": "pair-b", "steady": steady_settings}, "holds a pair-b run, not pair-a"),
+             ({"plan": "pair-a", "steady": {**steady_settings, "repeats": 2}},
+              "measured otherwise (repeats 2 there, 3 here)")]  # fmt: skip
+    for n, (meta, needle) in enumerate(cases):
+        carried = tmp_path / f"carried{n}"
+        carried.mkdir()
+        (carried / "sweep-pair-a.jsonl").write_text("")
+        (carried / "meta.json").write_text(json.dumps(meta))
+        done = gpu_run(tmp_path, ports, "--plan", "pair-a", "--resume-from", str(carried),
+                       "--out", str(tmp_path / "o"))  # fmt: skip
+        err = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(err) == 1, done.stderr
+        assert err[0].startswith("dynspec-bench gpu run: error: --resume-from: "), err[0]
+        assert needle in err[0], err[0]
+        assert not (tmp_path / "o").exists()  # refused before anything started
+
+
 def test_bad_flags_are_usage_errors(tmp_path: Path) -> None:
     ports = f"{free_port()},{free_port()},{free_port()}"
     bad = [["--plan", "pair-a", "--threshold", "often"], ["--plan", "main", "--keep"]]
@@ -201,6 +292,24 @@ def test_bad_flags_are_usage_errors(tmp_path: Path) -> None:
     for extra in bad:
         done = gpu_run(tmp_path, ports, *extra, "--out", str(tmp_path / "o"))
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_resume_from_is_a_usage_error_off_the_steady_plans_or_without_their_sweep(
+    tmp_path: Path,
+) -> None:
+    ports = f"{free_port()},{free_port()},{free_port()}"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "sweep-pair-b.jsonl").write_text("")
+    bad = [
+        (["--plan", "main", "--resume-from", str(tmp_path)], "--resume-from: only the pair-a"),
+        (["--plan", "pair-a", "--resume-from", str(tmp_path / "nope")], "no folder"),
+        (["--plan", "pair-a", "--resume-from", str(tmp_path / "other")],
+         "holds no sweep-pair-a.jsonl"),
+    ]  # fmt: skip
+    for extra, needle in bad:
+        done = gpu_run(tmp_path, ports, *extra, "--out", str(tmp_path / "o"))
+        err = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(err) == 1 and needle in err[0], done.stderr
 
 
 def test_report_command_prints_the_tables(tmp_path: Path) -> None:
