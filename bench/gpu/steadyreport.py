@@ -131,7 +131,10 @@ def markdown(
     targets = list(tok)
     levels = sorted({c for t in tok.values() for c in t})
     reps = max((s.n for t in tok.values() for s in t.values()), default=0)
-    lines = [f"Output tok/s, median (min-max) of up to {reps} repeats:", ""]
+    launches = len({int(r.get("launch") or 1) for r in rows})  # a record without: launch 1
+    also = (f", points from {launches} launches (each with its own calibration and a fresh "
+            "router)" if launches > 1 else "")  # fmt: skip
+    lines = [f"Output tok/s, median (min-max) of up to {reps} repeats{also}:", ""]
     lines += table(["C", *targets], [[str(c), *cells(tok, targets, c)] for c in levels])
     lines += ["", "p50 TPOT ms, median (min-max):", ""]
     lines += table(["C", *targets], [[str(c), *cells(tpot, targets, c, 2)] for c in levels])

@@ -115,6 +115,15 @@ def test_report_judges_medians_and_shows_the_spread_repeat_by_repeat() -> None:
     assert "| 64 | 7,000 | 8,000 | 7,400 |" in text
 
 
+def test_report_says_when_its_points_come_from_more_than_one_launch() -> None:
+    one = [rec("routed", 1, 1, 450), rec("eagle", 1, 1, 500, launch=1)]  # no key: launch 1
+    head = steadyreport.markdown(one).splitlines()[0]
+    assert head == "Output tok/s, median (min-max) of up to 1 repeats:"
+    two = [*one, rec("routed", 64, 1, 7000, launch=2), rec("eagle", 64, 1, 8000, launch=2)]
+    head = steadyreport.markdown(two).splitlines()[0]
+    assert "points from 2 launches (each with its own calibration and a fresh router)" in head
+
+
 def test_router_cost_rows_ttft_added_and_cpu_per_second() -> None:
     rows = []
     for rep in (1, 2, 3):
@@ -256,6 +265,7 @@ def test_a_fresh_machine_resumes_from_an_earlier_commands_results(tmp_path: Path
     assert meta["calibration"] == [calibration, f"launch2-{calibration}"]
     assert (out / profile).read_bytes() == (o1 / profile).read_bytes()
     assert (out / f"calibration-launch2-{calibration}").is_file()
+    assert "points from 2 launches" in (out / "sweep-pair-a.md").read_text()
     assert len(list(out.iterdir())) <= 8  # what the device tool brings back
 
 
