@@ -85,6 +85,25 @@ def pair_ratios(
     return out
 
 
+def unjudged(rows: Sequence[Record], routed_label: str, others: Sequence[str], repeats: int) -> str:
+    """What keeps a goal at every C from being judged: the levels ``routed_label`` ran where no
+    server alone did, and those where it or the better server alone has fewer than ``repeats``
+    runs (a run cut short by the device's time, or split over launches). Empty: none."""
+    tok = by_point(rows, "output_throughput")
+    ratios = pair_ratios(rows, routed_label, others)
+    alone_missing = [c for c in sorted(tok.get(routed_label, {})) if c not in ratios]
+    short = [
+        c for c, r in ratios.items()
+        if min(len(tok[routed_label][c]), len(tok[r["better"]][c])) < repeats
+    ]  # fmt: skip
+    parts = []
+    if alone_missing:
+        parts.append("not judged (no server alone): " + ", ".join(f"C={c}" for c in alone_missing))
+    if short:
+        parts.append(f"fewer than {repeats} runs: " + ", ".join(f"C={c}" for c in short))
+    return "; ".join(parts)
+
+
 def cost_rows(rows: Sequence[Record]) -> dict[int, dict[str, Any]]:
     """Per C: the router's median tok/s over the EAGLE server's own port, and the TTFT p50 it
     adds (median of the repeat-by-repeat differences), with their spreads."""
@@ -143,11 +162,14 @@ def markdown(
         if not ratios:
             continue
         worst = min(r["ratio"] for r in ratios.values())
+        said = f"{verdict(worst >= PAIR_GOAL)} (worst {worst:.2f})"
+        gaps = unjudged(rows, label, alone, reps)
+        if gaps:
+            said = f"INCOMPLETE: {said} at the C judged; {gaps}"
         lines += [
             "",
             f"{label} over the better of {', '.join(alone)} (goal >= {PAIR_GOAL} at every C, on "
-            f"medians; the spread is the ratio repeat by repeat): {verdict(worst >= PAIR_GOAL)} "
-            f"(worst {worst:.2f})",
+            f"medians; the spread is the ratio repeat by repeat): {said}",
             "",
         ]
         share = share_cells(rows, label)

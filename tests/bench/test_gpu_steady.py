@@ -124,6 +124,24 @@ def test_report_says_when_its_points_come_from_more_than_one_launch() -> None:
     assert "points from 2 launches (each with its own calibration and a fresh router)" in head
 
 
+def test_report_does_not_pass_a_goal_it_could_not_judge_at_every_c() -> None:
+    """The H200's partial pair-a (launch 1 at 4109b72): C=1 and 16 with 3 runs each, routed at
+    C=64 once with no server alone beside it; the report said PASS. It says what it could not
+    judge, and that the verdict holds only at the C it judged."""
+    rows = []
+    for rep in (1, 2, 3):
+        rows += [rec("routed", 1, rep, 476), rec("eagle", 1, rep, 481)]
+        rows += [rec("routed", 16, rep, 4700), rec("eagle", 16, rep, 4831)]
+    whole = steadyreport.markdown(rows)
+    assert ": PASS (worst 0.97)" in whole and "INCOMPLETE" not in whole
+    rows += [rec("routed", 64, 1, 8443), rec("routed", 128, 1, 9100), rec("eagle", 128, 1, 9500)]
+    text = steadyreport.markdown(rows)
+    assert (
+        ": INCOMPLETE: PASS (worst 0.96) at the C judged; not judged (no server alone): C=64; "
+        "fewer than 3 runs: C=128"
+    ) in text
+
+
 def test_router_cost_rows_ttft_added_and_cpu_per_second() -> None:
     rows = []
     for rep in (1, 2, 3):
