@@ -111,6 +111,8 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
             p.error(f"--resume-from: {args.resume_from} holds no {sweep_file(args.plan)}")
     if args.baseline_from is not None and args.plan not in ("pair-a", "pair-b"):
         p.error("--baseline-from: only the pair-a and pair-b plans")
+    if args.baseline_limit is not None and args.plan not in ("pair-a", "pair-b"):
+        p.error("--baseline-limit: only the pair-a and pair-b plans")
     if args.router_cost and args.plan == "router-cost":
         p.error("--router-cost: the router-cost plan measures nothing else")
     if args.dry_run:
@@ -145,6 +147,8 @@ def plan_body(args: argparse.Namespace) -> Body:
             study = steady.with_router_cost(study, wanted)
         if args.baseline_from is not None:
             study = steady.baseline_from(study, wanted, args.baseline_from)
+        if args.baseline_limit is not None:
+            study = dataclasses.replace(study, baseline_limit=args.baseline_limit)
         return lambda run, models, session: steady.plan_steady(
             run, models, study, levels=wanted, session=session, keep=args.keep,
             sweep_seconds=args.sweep_seconds,
@@ -360,6 +364,13 @@ def run_parser() -> FlagParser:
         action="store_true",
         help="pair-*: also measure a second router (threshold above any load) against EAGLE "
         "alone, at the plan's levels from C=16 up, in the same launch",
+    )
+    p.add_argument(
+        "--baseline-limit",
+        type=positive_int,
+        default=None,
+        help="pair-*: the baseline server's --max-running-requests (default: SGLang's own); "
+        "past it the baseline queues, as EAGLE does past its 128",
     )
     p.add_argument(
         "--baseline-from",

@@ -74,6 +74,9 @@ class Study:
     threshold: str
     mps: bool
     targets: tuple[Target, ...]
+    # The baseline's --max-running-requests (None: SGLang's, which ran all 256 of C=256 at once
+    # on the H200 and lost to EAGLE there, which runs 128 and queues the rest).
+    baseline_limit: int | None = None
 
 
 ROUTED = Target("routed", "routed")
@@ -232,7 +235,8 @@ def plan_steady(
     procs: dict[str, subprocess.Popen[bytes]] = {}
     if session is None:
         this_launch = begin_launch(run, targets, jsonl, wanted)
-        launch = launch_argv(run, models, threshold=study.threshold, mps=study.mps)
+        launch = launch_argv(run, models, threshold=study.threshold, mps=study.mps,
+                             baseline_limit=study.baseline_limit)  # fmt: skip
         procs["launcher"] = start_launcher(run, launch)
         run.meta["compute_apps"] = compute_apps()[1]
         copy_calibration(run, this_launch)

@@ -451,11 +451,16 @@ def launch_argv(
     hysteresis: int | None = None,
     restart: str = "never",
     after_s: float = 240.0,
+    baseline_limit: int | None = None,
 ) -> list[str]:
     """``dynspec-launch --gpus 0``: the EAGLE-3 server (draft ``hi``: every draft accepted) and
     the baseline on one GPU, the router in front (the plans ``pair-*``, ``router-cost`` and
     ``kill``, which restarts its servers: ``restart`` on-failure). Each server may take until
-    ``after_s`` is all that is left of the budget (what the plan needs once both run)."""
+    ``after_s`` is all that is left of the budget (what the plan needs once both run).
+    ``baseline_limit``: the baseline's ``--max-running-requests`` too (None: SGLang's own)."""
+    baseline = "--cuda-graph-max-bs-decode 256"
+    if baseline_limit is not None:
+        baseline += f" --max-running-requests {baseline_limit}"
     argv = [
         run.python, "-m", "dynspec.launcher", "--gpus", "0",
         "--model-path", str(models / "llama8b"), "--draft-model-path", str(models / "eagle3-hi"),
@@ -467,7 +472,7 @@ def launch_argv(
         # Swept alone too: the EAGLE server runs up to 128 (C=256 alone queues the rest; it has
         # lost to the baseline from C=128 on), graphs up to 128 keep its start short.
         "--eagle-args", "--max-running-requests 128",
-        "--baseline-args", "--cuda-graph-max-bs-decode 256",
+        "--baseline-args", baseline,
         "--log-dir", str(run.logs), "--restart", restart, "--kill-grace", "15",
         "--startup-timeout", f"{max(60.0, run.left() - after_s):.0f}", "--progress-every", "15",
     ]  # fmt: skip

@@ -39,6 +39,17 @@ def test_launch_lines_threshold_auto_and_mps_only_in_pair_b(tmp_path: Path) -> N
     assert int(cost.threshold) > 256 * 100 and [t.what for t in cost.targets] == ["routed", "eagle"]
 
 
+def test_baseline_limit_caps_the_baseline_server_only(tmp_path: Path) -> None:
+    """--baseline-limit: on the H200 the uncapped baseline ran all 256 of C=256 at once and lost
+    to EAGLE, which runs 128 and queues the rest; capped, the baseline queues past it too."""
+    argv = launch_argv(fake_run(tmp_path), tmp_path, threshold="auto", baseline_limit=128)
+    baseline = argv[argv.index("--baseline-args") + 1]
+    assert baseline == "--cuda-graph-max-bs-decode 256 --max-running-requests 128"
+    assert argv[argv.index("--eagle-args") + 1] == "--max-running-requests 128"
+    plain = launch_argv(fake_run(tmp_path), tmp_path, threshold="auto")
+    assert "--max-running-requests" not in plain[plain.index("--baseline-args") + 1]
+
+
 def test_router_cost_target_sits_before_eagle_alone_from_c16_up() -> None:
     study = steady.with_router_cost(steady.STUDIES["pair-a"], [1, 4, 16, 64, 256])
     assert [t.label for t in study.targets] == ["routed", "routed_eagle", "eagle", "baseline"]
@@ -316,6 +327,8 @@ def test_bad_flags_are_usage_errors(tmp_path: Path) -> None:
     bad += [
         ["--plan", "router-cost", "--baseline-from", "64"],
         ["--plan", "pair-a", "--baseline-from", "0"],
+        ["--plan", "router-cost", "--baseline-limit", "128"],
+        ["--plan", "pair-b", "--baseline-limit", "0"],
     ]
     for extra in bad:
         done = gpu_run(tmp_path, ports, *extra, "--out", str(tmp_path / "o"))
