@@ -234,9 +234,9 @@ def plan_steady(
     jsonl = run.results / sweep_file(study.name)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     if session is None:
-        this_launch = begin_launch(run, targets, jsonl, wanted)
         launch = launch_argv(run, models, threshold=study.threshold, mps=study.mps,
                              baseline_limit=study.baseline_limit)  # fmt: skip
+        this_launch = begin_launch(run, targets, jsonl, wanted, launch)
         procs["launcher"] = start_launcher(run, launch)
         run.meta["compute_apps"] = compute_apps()[1]
         copy_calibration(run, this_launch)
@@ -303,7 +303,9 @@ def stop_all(
     run.meta["compute_apps_after"] = compute_apps(header=False)[1]
 
 
-def begin_launch(run: Run, targets: Sequence[Any], jsonl: Path, levels: Sequence[int]) -> int:
+def begin_launch(
+    run: Run, targets: Sequence[Any], jsonl: Path, levels: Sequence[int], launch: Sequence[str]
+) -> int:
     """This launch's entry in ``meta["launches"]``, and its number (from 1). Going on from an
     earlier command's results (``run.resumed_from``), first its sweep's records of whole groups
     (``complete_groups``: a group left in part is measured again whole, in this launch) and its
@@ -316,6 +318,7 @@ def begin_launch(run: Run, targets: Sequence[Any], jsonl: Path, levels: Sequence
                              "commit": run.meta.get("commit"), "records_kept": 0}  # fmt: skip
     folder = run.resumed_from
     if folder is not None:
+        same_servers(run.meta.get("launch_argv"), launch)
         cfg = sweep_config(run, levels, None)
         try:
             rows = load_jsonl(folder / jsonl.name)
@@ -337,6 +340,30 @@ def begin_launch(run: Run, targets: Sequence[Any], jsonl: Path, levels: Sequence
     launches = run.meta.setdefault("launches", [])
     launches.append(entry)
     return len(launches)
+
+
+_WHERE = ("--model-path", "--draft-model-path", "--log-dir", "--startup-timeout")
+
+
+def same_servers(earlier: Sequence[str] | None, launch: Sequence[str]) -> None:
+    """Refuse to go on from a launch whose command line differs from this one's (where it keeps
+    its models and logs aside, which follow ``--work``, and the start timeout, which follows the
+    budget): one point's runs must be of one pair of servers (a baseline capped by
+    ``--baseline-limit`` is not the uncapped one). An earlier meta without the line (a command
+    killed before its launch was written) is not checked."""
+    if not earlier:
+        return
+
+    def servers(argv: Sequence[str]) -> list[str]:
+        for flag in _WHERE:
+            argv = drop_flag(argv, flag)
+        return list(argv)
+
+    mine, theirs = servers(launch[1:]), servers(earlier)
+    if mine != theirs:
+        differ = [f"{a} there, {b} here" for a, b in zip(theirs, mine, strict=False) if a != b]
+        said = "; ".join(differ[:2]) or f"{len(theirs)} words there, {len(mine)} here"
+        raise RunFailed(f"--resume-from: the earlier launch ran otherwise ({said})")
 
 
 def copy_calibration(run: Run, launch: int = 1) -> None:

@@ -11,12 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from gpu_fake_site import fake_path, make_bundle, make_models
 from utils import free_port
 
 from dynspec.bench.gpu import steady, steadyreport
 from dynspec.bench.gpu.leftovers import tagged_pids
-from dynspec.bench.gpu.toolkit import FIXED_ENV, Run, launch_argv
+from dynspec.bench.gpu.toolkit import FIXED_ENV, Run, RunFailed, launch_argv
 
 
 def fake_run(tmp: Path) -> Run:
@@ -48,6 +49,18 @@ def test_baseline_limit_caps_the_baseline_server_only(tmp_path: Path) -> None:
     assert argv[argv.index("--eagle-args") + 1] == "--max-running-requests 128"
     plain = launch_argv(fake_run(tmp_path), tmp_path, threshold="auto")
     assert "--max-running-requests" not in plain[plain.index("--baseline-args") + 1]
+
+
+def test_resume_from_refuses_a_launch_of_other_servers(tmp_path: Path) -> None:
+    """Going on from an uncapped baseline's records with a capped one would mix two servers in
+    one point; another --work (models and logs elsewhere) or start timeout is the same pair."""
+    run = fake_run(tmp_path)
+    earlier = launch_argv(run, tmp_path / "a", threshold="auto")[1:]
+    steady.same_servers(earlier, launch_argv(run, tmp_path / "b", threshold="auto", after_s=9))
+    steady.same_servers(None, launch_argv(run, tmp_path, threshold="auto", baseline_limit=128))
+    capped = launch_argv(run, tmp_path / "a", threshold="auto", baseline_limit=128)
+    with pytest.raises(RunFailed, match=r"the earlier launch ran otherwise .*max-running-requests"):
+        steady.same_servers(earlier, capped)
 
 
 def test_router_cost_target_sits_before_eagle_alone_from_c16_up() -> None:
