@@ -60,6 +60,23 @@ def feed(
     lr.rebuild()
 
 
+def polls(
+    lr: SpeedLearner,
+    clock: Clock,
+    url: str,
+    load: float,
+    per_token: float,
+    *,
+    n: int,
+    every: float = 0.25,
+) -> None:
+    """``n`` steady polls (the gauges move a little each time) of ``load`` running and none
+    queued at ``per_token`` seconds a token, ``every`` seconds apart (no rebuild)."""
+    for i in range(n):
+        clock.now += every
+        lr.polled(url, running=load, queued=0, gen_throughput=load / per_token + i % 2 / 1e6)
+
+
 def non_decreasing(curve: SpeedCurve) -> bool:
     values = [curve.at(x) for x in range(1, 700)]
     return all(b >= a for a, b in itertools.pairwise(values))
@@ -250,9 +267,7 @@ def test_polls_feed_the_curve_on_the_router_clock() -> None:
     lr.rebuild()
     assert lr.curve(E).at(4) == pytest.approx(0.020, rel=0.02)
     # Then only polls, at a higher load: put on the router's clock too.
-    for i in range(40):
-        clock.now += 0.25
-        lr.polled(E, running=16, queued=0, gen_throughput=16 / 0.100 + i % 2 / 1e6)
+    polls(lr, clock, E, 16, 0.100, n=40)
     lr.rebuild()
     assert lr.curve(E).at(16) == pytest.approx(0.050, rel=0.05)
 
@@ -274,9 +289,7 @@ def test_gauges_wrong_only_at_high_load_are_corrected_there() -> None:
     assert curve.at(16) == pytest.approx(0.010, rel=0.05)  # pooled with the prior above it
     assert curve.at(256) == pytest.approx(0.0256, rel=0.02)
     # A load only polls saw (384) is put on the scale of the nearest one both saw (256).
-    for i in range(40):
-        clock.now += 0.25
-        lr.polled(B, running=384, queued=0, gen_throughput=384 / 0.016 + i % 2 / 1e6)
+    polls(lr, clock, B, 384, 0.016, n=40)
     lr.rebuild()
     assert lr.curve(B).at(384) == pytest.approx(0.032, rel=0.05)
 
@@ -288,9 +301,7 @@ def test_one_probe_against_one_poll_does_not_rescale_the_curve() -> None:
     threshold from 34 to 4. One observation of each is not a ratio: the polls stand as read."""
     lr, clock = learner()
     for load, per_token in ((1, 0.0103), (64, 0.012), (128, 0.016)):
-        for i in range(8):
-            clock.now += 1
-            lr.polled(B, running=load, queued=0, gen_throughput=load / per_token + i / 1e6)
+        polls(lr, clock, B, load, per_token, n=8, every=1.0)
     lr.rebuild()
     before = lr.curve(B).at(128)
     lr.finished(B, 1, stay=128 * 0.00498, output_tokens=128)
