@@ -233,9 +233,12 @@ def local_ratios(
     mean of the two at a tie), or ``fallback`` if there is none.
 
     One ratio per server is the clocks' (a simulator at ``--speed 2``) only where the gauges are
-    true; a real server's are not at every load (SGLang's ``gen_throughput`` is the decode
-    batches' rate, which leaves prefill out: on the H200 at 256 in flight the baseline's read
-    about twice what its clients got, and about right at 16), so the ratio is taken by load.
+    true; a real server's are not at every load (on the H200 the baseline's polls read about
+    twice what its clients got at 256 in flight, and about right at 16), so the ratio is taken by
+    load. Why is not known: SGLang 0.5.17's ``gen_throughput`` is the tokens of its last 40
+    decode batches over the wall time since the log before, prefills included, and swung from
+    3,500 to 20,800 tok/s from one log line to the next there; the polls the learner keeps (the
+    running count held) may be the decode-only stretches.
     """
     known = [
         (i, md / ms)

@@ -274,7 +274,7 @@ def test_polls_feed_the_curve_on_the_router_clock() -> None:
 
 def test_gauges_wrong_only_at_high_load_are_corrected_there() -> None:
     """The H200's baseline (pair-a, db4e51c): its gauges matched its clients at light load and
-    read about twice what they got at 256 in flight (gen_throughput leaves prefill out). Where
+    read about twice what they got at 256 in flight (the cause not known). Where
     the router's own requests saw a load, theirs is the figure; a load only polls saw takes the
     ratio nearest it, not one ratio averaged over all loads (which put the baseline at 256 a
     quarter too fast, ahead of an EAGLE that was faster)."""
