@@ -405,7 +405,8 @@ def sweep(
     write_report(out, title)
     left = pending(targets, cfg, out)
     if left:
-        run.say(f"{len(left)} points left (the budget): the next command with --keep resumes")
+        run.say(f"{len(left)} points left (the budget): the next command with --keep resumes; "
+                "on a fresh machine, --resume-from this command's results")  # fmt: skip
     return not left
 
 
