@@ -109,10 +109,11 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
             p.error(f"--resume-from: no folder {args.resume_from}")
         if not (args.resume_from / sweep_file(args.plan)).is_file():
             p.error(f"--resume-from: {args.resume_from} holds no {sweep_file(args.plan)}")
-    if args.baseline_from is not None and args.plan not in ("pair-a", "pair-b"):
-        p.error("--baseline-from: only the pair-a and pair-b plans")
-    if args.baseline_limit is not None and args.plan not in ("pair-a", "pair-b"):
-        p.error("--baseline-limit: only the pair-a and pair-b plans")
+    pair_only = [flag for flag, value in (("--baseline-from", args.baseline_from),
+                                          ("--baseline-limit", args.baseline_limit))
+                 if value is not None]  # fmt: skip
+    if pair_only and args.plan not in ("pair-a", "pair-b"):
+        p.error(f"{', '.join(pair_only)}: only the pair-a and pair-b plans")
     if args.router_cost and args.plan == "router-cost":
         p.error("--router-cost: the router-cost plan measures nothing else")
     if args.dry_run:

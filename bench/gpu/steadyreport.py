@@ -85,16 +85,20 @@ def pair_ratios(
     return out
 
 
-def unjudged(rows: Sequence[Record], routed_label: str, others: Sequence[str], repeats: int) -> str:
-    """What keeps a goal at every C from being judged: the levels ``routed_label`` ran where no
-    server alone did, and those where it or the better server alone has fewer than ``repeats``
-    runs (a run cut short by the device's time, or split over launches). Empty: none."""
-    tok = by_point(rows, "output_throughput")
-    ratios = pair_ratios(rows, routed_label, others)
+def unjudged(
+    tok: Mapping[str, Mapping[int, Spread]],
+    ratios: Mapping[int, Mapping[str, Any]],
+    routed_label: str,
+    repeats: int,
+) -> str:
+    """What keeps a goal at every C from being judged, from the tok/s ``stats`` and the
+    ``pair_ratios`` of ``routed_label``: the levels it ran where no server alone did, and those
+    where it or the better server alone has fewer than ``repeats`` runs (a run cut short by the
+    device's time, or split over launches). Empty: none."""
     alone_missing = [c for c in sorted(tok.get(routed_label, {})) if c not in ratios]
     short = [
         c for c, r in ratios.items()
-        if min(len(tok[routed_label][c]), len(tok[r["better"]][c])) < repeats
+        if min(tok[routed_label][c].n, tok[r["better"]][c].n) < repeats
     ]  # fmt: skip
     parts = []
     if alone_missing:
@@ -163,7 +167,7 @@ def markdown(
             continue
         worst = min(r["ratio"] for r in ratios.values())
         said = f"{verdict(worst >= PAIR_GOAL)} (worst {worst:.2f})"
-        gaps = unjudged(rows, label, alone, reps)
+        gaps = unjudged(tok, ratios, label, reps)
         if gaps:
             said = f"INCOMPLETE: {said} at the C judged; {gaps}"
         lines += [
