@@ -20,13 +20,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-import tarfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, cast
 
+from dynspec.common import sglanglog
 from dynspec.common.cli import FlagParser, UsageError, add_log_level, configure_logging, run_main
+from dynspec.common.sglanglog import SERVERS, decodes, seconds
 from dynspec.router.autothreshold import derive_threshold
 from dynspec.router.learning import SpeedLearner
 from dynspec.router.speed import profile_from_json
@@ -34,12 +35,7 @@ from dynspec.router.speed import profile_from_json
 if TYPE_CHECKING:
     from dynspec.router.server import Server
 
-LINE = re.compile(
-    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] Decode batch, #running-req: (\d+),.*"
-    r"gen throughput \(token/s\): ([0-9.]+), #queue-req: (\d+)"
-)
 STARTED = re.compile(r"^==> dynspec-launch (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d):")
-SERVERS = {"eagle": "eagle.log", "baseline": "baseline.log"}
 
 Gauges = tuple[float, float, float]  # running, gen_throughput, queued
 
@@ -63,18 +59,9 @@ def _g(g: Gauges | None) -> str:
     return "-" if g is None else f"{g[0]:.0f} running at {g[1]:,.0f} tok/s, {g[2]:.0f} queued"
 
 
-def seconds(text: str) -> int:
-    return int(dt.datetime.fromisoformat(text).replace(tzinfo=dt.timezone.utc).timestamp())
-
-
 def gauges(lines: Iterable[str]) -> dict[int, Gauges]:
     """The last decode-log line's gauges in each second that has one."""
-    out: dict[int, Gauges] = {}
-    for ln in lines:
-        m = LINE.match(ln)
-        if m:
-            out[seconds(m[1])] = (float(m[2]), float(m[3]), float(m[4]))
-    return out
+    return {d.second: (float(d.running), d.gen_throughput, float(d.queued)) for d in decodes(lines)}
 
 
 def router_started(lines: Iterable[str]) -> int | None:
@@ -89,18 +76,7 @@ def router_started(lines: Iterable[str]) -> int | None:
 
 def read_logs(path: Path) -> dict[str, list[str]]:
     """``eagle.log``, ``baseline.log`` and ``router.log`` from a folder or a tarball of one."""
-    names = [*SERVERS.values(), "router.log"]
-    if path.is_dir():
-        return {n: (path / n).read_text(errors="replace").splitlines() for n in names
-                if (path / n).is_file()}  # fmt: skip
-    out: dict[str, list[str]] = {}
-    with tarfile.open(path) as tar:
-        for member in tar.getmembers():
-            name = Path(member.name).name
-            f = tar.extractfile(member) if name in names else None
-            if f is not None:
-                out[name] = f.read().decode(errors="replace").splitlines()
-    return out
+    return sglanglog.read_logs(path, [*SERVERS.values(), "router.log"])
 
 
 def replay(logs: dict[str, list[str]], profile: object) -> Iterator[Derived]:
