@@ -429,21 +429,32 @@ def cmd_report(argv: Sequence[str]) -> NoReturn:
         "the first file, from all of them",
     )
     p.add_argument("--title", default="", help="--write: the plot's title")
+    p.add_argument(
+        "--logs",
+        type=Path,
+        action="append",
+        default=[],
+        help="a run's logs.tar.xz (or logs folder; once per launch): add what the servers held "
+        "over each level (running+queued, from their decode-log lines)",
+    )
     add_log_level(p)
     args = p.parse_layered(argv)
     configure_logging(args.log_level)
 
     def body() -> int:
-        missing = [s for s in args.sweeps if not s.is_file()]
+        from dynspec.bench.gpu import held
+
+        missing = [s for s in [*args.sweeps, *args.logs] if not s.exists()]
         if missing:
             raise UsageError(f"{missing[0]}: no such file")
         if args.write:
-            steadyreport.write_report(args.sweeps[0], args.title, more=args.sweeps[1:])
-        text = (
-            eight.eight_markdown(args.sweeps)
-            if args.eight
-            else steadyreport.markdown(steadyreport.read(args.sweeps))
-        )
+            steadyreport.write_report(
+                args.sweeps[0], args.title, more=args.sweeps[1:], logs=args.logs
+            )
+        rows = steadyreport.read(args.sweeps)
+        if args.logs:
+            held.annotate(rows, held.samples(args.logs))
+        text = eight.eight_markdown(args.sweeps) if args.eight else steadyreport.markdown(rows)
         print(text, end="")
         return 0
 

@@ -16,7 +16,8 @@ repeats), over as many device commands as it takes (``--keep``; on a fresh machi
 What each level records besides the sweep's figures (``on_record``): for a router, its learned
 threshold and mode from ``/status``, and the router process's CPU seconds over the level (its
 tree, from /proc); for the EAGLE server, SGLang's ``spec_accept_length``; for every target, the
-launch it was measured in (``meta["launches"]``, from 1).
+launch it was measured in (``meta["launches"]``, from 1) and what its servers held over the level
+(``server_held``: SGLang's running and queued counts from their decode-log lines, ``held.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dynspec.bench.gpu import held
 from dynspec.bench.gpu.attempt import keep_session, stop_kept
 from dynspec.bench.gpu.leftovers import compute_apps
 from dynspec.bench.gpu.toolkit import (
@@ -184,11 +186,14 @@ class Levels:
         urls: Mapping[str, str],
         routers: Mapping[str, int],
         launch: int = 1,
+        logs: Path | None = None,
     ) -> None:
         self.what = {t.label: t.what for t in targets}
         self.urls, self.routers = urls, routers  # routers: what -> pid
         self.cpu = {what: cpu_seconds(pid) for what, pid in routers.items()}
         self.launch = launch
+        # The launch's server logs: what each server held over the level (held.py).
+        self.tail = held.LogTail(logs) if logs is not None else None
 
     def start(self, label: str) -> None:
         what = self.what[label]
@@ -198,6 +203,8 @@ class Levels:
     def __call__(self, rec: dict[str, Any]) -> None:
         what = self.what[rec["target"]]
         rec["launch"] = self.launch
+        if self.tail is not None:
+            held.annotate([rec], self.tail.read())
         if what in self.routers:
             rec["router_cpu_s"] = round(cpu_seconds(self.routers[what]) - self.cpu[what], 3)
         with contextlib.suppress(OSError, ValueError):
@@ -258,7 +265,7 @@ def plan_steady(
     if "cost_router" in pids:
         routers["cost"] = pids["cost_router"]
     live = {w: p for w, p in routers.items() if p is not None}
-    hook = Levels(study.targets, urls, live, launch=this_launch)
+    hook = Levels(study.targets, urls, live, launch=this_launch, logs=run.logs)
     run.say(f"sweep {', '.join(t.label for t in study.targets)} at C={wanted}")
     title = f"MEASURED: {TITLE}, code at {run.meta.get('commit', '?')}, medians (min-max)"
     done = sweep(run, targets, jsonl, levels=wanted, limit=sweep_seconds, on_record=hook,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dynspec.bench.gpu import held
 from dynspec.bench.report import Record, load_jsonl
 
 PAIR_GOAL = 0.95  # routed >= 0.95 x the better server alone, at every C
@@ -182,6 +183,7 @@ def markdown(
             for c, r in ratios.items()
         ]
         lines += table(["C", "ratio", "per repeat", "better", "on EAGLE / switches"], body)
+    lines += held_table(rows, targets, levels)
     costs = cost_rows(rows)
     if costs:
         ok = all(r["ratio"] >= COST_GOAL and added_ms(r) <= COST_TTFT_MS for r in costs.values())
@@ -196,6 +198,23 @@ def markdown(
         head += ["client CPU routed", "client CPU direct"]
         lines += table(head, [cost_cells(c, r) for c, r in costs.items()])
     return "\n".join(lines) + "\n"
+
+
+def held_table(rows: Sequence[Record], targets: Sequence[str], levels: Sequence[int]) -> list[str]:
+    """What the servers held over each level, repeat by repeat (``held.py``), where the records
+    say: a level whose server held fewer than C was not fed the load it names."""
+    found = held.cells(rows)
+    if not found:
+        return []
+    body = [[str(c), *(found.get(t, {}).get(c, "-") for t in targets)] for c in levels]
+    return [
+        "",
+        "Requests the servers held over each level, running+queued, each repeat (SGLang's own "
+        "counts, the mean of its decode-log lines in the level; a router's: both servers'); the "
+        "clients kept C open:",
+        "",
+        *table(["C", *targets], body),
+    ]
 
 
 def added_ms(row: Mapping[str, Any]) -> float:
@@ -261,9 +280,12 @@ def summary(rows: Sequence[Record]) -> dict[str, Any]:
     }
 
 
-def write_report(jsonl: Path, title: str = "", more: Sequence[Path] = ()) -> None:
+def write_report(
+    jsonl: Path, title: str = "", more: Sequence[Path] = (), logs: Sequence[Path] = ()
+) -> None:
     """``STEM.md`` (the tables), ``STEM.png`` (tok/s and TPOT, medians with min-max) and
-    ``STEM-summary.json`` beside ``jsonl``, from it and ``more``."""
+    ``STEM-summary.json`` beside ``jsonl``, from it and ``more``; with ``logs`` (the runs'
+    logs folders or tarballs), what the servers held over each level too."""
     import json
 
     from dynspec.bench.report import plot
@@ -271,6 +293,8 @@ def write_report(jsonl: Path, title: str = "", more: Sequence[Path] = ()) -> Non
     rows = read([jsonl, *more]) if jsonl.exists() else []
     if not rows:
         return
+    if logs:
+        held.annotate(rows, held.samples(logs))
     jsonl.with_suffix(".md").write_text(markdown(rows))
     plot(rows, jsonl.with_suffix(".png"), title or jsonl.stem)
     summary_path = jsonl.with_name(jsonl.stem + "-summary.json")

@@ -1,0 +1,130 @@
+"""What the servers themselves held over each level of a steady sweep: SGLang's own running and
+queued counts (its decode-log lines, read by ``dynspec.common.sglanglog``) inside the level's
+window, the mean of the lines there.
+
+A closed loop of C clients keeps C requests open. A server that holds fewer (running + queued)
+is not being fed: the rest are between the clients and its scheduler (the load generator, the
+server's HTTP front and tokenizer, the stream of each request's last chunks). On the H200
+(``pair-a-capped``, 5e04405) the baseline capped at 128 running held 128 running and 28-61
+queued in its C=256 levels that read 12.9-13.9k tok/s, and 105 running and 5 queued in the one
+that read 9.3k, where EAGLE (128 running) held about 118 queued at 10.7-10.8k: the same C, fed
+unlike. This table says which it was, level by level.
+
+A record gets ``server_held``: ``{"running": R, "queued": Q, "lines": N}`` (the sum over the
+target's servers: both of a pair for a router), or nothing where no line fell in its window.
+The window is the record's end (``timestamp``, written as the level ends) less its ``duration``;
+the logs' clock is the record's (both UTC on one machine).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dynspec.common.sglanglog import SERVERS, Decode, decodes, read_logs, seconds
+
+# Which servers' lines a target's level is read from.
+TARGET_SERVERS: dict[str, tuple[str, ...]] = {
+    "eagle": ("eagle",),
+    "baseline": ("baseline",),
+    "routed": ("eagle", "baseline"),
+    "routed_eagle": ("eagle", "baseline"),
+}
+
+Samples = Mapping[str, Sequence[Decode]]  # server -> its decode lines, in time order
+
+
+def samples(logs: Iterable[Path]) -> dict[str, list[Decode]]:
+    """Each server's decode lines from one or more logs folders or tarballs (one per launch)."""
+    out: dict[str, list[Decode]] = {s: [] for s in SERVERS}
+    for path in logs:
+        found = read_logs(path, list(SERVERS.values()))
+        for server, name in SERVERS.items():
+            out[server] += decodes(found.get(name, ()))
+    for lines in out.values():
+        lines.sort(key=lambda d: d.second)
+    return out
+
+
+def held(rec: Mapping[str, Any], found: Samples) -> dict[str, float] | None:
+    """Mean running and queued over the record's window, summed over its target's servers
+    (second by second: a server with no line in a second held nothing then); None without a
+    line in the window or a window to take."""
+    servers = TARGET_SERVERS.get(str(rec.get("target")))
+    stamp, duration = rec.get("timestamp"), rec.get("duration")
+    if servers is None or not isinstance(stamp, str) or not isinstance(duration, (int, float)):
+        return None
+    end = seconds(stamp[:19])
+    start = end - math.ceil(duration)
+    per_second: dict[int, list[float]] = {}  # second -> [running, queued]
+    lines = 0
+    for server in servers:
+        by_second: dict[int, list[Decode]] = {}
+        for d in found.get(server, ()):
+            if start <= d.second <= end:
+                by_second.setdefault(d.second, []).append(d)
+        for second, ds in by_second.items():
+            cell = per_second.setdefault(second, [0.0, 0.0])
+            cell[0] += sum(d.running for d in ds) / len(ds)
+            cell[1] += sum(d.queued for d in ds) / len(ds)
+            lines += len(ds)
+    if not per_second:
+        return None
+    n = len(per_second)
+    return {
+        "running": round(sum(c[0] for c in per_second.values()) / n, 1),
+        "queued": round(sum(c[1] for c in per_second.values()) / n, 1),
+        "lines": lines,
+    }
+
+
+def annotate(rows: Iterable[dict[str, Any]], found: Samples) -> None:
+    """``server_held`` on every record whose window has lines (an earlier one is kept)."""
+    for rec in rows:
+        if "server_held" in rec:
+            continue
+        got = held(rec, found)
+        if got is not None:
+            rec["server_held"] = got
+
+
+def cells(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, str]]:
+    """target -> C -> ``running+queued`` of each repeat, in repeat order."""
+    out: dict[str, dict[int, list[str]]] = {}
+    for r in sorted(rows, key=lambda r: int(r.get("repeat") or 1)):
+        h = r.get("server_held")
+        if not isinstance(h, Mapping):
+            continue
+        by_c = out.setdefault(str(r["target"]), {})
+        by_c.setdefault(int(r["max_concurrency"]), []).append(
+            f"{h['running']:.0f}+{h['queued']:.0f}"
+        )
+    return {t: {c: ", ".join(v) for c, v in by_c.items()} for t, by_c in out.items()}
+
+
+class LogTail:
+    """A live run's server logs, read on from where the last call stopped (a plan annotates each
+    record as its level ends, without reading the whole log again)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.offsets: dict[str, int] = {}
+        self.found: dict[str, list[Decode]] = {s: [] for s in SERVERS}
+
+    def read(self) -> Samples:
+        for server, name in SERVERS.items():
+            path = self.folder / name
+            try:
+                with path.open("rb") as f:
+                    f.seek(self.offsets.get(name, 0))
+                    chunk = f.read()
+            except OSError:
+                continue
+            # Only whole lines: a line being written is read next time.
+            cut = chunk.rfind(b"\n") + 1
+            self.offsets[name] = self.offsets.get(name, 0) + cut
+            text = chunk[:cut].decode(errors="replace")
+            self.found[server] += decodes(text.splitlines())
+        return self.found
