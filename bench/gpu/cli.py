@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import subprocess
 import sys
 import time
@@ -110,7 +111,8 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
         if not (args.resume_from / sweep_file(args.plan)).is_file():
             p.error(f"--resume-from: {args.resume_from} holds no {sweep_file(args.plan)}")
     pair_only = [flag for flag, value in (("--baseline-from", args.baseline_from),
-                                          ("--baseline-limit", args.baseline_limit))
+                                          ("--baseline-limit", args.baseline_limit),
+                                          ("--baseline-args", args.baseline_args))
                  if value is not None]  # fmt: skip
     if pair_only and args.plan not in ("pair-a", "pair-b"):
         p.error(f"{', '.join(pair_only)}: only the pair-a and pair-b plans")
@@ -150,6 +152,8 @@ def plan_body(args: argparse.Namespace) -> Body:
             study = steady.baseline_from(study, wanted, args.baseline_from)
         if args.baseline_limit is not None:
             study = dataclasses.replace(study, baseline_limit=args.baseline_limit)
+        if args.baseline_args is not None:
+            study = dataclasses.replace(study, baseline_args=args.baseline_args)
         return lambda run, models, session: steady.plan_steady(
             run, models, study, levels=wanted, session=session, keep=args.keep,
             sweep_seconds=args.sweep_seconds,
@@ -273,6 +277,16 @@ def _kills(text: str) -> tuple[str, ...]:
     return servers
 
 
+def _baseline_args(text: str) -> str:
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a shell word list: {exc}") from None
+    if not words or not words[0].startswith("--"):
+        raise argparse.ArgumentTypeError(f"{text!r}: SGLang flags, starting with --")
+    return shlex.join(words)
+
+
 def _ports(text: str) -> tuple[int, int, int]:
     values = tuple(port(x) for x in text.split(","))
     if len(values) != 3 or len(set(values)) != 3:
@@ -372,6 +386,13 @@ def run_parser() -> FlagParser:
         default=None,
         help="pair-*: the baseline server's --max-running-requests (default: SGLang's own); "
         "past it the baseline queues, as EAGLE does past its 128",
+    )
+    p.add_argument(
+        "--baseline-args",
+        type=_baseline_args,
+        default=None,
+        help="pair-*: more SGLang flags for the baseline server alone, e.g. '--stream-interval 4' "
+        "(chunks of 4 tokens, as EAGLE's about 4 a chunk)",
     )
     p.add_argument(
         "--baseline-from",

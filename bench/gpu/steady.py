@@ -77,8 +77,12 @@ class Study:
     mps: bool
     targets: tuple[Target, ...]
     # The baseline's --max-running-requests (None: SGLang's, which ran all 256 of C=256 at once
-    # on the H200 and lost to EAGLE there, which runs 128 and queues the rest).
+    # on the H200, where EAGLE runs 128 and queues the rest).
     baseline_limit: int | None = None
+    # More SGLang flags for the baseline alone (--baseline-args), e.g. ``--stream-interval 4``:
+    # on the H200 the baseline, one token a chunk, held 118-206 of C=256 open where EAGLE, about
+    # four a chunk, held 240-250 (held.py).
+    baseline_args: str = ""
 
 
 ROUTED = Target("routed", "routed")
@@ -242,7 +246,8 @@ def plan_steady(
     procs: dict[str, subprocess.Popen[bytes]] = {}
     if session is None:
         launch = launch_argv(run, models, threshold=study.threshold, mps=study.mps,
-                             baseline_limit=study.baseline_limit)  # fmt: skip
+                             baseline_limit=study.baseline_limit,
+                             baseline_args=study.baseline_args)  # fmt: skip
         this_launch = begin_launch(run, targets, jsonl, wanted, launch)
         procs["launcher"] = start_launcher(run, launch)
         run.meta["compute_apps"] = compute_apps()[1]

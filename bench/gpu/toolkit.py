@@ -453,15 +453,19 @@ def launch_argv(
     restart: str = "never",
     after_s: float = 240.0,
     baseline_limit: int | None = None,
+    baseline_args: str = "",
 ) -> list[str]:
     """``dynspec-launch --gpus 0``: the EAGLE-3 server (draft ``hi``: every draft accepted) and
     the baseline on one GPU, the router in front (the plans ``pair-*``, ``router-cost`` and
     ``kill``, which restarts its servers: ``restart`` on-failure). Each server may take until
     ``after_s`` is all that is left of the budget (what the plan needs once both run).
-    ``baseline_limit``: the baseline's ``--max-running-requests`` too (None: SGLang's own)."""
+    ``baseline_limit``: the baseline's ``--max-running-requests`` too (None: SGLang's own);
+    ``baseline_args``: more SGLang flags for the baseline, after those."""
     baseline = "--cuda-graph-max-bs-decode 256"
     if baseline_limit is not None:
         baseline += f" --max-running-requests {baseline_limit}"
+    if baseline_args:
+        baseline += f" {baseline_args}"
     argv = [
         run.python, "-m", "dynspec.launcher", "--gpus", "0",
         "--model-path", str(models / "llama8b"), "--draft-model-path", str(models / "eagle3-hi"),

@@ -51,6 +51,21 @@ def test_baseline_limit_caps_the_baseline_server_only(tmp_path: Path) -> None:
     assert "--max-running-requests" not in plain[plain.index("--baseline-args") + 1]
 
 
+def test_baseline_args_go_to_the_baseline_server_only_after_its_limit(tmp_path: Path) -> None:
+    """--baseline-args: the next H200 run's question is whether the baseline, one token a chunk,
+    is fed C=256 when its chunks carry four (``--stream-interval 4``)."""
+    run = fake_run(tmp_path)
+    argv = launch_argv(run, tmp_path, threshold="auto", baseline_limit=128,
+                       baseline_args="--stream-interval 4")  # fmt: skip
+    assert argv[argv.index("--baseline-args") + 1] == (
+        "--cuda-graph-max-bs-decode 256 --max-running-requests 128 --stream-interval 4"
+    )
+    assert argv[argv.index("--eagle-args") + 1] == "--max-running-requests 128"
+    plain = launch_argv(run, tmp_path, threshold="auto", baseline_limit=128)
+    with pytest.raises(RunFailed, match=r"the earlier launch ran otherwise .*stream-interval"):
+        steady.same_servers(argv[1:], plain)
+
+
 def test_resume_from_refuses_a_launch_of_other_servers(tmp_path: Path) -> None:
     """Going on from an uncapped baseline's records with a capped one would mix two servers in
     one point; another --work (models and logs elsewhere) or start timeout is the same pair."""
@@ -342,6 +357,9 @@ def test_bad_flags_are_usage_errors(tmp_path: Path) -> None:
         ["--plan", "pair-a", "--baseline-from", "0"],
         ["--plan", "router-cost", "--baseline-limit", "128"],
         ["--plan", "pair-b", "--baseline-limit", "0"],
+        ["--plan", "router-cost", "--baseline-args", "--stream-interval 4"],
+        ["--plan", "pair-a", "--baseline-args", "stream-interval 4"],
+        ["--plan", "pair-a", "--baseline-args", "--stream-interval 'four"],
     ]
     for extra in bad:
         done = gpu_run(tmp_path, ports, *extra, "--out", str(tmp_path / "o"))
