@@ -319,16 +319,21 @@ async def run_level(
         all_ended.set()
     closed = False  # no more measured sends: enough requests, and min_seconds since the first
 
-    def still_measuring() -> bool:
+    def still_measuring(end: float) -> bool:
+        """Called as a measured request ends, at ``end``: measuring closes at the first end with
+        enough requests sent and ``min_seconds`` since the first send. The window ends at the
+        last measured end, so it is never shorter than ``min_seconds`` (a check on the clock a
+        moment later was: by microseconds), and a request is measured while it is open: the
+        level ends when they have all ended."""
         nonlocal closed
         if not closed and len(measured) >= max(1, requests):
-            closed = time.perf_counter() - measured[0].send >= min_seconds
+            closed = end - measured[0].send >= min_seconds
         return not closed
 
     async def worker() -> None:
         nonlocal hook
         while not all_ended.is_set():
-            measuring = state["warm_left"] <= 0 and still_measuring()
+            measuring = state["warm_left"] <= 0 and not closed
             first_warm = state["sent"] < warmup
             if measuring and hook is not None:
                 h, hook = hook, None
@@ -347,7 +352,8 @@ async def run_level(
                 state["ended"] += 1
                 if progress is not None:
                     progress(min(state["ended"], requests), requests)
-                if state["ended"] >= len(measured) and not still_measuring():
+                still = still_measuring(trace.end)  # every measured end may close the level
+                if not still and state["ended"] >= len(measured):
                     all_ended.set()
             elif first_warm:
                 state["warm_left"] -= 1
