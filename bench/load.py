@@ -319,21 +319,26 @@ async def run_level(
         all_ended.set()
     closed = False  # no more measured sends: enough requests, and min_seconds since the first
 
-    def still_measuring(end: float) -> bool:
-        """Called as a measured request ends, at ``end``: measuring closes at the first end with
-        enough requests sent and ``min_seconds`` since the first send. The window ends at the
-        last measured end, so it is never shorter than ``min_seconds`` (a check on the clock a
-        moment later was: by microseconds), and a request is measured while it is open: the
-        level ends when they have all ended."""
+    def done_at(now: float) -> bool:
+        return len(measured) >= max(1, requests) and now - measured[0].send >= min_seconds
+
+    def still_measuring(now: float, *, ended: bool) -> bool:
+        """Whether the next send is measured. It closes at a measured request's end (``ended``:
+        ``now`` is that end) once enough were sent and ``min_seconds`` have passed since the
+        first; or, on the clock, at a worker's next send while a measured request is still open
+        (it ends later). So the window, which ends at the last measured end, is never shorter
+        than ``min_seconds``, and a measured request is open when it closes, or just ended."""
         nonlocal closed
-        if not closed and len(measured) >= max(1, requests):
-            closed = end - measured[0].send >= min_seconds
+        if not closed and done_at(now) and (ended or state["ended"] < len(measured)):
+            closed = True
         return not closed
 
     async def worker() -> None:
         nonlocal hook
         while not all_ended.is_set():
-            measuring = state["warm_left"] <= 0 and not closed
+            measuring = state["warm_left"] <= 0 and still_measuring(
+                time.perf_counter(), ended=False
+            )
             first_warm = state["sent"] < warmup
             if measuring and hook is not None:
                 h, hook = hook, None
@@ -352,7 +357,7 @@ async def run_level(
                 state["ended"] += 1
                 if progress is not None:
                     progress(min(state["ended"], requests), requests)
-                still = still_measuring(trace.end)  # every measured end may close the level
+                still = still_measuring(trace.end, ended=True)
                 if not still and state["ended"] >= len(measured):
                     all_ended.set()
             elif first_warm:
