@@ -463,18 +463,12 @@ def cmd_report(argv: Sequence[str]) -> NoReturn:
     configure_logging(args.log_level)
 
     def body() -> int:
-        from dynspec.bench.gpu import held
-
         missing = [s for s in [*args.sweeps, *args.logs] if not s.exists()]
         if missing:
             raise UsageError(f"{missing[0]}: no such file")
+        rows = steadyreport.load(args.sweeps, args.logs)
         if args.write:
-            steadyreport.write_report(
-                args.sweeps[0], args.title, more=args.sweeps[1:], logs=args.logs
-            )
-        rows = steadyreport.read(args.sweeps)
-        if args.logs:
-            held.annotate(rows, held.samples(args.logs))
+            steadyreport.write_rows(args.sweeps[0], rows, args.title)
         text = eight.eight_markdown(args.sweeps) if args.eight else steadyreport.markdown(rows)
         print(text, end="")
         return 0

@@ -280,21 +280,33 @@ def summary(rows: Sequence[Record]) -> dict[str, Any]:
     }
 
 
+def load(paths: Sequence[Path], logs: Sequence[Path] = ()) -> list[Record]:
+    """The records of ``paths``, each with what its servers held where ``logs`` (the runs' logs
+    folders or tarballs) say and the record does not already (``held.py``)."""
+    rows = read(paths)
+    if logs and rows:
+        held.annotate(rows, held.samples(logs))
+    return rows
+
+
 def write_report(
     jsonl: Path, title: str = "", more: Sequence[Path] = (), logs: Sequence[Path] = ()
 ) -> None:
     """``STEM.md`` (the tables), ``STEM.png`` (tok/s and TPOT, medians with min-max) and
-    ``STEM-summary.json`` beside ``jsonl``, from it and ``more``; with ``logs`` (the runs'
-    logs folders or tarballs), what the servers held over each level too."""
+    ``STEM-summary.json`` beside ``jsonl``, from it and ``more`` (and ``logs``: ``load``);
+    nothing while ``jsonl`` is not there."""
+    if jsonl.exists():
+        write_rows(jsonl, load([jsonl, *more], logs), title)
+
+
+def write_rows(jsonl: Path, rows: Sequence[Record], title: str = "") -> None:
+    """``write_report`` from records already loaded."""
     import json
 
     from dynspec.bench.report import plot
 
-    rows = read([jsonl, *more]) if jsonl.exists() else []
     if not rows:
         return
-    if logs:
-        held.annotate(rows, held.samples(logs))
     jsonl.with_suffix(".md").write_text(markdown(rows))
     plot(rows, jsonl.with_suffix(".png"), title or jsonl.stem)
     summary_path = jsonl.with_name(jsonl.stem + "-summary.json")
