@@ -5,10 +5,10 @@ window, the mean of the lines there.
 A closed loop of C clients keeps C requests open. A server that holds fewer (running + queued)
 is not being fed: the rest are between the clients and its scheduler (the load generator, the
 server's HTTP front and tokenizer, the stream of each request's last chunks). On the H200
-(``pair-a-capped``, 5e04405) the baseline capped at 128 running held 128 running and 28-61
-queued in its C=256 levels that read 12.9-13.9k tok/s, and 105 running and 5 queued in the one
-that read 9.3k, where EAGLE (128 running) held about 118 queued at 10.7-10.8k: the same C, fed
-unlike. This table says which it was, level by level.
+(``pair-a-capped``, 5e04405) the baseline capped at 128 running held 120-126 running and 13-59
+queued in its C=256 levels that read 12.9-13.9k tok/s, and 118 running and none queued in the
+one that read 9.3k, where EAGLE (128 running) held about 118 queued at 10.7-10.8k: the same C,
+fed unlike. This table says which it was, level by level.
 
 A record gets ``server_held``: ``{"running": R, "queued": Q, "lines": N}`` (the sum over the
 target's servers: both of a pair for a router), or nothing where no line fell in its window.
@@ -18,6 +18,7 @@ the logs' clock is the record's (both UTC on one machine).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -44,8 +45,12 @@ def samples(logs: Iterable[Path]) -> dict[str, list[Decode]]:
         for server, name in SERVERS.items():
             out[server] += decodes(found.get(name, ()))
     for lines in out.values():
-        lines.sort(key=lambda d: d.second)
+        lines.sort(key=_second)
     return out
+
+
+def _second(d: Decode) -> int:
+    return d.second
 
 
 def held(rec: Mapping[str, Any], found: Samples) -> dict[str, float] | None:
@@ -61,10 +66,13 @@ def held(rec: Mapping[str, Any], found: Samples) -> dict[str, float] | None:
     per_second: dict[int, list[float]] = {}  # second -> [running, queued]
     lines = 0
     for server in servers:
+        ds_all = found.get(server, ())
+        # The lines are in time order: only the window's are looked at.
+        lo = bisect.bisect_left(ds_all, start, key=_second)
+        hi = bisect.bisect_right(ds_all, end, key=_second)
         by_second: dict[int, list[Decode]] = {}
-        for d in found.get(server, ()):
-            if start <= d.second <= end:
-                by_second.setdefault(d.second, []).append(d)
+        for d in ds_all[lo:hi]:
+            by_second.setdefault(d.second, []).append(d)
         for second, ds in by_second.items():
             cell = per_second.setdefault(second, [0.0, 0.0])
             cell[0] += sum(d.running for d in ds) / len(ds)
