@@ -33,6 +33,14 @@ POOLS = ("eagle", "baseline")
 # SGLang itself picks on the large GPUs this design targets. --baseline-args overrides it.
 BASELINE_CUDA_GRAPH_MAX_BS = 512
 
+# The baseline streams a chunk every 4 tokens (the first token at once): SGLang's HTTP front sends
+# one event a chunk, and at one token a chunk it could not keep a busy baseline fed: on one H200
+# at C=256 (capped at 128 running) it held 118-185 of the 256 open requests and served 9.3-13.9k
+# tok/s (bench/results/h200/pair-a-capped); at 4 tokens a chunk it held 232-241 and served
+# 14.4-14.7k (pair-a-interval4). EAGLE-3 sends
+# about as many tokens a chunk (its accepted tokens a step), so either server streams alike.
+BASELINE_STREAM_INTERVAL = 4
+
 # The longest MPS pipe directory: its sockets ("control_privileged") must fit a Unix socket path.
 MPS_PIPE_MAX = 85
 
@@ -67,6 +75,7 @@ _REPLACED_BY = {
         "--disable-cuda-graph",
         "--disable-decode-cuda-graph",
     },
+    "--stream-interval": {"--stream-interval"},
     "--speculative-num-steps": {"--speculative-num-steps"},
     "--speculative-eagle-topk": {"--speculative-eagle-topk"},
     "--speculative-num-draft-tokens": {"--speculative-num-draft-tokens"},
@@ -339,7 +348,10 @@ def build_server_spec(
             ["--cuda-graph-max-bs-decode", graph_bs],
         ]
     else:
-        own.append(["--cuda-graph-max-bs-decode", str(BASELINE_CUDA_GRAPH_MAX_BS)])
+        own += [
+            ["--cuda-graph-max-bs-decode", str(BASELINE_CUDA_GRAPH_MAX_BS)],
+            ["--stream-interval", str(BASELINE_STREAM_INTERVAL)],
+        ]
     secret_args: tuple[tuple[str, str], ...] = ()
     if config.backend_api_key:
         # The router sends this key; SGLang then refuses requests without it.

@@ -391,8 +391,9 @@ def run_parser() -> FlagParser:
         "--baseline-args",
         type=_baseline_args,
         default=None,
-        help="pair-*: more SGLang flags for the baseline server alone, e.g. '--stream-interval 4' "
-        "(chunks of 4 tokens, as EAGLE's about 4 a chunk)",
+        help="pair-*: more SGLang flags for the baseline server alone, after the launcher's, e.g. "
+        "'--stream-interval 1' (one token a chunk, SGLang's default; dynspec-launch gives the "
+        "baseline 4)",
     )
     p.add_argument(
         "--baseline-from",

@@ -52,8 +52,8 @@ def test_baseline_limit_caps_the_baseline_server_only(tmp_path: Path) -> None:
 
 
 def test_baseline_args_go_to_the_baseline_server_only_after_its_limit(tmp_path: Path) -> None:
-    """--baseline-args: the next H200 run's question is whether the baseline, one token a chunk,
-    is fed C=256 when its chunks carry four (``--stream-interval 4``)."""
+    """--baseline-args: after the baseline's limit, and part of what a resumed launch must match
+    (pair-a-interval4 ran with ``--stream-interval 4`` here, before the launcher's default)."""
     run = fake_run(tmp_path)
     argv = launch_argv(run, tmp_path, threshold="auto", baseline_limit=128,
                        baseline_args="--stream-interval 4")  # fmt: skip

@@ -39,6 +39,7 @@ CASES = [
                 "speculative_algorithm": None,
                 "max_running_requests": None,
                 "cuda_graph_max_bs_decode": 512,
+                "stream_interval": 4,
                 "enable_metrics": True,
             },
         },
@@ -105,6 +106,11 @@ CASES = [
             "eagle": {"cuda_graph_max_bs_decode": 12},
             "baseline": {"cuda_graph_max_bs_decode": 256, "max_running_requests": 300},
         },
+    ),
+    Case(
+        "a user's --stream-interval replaces the baseline's 4",
+        [*BASE, "--sglang-args", "--stream-interval 2"],
+        {"eagle": {"stream_interval": 2}, "baseline": {"stream_interval": 2}},
     ),
     Case(
         "--sglang-args on both, role args win",

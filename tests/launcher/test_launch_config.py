@@ -218,6 +218,7 @@ def test_dry_run_of_the_issue_prints_three_pasteable_lines() -> None:
     assert " --speculative-algorithm EAGLE3 --speculative-draft-model-path D" in eagle
     assert " --max-running-requests 12 --cuda-graph-max-bs-decode 12" in eagle
     assert "--speculative" not in baseline and "--cuda-graph-max-bs-decode 512" in baseline
+    assert " --stream-interval 4" in baseline and "--stream-interval" not in eagle
     assert router.startswith(f"{sys.executable} -m dynspec.router --eagle-url ")
 
 

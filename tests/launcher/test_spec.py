@@ -44,6 +44,7 @@ def option(argv: tuple[str, ...], flag: str) -> list[str]:
 TUNED = {
     "--max-running-requests",
     "--cuda-graph-max-bs-decode",
+    "--stream-interval",
     "--speculative-num-steps",
     "--speculative-eagle-topk",
     "--speculative-num-draft-tokens",
