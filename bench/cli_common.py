@@ -105,6 +105,18 @@ def add_length_flags(p: FlagParser | argparse.ArgumentParser) -> None:
         help="random lengths uniform in [ratio x len, len] (sglang.bench_serving's "
         "--random-range-ratio); 1 = fixed lengths",
     )
+    add_prompt_pool_flag(p)
+
+
+def add_prompt_pool_flag(p: FlagParser | argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--prompt-pool",
+        type=non_negative_int,
+        default=0,
+        help="random prompts: 0, a new one for every request (as sglang.bench_serving's random "
+        "dataset); N, N prompts reused in turn, which SGLang's radix cache then serves nearly "
+        "whole (prefill almost free)",
+    )
 
 
 def add_ramp_flags(
@@ -179,6 +191,7 @@ def sweep_config(args: argparse.Namespace, **extra: object) -> SweepConfig:
         range_ratio=args.range_ratio,
         dataset=args.dataset,
         seed=args.seed,
+        prompt_pool=args.prompt_pool,
         api_key=getattr(args, "api_key", None),
         request_timeout=args.request_timeout,
         pause=args.pause,

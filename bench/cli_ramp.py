@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         input_len=args.input_len,
         output_len=args.output_len,
         range_ratio=args.range_ratio,
+        prompt_pool=args.prompt_pool,
         seed=args.seed,
         variants=args.variants,
         metrics_interval=args.metrics_interval,

@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 
 from dynspec.bench import harness, load, metrics, ways
-from dynspec.bench.load import Prompt, Target
+from dynspec.bench.load import Target
 from dynspec.bench.metrics import RequestTrace
 from dynspec.bench.procs import stop_group
 from dynspec.bench.report import Record, append_jsonl
@@ -68,6 +68,7 @@ class RampConfig:
     output_len: int = 128
     range_ratio: float = 1.0
     seed: int = 0
+    prompt_pool: int = 0  # 0: a new random prompt for every request (load.Prompts)
     variants: Sequence[str] = VARIANTS
     metrics_interval: float | None = None
     sharing: str = "timeslice"
@@ -80,7 +81,7 @@ async def drive(
     session: aiohttp.ClientSession,
     target: Target,
     model: str,
-    prompts: Sequence[Prompt],
+    prompts: load.Prompts,
     *,
     steps: Sequence[int],
     step_seconds: float,
@@ -90,7 +91,6 @@ async def drive(
     each step's ``(start, end)`` (``perf_counter`` seconds). Ends after the last step: requests
     still in flight are cancelled then (the server aborts them), so the run is bounded in time.
     With ``replicas``, requests go round-robin over them (``load.spread``)."""
-    bodies = [load.request_body(target, model, p) for p in prompts]
     dest = load.spread(target, replicas)
     hdrs = {"Content-Type": "application/json"}
     traces: list[RequestTrace] = []
@@ -101,11 +101,11 @@ async def drive(
         try:
             while state["active"] <= state["want"]:
                 i = state["sent"]
-                k = i % len(prompts)
+                body, prompt = prompts.take(target, model)
                 state["sent"] += 1
                 trace = RequestTrace(send=time.perf_counter())
                 traces.append(trace)
-                await load.send_request(session, dest(i), bodies[k], prompts[k], hdrs, trace=trace)
+                await load.send_request(session, dest(i), body, prompt, hdrs, trace=trace)
                 if not trace.success:
                     await asyncio.sleep(0.05)  # a failing server must not make this spin
         finally:
@@ -199,7 +199,7 @@ async def _ramp(
     url: str,
     variant: str,
     cfg: RampConfig,
-    prompts: Sequence[Prompt],
+    prompts: load.Prompts,
     plan: Sequence[tuple[int, int]],
 ) -> tuple[list[RequestTrace], list[tuple[float, float]]]:
     async with load.make_session(cfg.request_timeout) as session:
@@ -217,7 +217,8 @@ def run(cfg: RampConfig) -> list[Record]:
     ``cfg.out`` as each variant ends."""
     prof = load_profile(cfg.profile)
     plan = schedule(cfg.peak, cfg.cycles)
-    prompts = load.random_prompts(512, cfg.input_len, cfg.output_len, cfg.seed, cfg.range_ratio)
+    prompts = load.Prompts.random(cfg.prompt_pool, cfg.input_len, cfg.output_len, cfg.seed,
+                                  cfg.range_ratio)  # fmt: skip
     extra: dict[str, Any] = {
         **harness.run_metadata("ramp", cfg.profile, cfg.speed, cfg.command),
         "step_seconds": cfg.step_seconds,
@@ -225,6 +226,7 @@ def run(cfg: RampConfig) -> list[Record]:
         "random_input_len": cfg.input_len,
         "random_output_len": cfg.output_len,
         "random_range_ratio": cfg.range_ratio,
+        "prompt_pool": cfg.prompt_pool,
         "sharing": cfg.sharing,
     }
     cfg.out.write_text("", encoding="utf-8")

@@ -36,7 +36,7 @@ from typing import Any
 import aiohttp
 
 from dynspec.bench import harness, load, ramp, threshold, ways
-from dynspec.bench.load import Prompt, Target
+from dynspec.bench.load import Prompts, Target
 from dynspec.bench.metrics import RequestTrace
 from dynspec.bench.report import Record, append_jsonl
 from dynspec.bench.simreport import expected_tpot_ms, expected_tput
@@ -176,7 +176,7 @@ async def _levels(
     session: aiohttp.ClientSession,
     run: _Run,
     cfg: ReplicasConfig,
-    prompts: Sequence[Prompt],
+    prompts: Prompts,
     progress: ProgressLine,
     *,
     model: str,
@@ -231,7 +231,7 @@ async def _settle(run: _Run, cfg: ReplicasConfig) -> None:
 
 
 async def _measure(
-    run: _Run, cfg: ReplicasConfig, prompts: Sequence[Prompt], progress: ProgressLine
+    run: _Run, cfg: ReplicasConfig, prompts: Prompts, progress: ProgressLine
 ) -> list[Record]:
     steps = ramp.schedule(cfg.peak, cfg.cycles)
     replicas = [Target(f"{run.variant}-{k}", u) for k, u in enumerate(run.urls)]
@@ -282,7 +282,7 @@ def run_one(
     variant: str,
     *,
     settings: dict[str, Any],
-    prompts: Sequence[Prompt],
+    prompts: Prompts,
     progress: ProgressLine,
 ) -> list[Record]:
     """One layout and variant on fresh servers and routers, all stopped at the end."""
@@ -335,6 +335,7 @@ def run(cfg: ReplicasConfig, progress: ProgressLine | None = None) -> list[Recor
         "random_input_len": cfg.sweep.input_len,
         "random_output_len": cfg.sweep.output_len,
         "random_range_ratio": cfg.sweep.range_ratio,
+        "prompt_pool": cfg.sweep.prompt_pool,
     }
     prompts = sweep_prompts(cfg.sweep)
     cfg.out.write_text("", encoding="utf-8")

@@ -55,6 +55,9 @@ class SweepConfig:
     resume: bool = False  # skip the (target, level, repeat) points already in ``out``
     deadline: float | None = None  # time.monotonic(): no level is started that would end later
     warm_pass: bool = False  # ``warm`` every target at every level before measuring
+    # Random prompts: 0, a new one for every request; N, N of them reused in turn (SGLang's
+    # radix cache then serves most of their tokens: the H200 figures before this flag, N=512).
+    prompt_pool: int = 0
 
     def level_requests(self, c: int) -> int:
         return (
@@ -127,6 +130,7 @@ def build_record(
         "random_input_len": None if cfg.dataset else cfg.input_len,
         "random_output_len": None if cfg.dataset else cfg.output_len,
         "random_range_ratio": None if cfg.dataset else cfg.range_ratio,
+        "prompt_pool": None if cfg.dataset else cfg.prompt_pool,
     }
     win = None
     if run.window is not None:
@@ -152,13 +156,13 @@ def build_record(
     return rec
 
 
-def sweep_prompts(cfg: SweepConfig) -> list[load.Prompt]:
-    """The prompts of a sweep: the dataset's, else random ones (at most 512, reused in turn)."""
-    n_max = max(cfg.level_requests(c) for c in cfg.concurrencies)
+def sweep_prompts(cfg: SweepConfig) -> load.Prompts:
+    """The prompts of a sweep: the dataset's in turn, else random ones (``cfg.prompt_pool``)."""
     if cfg.dataset is not None:
-        return load.sharegpt_prompts(cfg.dataset, n_max, None, cfg.seed)
-    return load.random_prompts(
-        min(n_max, 512), cfg.input_len, cfg.output_len, cfg.seed, cfg.range_ratio
+        n_max = max(cfg.level_requests(c) for c in cfg.concurrencies)
+        return load.Prompts(load.sharegpt_prompts(cfg.dataset, n_max, None, cfg.seed))
+    return load.Prompts.random(
+        cfg.prompt_pool, cfg.input_len, cfg.output_len, cfg.seed, cfg.range_ratio
     )
 
 
@@ -238,7 +242,7 @@ async def warm(
     cfg: SweepConfig,
     *,
     models: dict[load.Target, str],
-    prompts: Sequence[load.Prompt],
+    prompts: load.Prompts,
     headers: dict[str, str],
     progress: ProgressLine,
 ) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from dynspec.bench.cli_common import add_prompt_pool_flag
 from dynspec.common.cli import (
     FlagParser,
     UsageError,
@@ -125,7 +126,8 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
         plan=args.plan, out=args.out, work=args.work, budget=args.budget, ports=args.ports,
         bundle=args.bundle, models=args.models, drafts=drafts(args), commit=commit(args.commit),
         steady=toolkit.Steady(repeats=args.repeats, min_seconds=args.min_seconds,
-                              per_c=args.requests_per_c, output_len=args.output_len),
+                              per_c=args.requests_per_c, output_len=args.output_len,
+                              prompt_pool=args.prompt_pool),
         keep=args.keep, resume_from=args.resume_from,
     )  # fmt: skip
     attempt.attempt(a, plan_body(args))
@@ -352,6 +354,7 @@ def run_parser() -> FlagParser:
     p.add_argument(
         "--output-len", type=positive_int, default=steady.output_len, help="output tokens a request"
     )
+    add_prompt_pool_flag(p)
     p.add_argument(
         "--keep",
         action="store_true",

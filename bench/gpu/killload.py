@@ -55,25 +55,24 @@ def request_record(trace: RequestTrace, *, kill: int, offset: float) -> dict[str
 async def drive(
     target: load.Target,
     model: str,
-    prompts: Sequence[load.Prompt],
+    prompts: load.Prompts,
     *,
     concurrency: int,
     stop: asyncio.Event,
     drain: float,
     request_timeout: float,
 ) -> list[RequestTrace]:
-    bodies = [load.request_body(target, model, p) for p in prompts]
     hdrs = {"Content-Type": "application/json"}
     traces: list[RequestTrace] = []
     session = load.make_session(request_timeout)
 
     async def client() -> None:
         while not stop.is_set():
-            k = len(traces) % len(prompts)
+            body, prompt = prompts.take(target, model)
             trace = RequestTrace(send=time.perf_counter())
             traces.append(trace)
             try:
-                await load.send_request(session, target, bodies[k], prompts[k], hdrs, trace=trace)
+                await load.send_request(session, target, body, prompt, hdrs, trace=trace)
             except asyncio.CancelledError:
                 trace.error, trace.end = STOPPED, time.perf_counter()
                 raise
@@ -100,7 +99,7 @@ async def main_async(args: argparse.Namespace) -> list[RequestTrace]:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.call_later(args.max_seconds, stop.set)
-    prompts = load.random_prompts(64, args.input_len, args.output_len, seed=args.kill)
+    prompts = load.Prompts(input_len=args.input_len, output_len=args.output_len, seed=args.kill)
     target = load.parse_target(args.url)
     return await drive(
         target,

@@ -84,6 +84,7 @@ class Steady:
     input_len: int = 256
     output_len: int = 128
     pause: float = 0.5
+    prompt_pool: int = 0  # 0: a new random prompt for every request (sweep.SweepConfig)
 
 
 @dataclass
@@ -336,7 +337,7 @@ def sweep_config(run: Run, levels: Sequence[int], deadline: float | None) -> Any
         concurrencies=sorted(set(levels)), requests_per_c=st.per_c, min_requests=8,
         input_len=st.input_len, output_len=st.output_len, request_timeout=120.0,
         pause=st.pause, repeats=st.repeats, min_seconds=st.min_seconds, resume=True,
-        deadline=deadline,
+        deadline=deadline, prompt_pool=st.prompt_pool,
     )  # fmt: skip
 
 

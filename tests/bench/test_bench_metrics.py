@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from dynspec.bench.load import (
+    Prompts,
+    Target,
     _has_content,
     _int_after,
     mode_switches,
@@ -178,6 +180,40 @@ def test_random_prompts_fixed_and_ranged_lengths() -> None:
     assert all(32 <= p.prompt_tokens <= 64 and 16 <= p.output_tokens <= 32 for p in ranged)
     assert len({p.output_tokens for p in ranged}) > 5
     assert random_prompts(5, 8, 8, seed=3) == random_prompts(5, 8, 8, seed=3)
+
+
+def test_prompts_fresh_for_every_request_across_levels() -> None:
+    """Prompts without a pool: no two requests of a sweep send the same prompt (a prompt sent
+    twice is what SGLang's radix cache serves from memory), the same ones for the same seed."""
+    chat, text = Target("a", "http://127.0.0.1:1"), Target("b", "http://127.0.0.1:1", "completions")
+    fresh = Prompts(input_len=64, output_len=32, seed=5, range_ratio=0.5)
+    taken = [fresh.take(chat if i % 2 else text, "m") for i in range(3000)]
+    texts = [p.text for _, p in taken]
+    assert len(set(texts)) == 3000
+    # Two prompts share at most a few first words: the cache holds no useful prefix either.
+    firsts = {" ".join(t.split()[:6]) for t in texts}
+    assert len(firsts) > 2990
+    assert all(32 <= p.prompt_tokens <= 64 and 16 <= p.output_tokens <= 32 for _, p in taken)
+    assert all(len(p.text.split()) == p.prompt_tokens for _, p in taken)
+    body = json.loads(taken[1][0])
+    assert body["messages"] == [{"role": "user", "content": texts[1]}]
+    assert body["max_tokens"] == taken[1][1].output_tokens
+    assert json.loads(taken[0][0])["prompt"] == texts[0]
+    again = Prompts(input_len=64, output_len=32, seed=5, range_ratio=0.5)
+    assert [again.take(chat, "m")[1] for _ in range(3)] == [p for _, p in taken[:3]]
+    other = Prompts(input_len=64, output_len=32, seed=6, range_ratio=0.5)
+    assert other.take(chat, "m")[1] != taken[0][1]
+
+
+def test_prompts_pool_reused_in_turn_with_bodies_encoded_once() -> None:
+    pool = random_prompts(3, 16, 8, seed=2)
+    prompts = Prompts(pool)
+    a, b = Target("a", "http://127.0.0.1:1"), Target("b", "http://127.0.0.1:2")
+    first = [prompts.take(a, "m") for _ in range(7)]
+    assert [p for _, p in first] == [pool[0], pool[1], pool[2]] * 2 + [pool[0]]
+    assert first[0][0] is first[3][0] is first[6][0]  # encoded once
+    body, prompt = prompts.take(b, "m")  # the counter is shared: another target goes on
+    assert prompt == pool[1] and body is not first[1][0] and body == first[1][0]
 
 
 def test_sharegpt_prompts(tmp_path: Path) -> None:

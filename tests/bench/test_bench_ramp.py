@@ -230,7 +230,7 @@ def test_clients_follow_the_steps_and_the_run_ends_on_time(eagle_sim: str) -> No
         async with load.make_session(60) as session:
             target = Target("sim", eagle_sim)
             model = await load.model_name(session, target)
-            prompts = load.random_prompts(16, 16, 16, 0)
+            prompts = load.Prompts(load.random_prompts(16, 16, 16, 0))
             return await ramp.drive(
                 session, target, model, prompts, steps=[1, 4, 1], step_seconds=1.5
             )

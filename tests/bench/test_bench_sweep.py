@@ -64,6 +64,7 @@ def test_sweep_writes_jsonl_table_and_plot(eagle_sim: str, tmp_path: Path) -> No
     for rec in recs:
         c = rec["max_concurrency"]
         assert rec["completed"] == 8 and rec["failed"] == 0
+        assert rec["prompt_pool"] == 0  # a new prompt for every request
         assert rec["total_output_tokens"] == 8 * 24  # from the usage chunk
         for key in ("mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "output_throughput"):
             assert rec[key] > 0
@@ -154,6 +155,7 @@ def test_env_layer_sets_flags(eagle_sim: str, tmp_path: Path) -> None:
         "DYNSPEC_REQUESTS": "4",
         "DYNSPEC_OUTPUT_LEN": "8",
         "DYNSPEC_OUT": str(out),
+        "DYNSPEC_PROMPT_POOL": "3",
     }
     r = subprocess.run(
         [*BENCH, "sweep"], capture_output=True, text=True, timeout=60, check=False, env=env
@@ -162,6 +164,7 @@ def test_env_layer_sets_flags(eagle_sim: str, tmp_path: Path) -> None:
     (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert (rec["target"], rec["max_concurrency"], rec["completed"]) == ("e", 2, 4)
     assert rec["total_output_tokens"] == 4 * 8
+    assert rec["prompt_pool"] == 3
 
 
 def test_envelope_smoke(tmp_path: Path) -> None:
