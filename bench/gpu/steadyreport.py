@@ -289,18 +289,17 @@ def load(paths: Sequence[Path], logs: Sequence[Path] = ()) -> list[Record]:
     return rows
 
 
-def write_report(
-    jsonl: Path, title: str = "", more: Sequence[Path] = (), logs: Sequence[Path] = ()
-) -> None:
-    """``STEM.md`` (the tables), ``STEM.png`` (tok/s and TPOT, medians with min-max) and
-    ``STEM-summary.json`` beside ``jsonl``, from it and ``more`` (and ``logs``: ``load``);
-    nothing while ``jsonl`` is not there."""
+def write_report(jsonl: Path, title: str = "") -> None:
+    """``write_rows`` from ``jsonl`` (a live plan's, whose records already say what the servers
+    held); nothing while ``jsonl`` is not there."""
     if jsonl.exists():
-        write_rows(jsonl, load([jsonl, *more], logs), title)
+        write_rows(jsonl, read([jsonl]), title)
 
 
 def write_rows(jsonl: Path, rows: Sequence[Record], title: str = "") -> None:
-    """``write_report`` from records already loaded."""
+    """``STEM.md`` (the tables), ``STEM.png`` (tok/s and TPOT, medians with min-max) and
+    ``STEM-summary.json`` beside ``jsonl``, from ``rows`` (``gpu report --write``: the records
+    of every file given, ``load``)."""
     import json
 
     from dynspec.bench.report import plot
