@@ -35,8 +35,8 @@ BASELINE_CUDA_GRAPH_MAX_BS = 512
 
 # The baseline streams a chunk every 4 tokens (the first token at once): SGLang's HTTP front sends
 # one event a chunk, and at one token a chunk it could not keep a busy baseline fed: on one H200
-# at C=256 (capped at 128 running) it held 118-185 of the 256 open requests and served 9.3-13.9k
-# tok/s (bench/results/h200/pair-a-capped); at 4 tokens a chunk it held 232-241 and served
+# at C=256 (capped at 128 running) it held 118-180 of the 256 open requests and served 9.3-13.9k
+# tok/s (bench/results/h200/pair-a-capped); at 4 tokens a chunk it held 231-240 and served
 # 14.4-14.7k (pair-a-interval4). EAGLE-3 sends
 # about as many tokens a chunk (its accepted tokens a step), so either server streams alike.
 BASELINE_STREAM_INTERVAL = 4

@@ -5,15 +5,18 @@ window, the mean of the lines there.
 A closed loop of C clients keeps C requests open. A server that holds fewer (running + queued)
 is not being fed: the rest are between the clients and its scheduler (the load generator, the
 server's HTTP front and tokenizer, the stream of each request's last chunks). On the H200
-(``pair-a-capped``, 5e04405) the baseline capped at 128 running held 120-126 running and 13-59
-queued in its C=256 levels that read 12.9-13.9k tok/s, and 118 running and none queued in the
-one that read 9.3k, where EAGLE (128 running) held about 118 queued at 10.7-10.8k: the same C,
+(``pair-a-capped``, 5e04405) the baseline capped at 128 running held 119-126 running and 10-54
+queued in its C=256 levels that read 12.9-13.9k tok/s, and 117 running and none queued in the
+one that read 9.3k, where EAGLE (128 running) held 117-122 queued at 10.7-10.8k: the same C,
 fed unlike. This table says which it was, level by level.
 
 A record gets ``server_held``: ``{"running": R, "queued": Q, "lines": N}`` (the sum over the
 target's servers: both of a pair for a router), or nothing where no line fell in its window.
 The window is the record's end (``timestamp``, written as the level ends) less its ``duration``;
-the logs' clock is the record's (both UTC on one machine).
+the logs' clock is the record's (both UTC on one machine). Both stamps are whole seconds, so only
+the seconds wholly inside the level are read: a line in the second the level began or ended may be
+the level before's or the next's (``pair-b-interval4``'s first C=1 level read 8+8 from the warm
+pass's last C=256 line, written in the second the level began).
 """
 
 from __future__ import annotations
@@ -61,15 +64,16 @@ def held(rec: Mapping[str, Any], found: Samples) -> dict[str, float] | None:
     stamp, duration = rec.get("timestamp"), rec.get("duration")
     if servers is None or not isinstance(stamp, str) or not isinstance(duration, (int, float)):
         return None
+    # The level ran from T - duration to T, T somewhere in the stamp's second [end, end + 1).
     end = seconds(stamp[:19])
-    start = end - math.ceil(duration)
+    start, last = math.ceil(end + 1 - duration), end - 1
     per_second: dict[int, list[float]] = {}  # second -> [running, queued]
     lines = 0
     for server in servers:
         ds_all = found.get(server, ())
         # The lines are in time order: only the window's are looked at.
         lo = bisect.bisect_left(ds_all, start, key=_second)
-        hi = bisect.bisect_right(ds_all, end, key=_second)
+        hi = bisect.bisect_right(ds_all, last, key=_second)
         by_second: dict[int, list[Decode]] = {}
         for d in ds_all[lo:hi]:
             by_second.setdefault(d.second, []).append(d)
@@ -88,10 +92,11 @@ def held(rec: Mapping[str, Any], found: Samples) -> dict[str, float] | None:
     }
 
 
-def annotate(rows: Iterable[dict[str, Any]], found: Samples) -> None:
-    """``server_held`` on every record whose window has lines (an earlier one is kept)."""
+def annotate(rows: Iterable[dict[str, Any]], found: Samples, *, again: bool = False) -> None:
+    """``server_held`` on every record whose window has lines; one it already has is kept unless
+    ``again`` (the whole logs are read anew: the rule of today holds for every record)."""
     for rec in rows:
-        if "server_held" in rec:
+        if "server_held" in rec and not again:
             continue
         got = held(rec, found)
         if got is not None:

@@ -80,9 +80,9 @@ class Study:
     # on the H200, where EAGLE runs 128 and queues the rest).
     baseline_limit: int | None = None
     # More SGLang flags for the baseline alone (--baseline-args), after the launcher's, e.g.
-    # ``--stream-interval 1``: one token a chunk (SGLang's default), the baseline held 118-206 of
-    # C=256 open on the H200 where EAGLE, about four a chunk, held 240-250 (held.py); the
-    # launcher's 4 (pair-a-interval4) fed it 232-241.
+    # ``--stream-interval 1``: one token a chunk (SGLang's default), the baseline held 118-205 of
+    # C=256 open on the H200 where EAGLE, about four a chunk, held 234-250 (held.py); the
+    # launcher's 4 (pair-a-interval4) fed it 231-240.
     baseline_args: str = ""
 
 

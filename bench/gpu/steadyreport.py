@@ -282,10 +282,10 @@ def summary(rows: Sequence[Record]) -> dict[str, Any]:
 
 def load(paths: Sequence[Path], logs: Sequence[Path] = ()) -> list[Record]:
     """The records of ``paths``, each with what its servers held where ``logs`` (the runs' logs
-    folders or tarballs) say and the record does not already (``held.py``)."""
+    folders or tarballs) say, read anew over what a live run wrote (``held.py``)."""
     rows = read(paths)
     if logs and rows:
-        held.annotate(rows, held.samples(logs))
+        held.annotate(rows, held.samples(logs), again=True)
     return rows
 
 
