@@ -16,8 +16,10 @@ repeats), over as many device commands as it takes (``--keep``; on a fresh machi
 What each level records besides the sweep's figures (``on_record``): for a router, its learned
 threshold and mode from ``/status``, and the router process's CPU seconds over the level (its
 tree, from /proc); for the EAGLE server, SGLang's ``spec_accept_length``; for every target, the
-launch it was measured in (``meta["launches"]``, from 1) and what its servers held over the level
-(``server_held``: SGLang's running and queued counts from their decode-log lines, ``held.py``).
+launch it was measured in (``meta["launches"]``, from 1), what its servers held over the level
+(``server_held``: SGLang's running and queued counts from their decode-log lines, ``held.py``)
+and its mean time to first token as its router and each server saw it (``first_token``,
+``firsttoken.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dynspec.bench.gpu import held
+from dynspec.bench.gpu import firsttoken, held
 from dynspec.bench.gpu.attempt import keep_session, stop_kept
 from dynspec.bench.gpu.leftovers import compute_apps
 from dynspec.bench.gpu.toolkit import (
@@ -199,17 +201,24 @@ class Levels:
         self.launch = launch
         # The launch's server logs: what each server held over the level (held.py).
         self.tail = held.LogTail(logs) if logs is not None else None
+        self.first = firsttoken.FirstTokens({}, fetch)
 
     def start(self, label: str) -> None:
         what = self.what[label]
         if what in self.routers:
             self.cpu[what] = cpu_seconds(self.routers[what])
+        router = self.urls[what] if what in ("routed", "cost") else None
+        self.first = firsttoken.FirstTokens(firsttoken.sources(router, self.urls), fetch)
+        self.first.start()
 
     def __call__(self, rec: dict[str, Any]) -> None:
         what = self.what[rec["target"]]
         rec["launch"] = self.launch
         if self.tail is not None:
             held.annotate([rec], self.tail.read())
+        seen = self.first.read()
+        if seen:
+            rec["first_token"] = seen
         if what in self.routers:
             rec["router_cpu_s"] = round(cpu_seconds(self.routers[what]) - self.cpu[what], 3)
         with contextlib.suppress(OSError, ValueError):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dynspec.bench.gpu import held
+from dynspec.bench.gpu import firsttoken, held
 from dynspec.bench.report import Record, load_jsonl
 
 PAIR_GOAL = 0.95  # routed >= 0.95 x the better server alone, at every C
@@ -197,6 +197,7 @@ def markdown(
         head = ["C", "routed / direct", "per repeat", "TTFT p50 added ms", "router CPU"]
         head += ["client CPU routed", "client CPU direct"]
         lines += table(head, [cost_cells(c, r) for c, r in costs.items()])
+    lines += firsttoken.table(rows)
     return "\n".join(lines) + "\n"
 
 

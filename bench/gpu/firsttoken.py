@@ -1,0 +1,135 @@
+"""Where a level's time to first token went: its mean as the load generator, the router and each
+SGLang server saw it.
+
+The router's own cost on the H200 (``router-cost``, dc206ef) added +31 and +61 ms of TTFT p50 at
+C=128 and 256 at 0.99-1.01x the tok/s, and one run could not say whether the router's requests
+waited longer inside SGLang or on the way to it. Three clocks answer that, level by level:
+
+- the load generator's ``mean_ttft_ms`` (from sending the request to the first token read);
+- the router's ``dynspec_time_to_first_token_seconds`` (from the request's arrival at the router
+  to its first token passed on, ``router/relayfilter.py``);
+- SGLang's ``sglang:time_to_first_token_seconds`` (from its tokenizer manager's receipt, after
+  the HTTP front, to the first output there; ``dynspec-sim`` keeps the same histogram, on its
+  simulated clock: real seconds only at ``--speed 1``).
+
+Client less router is the way between the client and the router; router less server, the way
+from the router through SGLang's HTTP front and back; a server's own mean through the router
+against the same server's mean direct, whether the router's requests waited longer inside it.
+
+Each mean is the change of a histogram's ``_sum`` over that of its ``_count`` (every series of the
+name added up) from the level's start to its record: the requests it counted in between, the
+level's warm-up requests among them, where the client's mean is of its measured requests only.
+SGLang counts a request at its first token, the router as the request ends; a level's requests
+have all ended by its record. A source that did not answer, or counted nothing, is left out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+ROUTER_TTFT = "dynspec_time_to_first_token_seconds"
+SERVER_TTFT = "sglang:time_to_first_token_seconds"
+SERVERS = ("eagle", "baseline")
+
+Totals = tuple[float, float]  # (sum of seconds, count)
+Fetch = Callable[[str], str]  # a URL -> its text (raises OSError or ValueError when it cannot)
+
+
+def totals(text: str, name: str) -> Totals | None:
+    """The ``_sum`` and ``_count`` of histogram ``name`` in a Prometheus text page, each added up
+    over the histogram's series; None where the page has no ``_count`` of it."""
+    found: dict[str, float] = {"sum": 0.0, "count": 0.0}
+    seen = False
+    pattern = rf"^{re.escape(name)}_(sum|count)(?:\{{[^}}]*\}})? ([0-9.eE+-]+|NaN)$"
+    for part, value in re.findall(pattern, text, re.M):
+        if value == "NaN":
+            continue
+        found[part] += float(value)
+        seen = seen or part == "count"
+    return (found["sum"], found["count"]) if seen else None
+
+
+class FirstTokens:
+    """``start()`` as a level begins, ``read()`` as it is recorded: each source's mean TTFT over
+    the level, from its ``/metrics``. ``sources``: name -> (base URL, histogram name)."""
+
+    def __init__(self, sources: Mapping[str, tuple[str, str]], fetch: Fetch) -> None:
+        self.sources = dict(sources)
+        self.fetch = fetch
+        self.before: dict[str, Totals] = {}
+
+    def _read(self) -> dict[str, Totals]:
+        out: dict[str, Totals] = {}
+        for name, (url, histogram) in self.sources.items():
+            with contextlib.suppress(OSError, ValueError):
+                got = totals(self.fetch(f"{url}/metrics"), histogram)
+                if got is not None:
+                    out[name] = got
+        return out
+
+    def start(self) -> None:
+        self.before = self._read()
+
+    def read(self) -> dict[str, dict[str, float]]:
+        """name -> ``{"ms": mean TTFT, "n": first tokens}`` over the level, where it saw any."""
+        out: dict[str, dict[str, float]] = {}
+        for name, (total, count) in self._read().items():
+            was_total, was_count = self.before.get(name, (0.0, 0.0))
+            n = count - was_count
+            if n > 0:
+                out[name] = {"ms": round(1000 * (total - was_total) / n, 1), "n": n}
+        return out
+
+
+def sources(router: str | None, servers: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """What a level reads: its router, if it went through one, and every server of the pair."""
+    out = {"router": (router, ROUTER_TTFT)} if router is not None else {}
+    out.update({s: (servers[s], SERVER_TTFT) for s in SERVERS if s in servers})
+    return out
+
+
+COLUMNS = ("client", "router", *SERVERS)
+
+
+def table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Markdown lines: per C and target, each clock's mean TTFT, the median over the repeats and
+    its min-max; nothing where no record has ``first_token``."""
+    cells: dict[tuple[int, str], dict[str, list[float]]] = {}
+    for r in rows:
+        seen = r.get("first_token")
+        if not isinstance(seen, Mapping):
+            continue
+        point = cells.setdefault((int(r["max_concurrency"]), str(r["target"])), {})
+        if isinstance(r.get("mean_ttft_ms"), (int, float)):
+            point.setdefault("client", []).append(float(r["mean_ttft_ms"]))
+        for name, got in seen.items():
+            point.setdefault(name, []).append(float(got["ms"]))
+    if not cells:
+        return []
+    body = [
+        f"| {c} | {target} | " + " | ".join(_cell(point.get(k, [])) for k in COLUMNS) + " |"
+        for (c, target), point in sorted(cells.items())
+    ]
+    return [
+        "",
+        "Mean TTFT ms where it was seen, median (min-max) over the repeats (client: the load "
+        "generator's measured requests; router and servers: their own histograms over the level, "
+        "warm-up requests included; `firsttoken.py`):",
+        "",
+        "| C | target | " + " | ".join(COLUMNS) + " |",
+        "|" + " --- |" * (2 + len(COLUMNS)),
+        *body,
+    ]
+
+
+def _cell(values: Sequence[float]) -> str:
+    if not values:
+        return "-"
+    mid = statistics.median(values)
+    if len(values) == 1:
+        return f"{mid:.1f}"
+    return f"{mid:.1f} ({min(values):.1f}-{max(values):.1f})"
