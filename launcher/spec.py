@@ -218,6 +218,25 @@ def last_value(args: Sequence[str], flag: str) -> str | None:
     return value
 
 
+def stream_interval(config: LaunchConfig, pool: str) -> int:
+    """A server's SGLang ``--stream-interval``: the user's last one in ``--sglang-args`` or the
+    pool's args, else ``BASELINE_STREAM_INTERVAL`` for the baseline and SGLang's 1 for EAGLE.
+    A simulated launch starts no SGLang to pass the args to: the simulator gets it as its own."""
+    eagle = pool == "eagle"
+    given = last_value(
+        [*config.sglang_args, *(config.eagle_args if eagle else config.baseline_args)],
+        "--stream-interval",
+    )
+    if given is None:
+        return 1 if eagle else BASELINE_STREAM_INTERVAL
+    if not given.isdigit() or int(given) < 1:
+        where = "--eagle-args" if eagle else "--baseline-args"
+        raise UsageError(
+            f"--sglang-args / {where}: --stream-interval {given!r} is not a positive integer"
+        )
+    return int(given)
+
+
 def _merge(own: Sequence[Sequence[str]], extra: Sequence[str]) -> list[str]:
     """Our options, minus those the user's ``extra`` flags replace, then ``extra`` as given."""
     given = _flag_names(extra)
@@ -311,6 +330,7 @@ def build_server_spec(
         ]
         if eagle:
             argv += ["--max-running-requests", str(max_running)]
+        argv += ["--stream-interval", str(stream_interval(config, pool))]
         argv += ["--speed", f"{config.sim_speed:g}", "--log-level", config.log_level]
         return ProcessSpec(
             pool, prefix, tuple(argv), (), base + "/health_generate", log_file, port, key=key
@@ -404,6 +424,10 @@ def build_sim_pair_spec(config: LaunchConfig, gpu_set: GpuSet) -> ProcessSpec:
         str(gpu_set.baseline_port),
         "--sharing",
         "mps" if config.mps else "timeslice",
+        "--stream-interval",
+        str(stream_interval(config, "eagle")),
+        "--baseline-stream-interval",
+        str(stream_interval(config, "baseline")),
         "--profile",
         config.sim_profile,
         "--host",

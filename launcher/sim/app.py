@@ -69,6 +69,7 @@ class SimConfig:
     port: int = 30000
     # --pair: the GPU this server shares with the other server of its pair (one process).
     shared: SharedGpu | None = None
+    stream_interval: int = 1  # SGLang's --stream-interval (Engine)
 
     @property
     def model_name(self) -> str:
@@ -160,6 +161,7 @@ class SimApp:
             metrics=self.metrics,
             max_total_tokens=cfg.profile.max_total_tokens,
             shared=cfg.shared,
+            stream_interval=cfg.stream_interval,
         )
         if cfg.shared is not None:
             cfg.shared.join(cfg.mode, self.engine)
@@ -395,7 +397,7 @@ class SimApp:
         first = True
         while True:
             await req.wait(sent)
-            n = req.generated
+            n = req.released
             events: list[bytes] = []
             if chat:
                 assert isinstance(chunks, wire.ChatChunks)
@@ -513,7 +515,7 @@ class SimApp:
         sent = 0
         while True:
             await req.wait(sent)
-            n = req.generated
+            n = req.released
             events = [native.native_event(result(n))] if n > sent or req.done else []
             sent = n
             if req.done:
@@ -547,7 +549,7 @@ class SimApp:
         sent = 0
         while True:
             await req.wait(sent)
-            n = req.generated
+            n = req.released
             if n > sent:
                 seq += 1
                 delta = {**item, "delta": req.text(sent, n)}

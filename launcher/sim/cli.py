@@ -83,6 +83,20 @@ def build_parser() -> FlagParser:
         "(default: the profile's, else 48 for eagle as SGLang forces, 1024 for baseline)",
     )
     p.add_argument(
+        "--stream-interval",
+        type=positive_int,
+        default=1,
+        help="SGLang's flag: a streamed request's tokens go out every N (the first at once; "
+        "a step that passes the mark waits for the next), all of them at its end "
+        "(default 1: token by token; with --pair, both servers)",
+    )
+    p.add_argument(
+        "--baseline-stream-interval",
+        type=positive_int,
+        default=None,
+        help="--pair: the baseline's --stream-interval (default: --stream-interval)",
+    )
+    p.add_argument(
         "--startup-delay",
         type=non_negative_float,
         default=0.0,
@@ -124,6 +138,8 @@ def check_pair(args: argparse.Namespace) -> None:
             raise UsageError("--eagle-port and --baseline-port must differ")
     elif args.eagle_port is not None or args.baseline_port is not None:
         raise UsageError("--eagle-port and --baseline-port need --pair")
+    elif args.baseline_stream_interval is not None:
+        raise UsageError("--baseline-stream-interval needs --pair (else: --stream-interval)")
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -157,6 +173,11 @@ def serve(args: argparse.Namespace) -> int:
             host=args.host,
             port=port,
             shared=shared,
+            stream_interval=(
+                args.baseline_stream_interval
+                if mode == "baseline" and args.baseline_stream_interval is not None
+                else args.stream_interval
+            ),
         )
         servers.append((_server(SimApp(config), args), _listen(args.host, port)))
         logger.info(

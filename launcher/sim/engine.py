@@ -95,6 +95,7 @@ class SimRequest:
         "matched_stop",
         "offset",
         "prompt_tokens",
+        "released",
         "rid",
         "rng",
         "stream",
@@ -137,6 +138,9 @@ class SimRequest:
             self._apply_stop(stop)
         self.cdf: list[float] = [1.0]
         self.generated = 0
+        # What the server has output to its HTTP side (SGLang's output streamer): a streamed
+        # chunk carries the tokens released since the one before; all of them once it ends.
+        self.released = 0
         self.done = False
         self.aborted = False
         self.waiter: asyncio.Future[None] | None = None
@@ -176,8 +180,8 @@ class SimRequest:
         return "".join(TOKENS[a:]) + "".join(TOKENS[i % _NTOK] for i in range(_NTOK, b))
 
     async def wait(self, sent: int) -> None:
-        """Return once more than ``sent`` tokens exist or the request has ended."""
-        if self.generated > sent or self.done:
+        """Return once more than ``sent`` tokens are released or the request has ended."""
+        if self.released > sent or self.done:
             return
         fut = asyncio.get_running_loop().create_future()
         self.waiter = fut
@@ -213,8 +217,12 @@ class Engine:
         metrics: Metrics,
         max_total_tokens: int,
         shared: SharedGpu | None = None,
+        stream_interval: int = 1,
     ) -> None:
         self.profile = mode_profile
+        # SGLang's --stream-interval: a streamed request's tokens go out after a step that leaves
+        # it 1 past a multiple of this many (every step at 1), and when it ends.
+        self.stream_interval = max(1, stream_interval)
         # --pair: the other server of the pair runs on the same (simulated) GPU.
         self.shared = shared
         self.mode = "eagle" if speculative else "baseline"
@@ -283,7 +291,16 @@ class Engine:
     def abort_all(self) -> int:
         return sum(self.abort(r) for r in list(self.by_rid.values()))
 
+    def _release(self, req: SimRequest) -> None:
+        """SGLang's rule (``output_streamer.py``): the first token at once, then every
+        ``stream_interval`` tokens (a speculative step may pass the mark: it waits for the next)."""
+        n, every = req.generated, self.stream_interval
+        if every == 1 or n % every == 1:
+            req.released = n
+            req.notify()
+
     def _finish(self, req: SimRequest, now: float) -> None:
+        req.released = req.generated
         req.done = True
         req.finished_at = now
         self.by_rid.pop(req.rid, None)
@@ -395,7 +412,7 @@ class Engine:
                 self._finish(r, now)
             else:
                 self.running.append(r)
-                r.notify()
+                self._release(r)
 
     def _decoded(self) -> None:
         now = self.now()
@@ -423,7 +440,7 @@ class Engine:
             else:
                 still.append(r)
                 if r.stream:  # a non-streamed answer only needs waking at the end
-                    r.notify()
+                    self._release(r)
         self._win_req_steps += stepped
         self.running = still
         self._win_tokens += tokens

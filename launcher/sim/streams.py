@@ -36,7 +36,7 @@ async def stream_choices(
     finished: list[int] = []
     loop = asyncio.get_running_loop()
     while True:
-        moved = [not ended[i] and (r.generated > sent[i] or r.done) for i, r in enumerate(reqs)]
+        moved = [not ended[i] and (r.released > sent[i] or r.done) for i, r in enumerate(reqs)]
         if not any(moved):
             # One future for all: whichever choice moves first wakes this loop.
             fut: asyncio.Future[None] = loop.create_future()
@@ -49,7 +49,7 @@ async def stream_choices(
         for i, r in enumerate(reqs):
             if not moved[i]:
                 continue
-            c, n = chunks[i], r.generated
+            c, n = chunks[i], r.released
             if isinstance(c, wire.ChatChunks):
                 if sent[i] == 0 and i not in finished:
                     events.append(c.role())

@@ -142,6 +142,9 @@ def test_simulated_pair_is_one_simulator_process_with_both_ports() -> None:
         "http://127.0.0.1:30002/health_generate",
     )
     assert pair_args(router.argv) == ["http://127.0.0.1:30001,http://127.0.0.1:30002"]
+    # Each server streams as the launcher's real ones would: EAGLE token by token, the baseline
+    # 4 tokens a chunk (the simulator takes SGLang's --stream-interval as its own flag).
+    assert (f["--stream-interval"], f["--baseline-stream-interval"]) == ("1", "4")
     # Without --mps: CUDA time-slicing; no MPS daemon for a simulation either way.
     plain = build_specs(load_config(["--simulate", "--layout", "paired", "--gpus", "0-1"], {}))
     assert [flags(s.argv)["--sharing"] for s in plain[:2]] == ["timeslice", "timeslice"]

@@ -125,6 +125,20 @@ def test_simulate_runs_dynspec_sim_without_gpus() -> None:
     assert option(eagle.argv, "--max-running-requests") == ["15"]
     assert option(baseline.argv, "--max-running-requests") == []
     assert eagle.prefix == "[eagle sim]"
+    # SGLang's --stream-interval as the real servers get it: the baseline 4, EAGLE SGLang's 1.
+    assert option(eagle.argv, "--stream-interval") == ["1"]
+    assert option(baseline.argv, "--stream-interval") == ["4"]
+
+
+def test_a_users_stream_interval_reaches_the_simulator_and_a_bad_one_is_a_usage_error() -> None:
+    eagle, baseline, _ = specs("--simulate", "--baseline-args", "--stream-interval 2")
+    assert option(baseline.argv, "--stream-interval") == ["2"]
+    assert option(eagle.argv, "--stream-interval") == ["1"]
+    eagle, baseline, _ = specs("--simulate", "--sglang-args", "--stream-interval=8")
+    assert option(eagle.argv, "--stream-interval") == option(baseline.argv, "--stream-interval")
+    assert option(eagle.argv, "--stream-interval") == ["8"]
+    with pytest.raises(UsageError, match=r"--baseline-args: --stream-interval '0' is not a posi"):
+        specs("--simulate", "--baseline-args", "--stream-interval 0")
 
 
 def test_server_command_replaces_sglang() -> None:

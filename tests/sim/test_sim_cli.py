@@ -60,6 +60,8 @@ def test_console_script_is_installed() -> None:
         (["--speed", "fast"], "--speed"),
         (["--max-running-requests", "0"], "--max-running-requests"),
         (["--startup-delay", "-1"], "--startup-delay"),
+        (["--stream-interval", "0"], "--stream-interval"),
+        (["--baseline-stream-interval", "4"], "--baseline-stream-interval needs --pair"),
         (["--profile", "nope"], "unknown profile 'nope'"),
         (["--profile", "/nonexistent/p.json"], "cannot read profile"),
     ],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -185,6 +186,20 @@ def test_eagle_sends_several_tokens_per_chunk_baseline_one(sim_factory: SimFacto
     assert b_steps == 59, b_steps
     # A chunk carries whole steps: never more chunks than steps that made tokens.
     assert len(e) <= e_steps + 1 and len(b) <= b_steps + 1
+
+
+def test_stream_interval_releases_tokens_as_sglang_does(sim_factory: SimFactory) -> None:
+    # SGLang (output_streamer.py): with --stream-interval N > 1 a streamed request's tokens go out
+    # after a step that leaves it at 1 past a multiple of N, and at its end. Where a chunk
+    # ends, so many tokens had gone out: the first at once, then each mark; a slow reader may
+    # only merge chunks, so every end but the last is still at a mark.
+    for mode, tokens in (("baseline", 58), ("eagle", 118)):
+        sim = sim_factory("--mode", mode, "--speed", "2", "--seed", "3", "--stream-interval", "4")
+        chunks = _chunk_tokens(sim, "hello", tokens)
+        ends = list(itertools.accumulate(chunks))
+        assert ends[-1] == tokens and chunks[0] == 1, (mode, chunks)
+        assert all(end % 4 == 1 for end in ends[:-1]), (mode, chunks)
+        assert len(chunks) <= tokens // 4 + 2, (mode, chunks)
 
 
 def test_seed_makes_text_and_chunks_reproducible(sim_factory: SimFactory) -> None:
