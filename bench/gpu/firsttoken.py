@@ -75,7 +75,7 @@ class FirstTokens:
         self.before = self._read()
 
     def read(self) -> dict[str, dict[str, float]]:
-        """name -> ``{"ms": mean TTFT, "n": first tokens}`` over the level, where it saw any."""
+        """name -> ``{"ms": mean TTFT, "n": requests counted}`` over the level, where any were."""
         out: dict[str, dict[str, float]] = {}
         for name, (total, count) in self._read().items():
             was_total, was_count = self.before.get(name, (0.0, 0.0))
