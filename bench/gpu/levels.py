@@ -24,6 +24,7 @@ from dynspec.bench.gpu.toolkit import (
     wait_healthy,
     warm,
 )
+from dynspec.bench.procs import free_port
 
 # SGLang 0.5.17's default adaptive tiers (by running batch size: candidate draft steps; no drafting
 # from 64 up), with the steps capped at the 3 the other EAGLE servers run: with the default's 7
@@ -88,14 +89,16 @@ def plan_levels(
     Path(ADAPTIVE_FILE.format(work=run.work)).write_text(json.dumps(ADAPTIVE_CONFIG))
     run.meta["adaptive_config"] = ADAPTIVE_CONFIG
     failed: list[str] = []
-    for i, (name, draft, extra) in enumerate(level_servers(servers)):
+    for name, draft, extra in level_servers(servers):
         # A start (about 2 minutes) and a sweep (about 1) must fit, with a minute to stop.
         if run.left() < 200:
             run.say(f"no time left for {name}")
             run.meta.setdefault("not_run", []).append(name)
             continue
         check_model_loads(models / f"eagle3-{draft}")
-        port = run.ports[1] + 10 + i
+        # A port free now: one at a fixed offset from --ports was taken once by another process
+        # (the server then failed to listen and the plan stopped).
+        port = free_port()
         argv = level_server_argv(run, models, draft, extra, port)
         log = run.logs / f"{name}.log"
         proc = run.spawn(name, argv, log)
