@@ -73,6 +73,7 @@ class _Request:
         "body",
         "client_gone",
         "code",
+        "delay",
         "filter",
         "finished",
         "headers",
@@ -112,6 +113,8 @@ class _Request:
         self.code = 0
         # What the response's body is run through, and where TTFT and usage end up.
         self.filter: RelayFilter | None = None
+        # Seconds from the arrival to the request's last byte sent to the server that answered.
+        self.delay: float | None = None
         self.finished = False
         self.client_gone = False
         # Set once the response's start went to the client: from then on, no error status.
@@ -337,6 +340,7 @@ class Proxy:
                 req.code,
                 duration=duration,
                 ttft=ttft,
+                delay=req.delay,
                 prompt_tokens=prompt_tokens,
                 output_tokens=output_tokens,
             )
@@ -368,6 +372,7 @@ class Proxy:
             await send_error(send, exc, [BACKEND_HEADER[req.lease.pool]])
             return
         pool = req.lease.pool
+        req.delay = resp.sent - req.start
         req.progress += 1
         try:
             req.code = resp.status

@@ -288,14 +288,16 @@ class Connection(asyncio.Protocol):
 class Response:
     """A response being read; ``read`` until it returns b"", then ``release`` (or ``close``)."""
 
-    __slots__ = ("_client", "_conn", "_origin", "headers", "status")
+    __slots__ = ("_client", "_conn", "_origin", "headers", "sent", "status")
 
-    def __init__(self, client: Client, origin: Origin, conn: Connection) -> None:
+    def __init__(self, client: Client, origin: Origin, conn: Connection, sent: float) -> None:
         self._client = client
         self._origin = origin
         self._conn = conn
         self.status = conn.status
         self.headers = conn.headers
+        # When the request's last byte went to the socket (``time.perf_counter``).
+        self.sent = sent
 
     @property
     def connection(self) -> Connection:
@@ -476,12 +478,13 @@ class Client:
     async def _send_on(self, origin: Origin, conn: Connection, data: bytes) -> Response:
         try:
             conn.send(data)
+            sent = time.perf_counter()
             await conn.wait_headers()
         except BaseException:
             conn.detach()
             conn.close()
             raise
-        return Response(self, origin, conn)
+        return Response(self, origin, conn, sent)
 
     def _take(self, origin: Origin) -> Connection | None:
         idle = origin.idle

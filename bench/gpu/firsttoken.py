@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 ROUTER_TTFT = "dynspec_time_to_first_token_seconds"
+ROUTER_DELAY = "dynspec_router_delay_seconds"
 SERVER_TTFT = "sglang:time_to_first_token_seconds"
 SERVERS = ("eagle", "baseline")
 
@@ -81,18 +82,20 @@ class FirstTokens:
             was_total, was_count = self.before.get(name, (0.0, 0.0))
             n = count - was_count
             if n > 0:
-                out[name] = {"ms": round(1000 * (total - was_total) / n, 1), "n": n}
+                out[name] = {"ms": round(1000 * (total - was_total) / n, 3), "n": n}
         return out
 
 
 def sources(router: str | None, servers: Mapping[str, str]) -> dict[str, tuple[str, str]]:
     """What a level reads: its router, if it went through one, and every server of the pair."""
-    out = {"router": (router, ROUTER_TTFT)} if router is not None else {}
+    out = {}
+    if router is not None:
+        out = {"router": (router, ROUTER_TTFT), "router_delay": (router, ROUTER_DELAY)}
     out.update({s: (servers[s], SERVER_TTFT) for s in SERVERS if s in servers})
     return out
 
 
-COLUMNS = ("client", "router", *SERVERS)
+COLUMNS = ("client", "router", "router_delay", *SERVERS)
 
 
 def table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -118,7 +121,8 @@ def table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         "",
         "Mean TTFT ms where it was seen, median (min-max) over the repeats (client: the load "
         "generator's measured requests; router and servers: their own histograms over the level, "
-        "warm-up requests included; `firsttoken.py`):",
+        "warm-up requests included; router_delay: the router's own share, from a request's "
+        "arrival to its sending to the server; `firsttoken.py`):",
         "",
         "| C | target | " + " | ".join(COLUMNS) + " |",
         "|" + " --- |" * (2 + len(COLUMNS)),
@@ -132,4 +136,5 @@ def _cell(values: Sequence[float]) -> str:
     mid = statistics.median(values)
     if len(values) == 1:
         return f"{mid:.1f}"
-    return f"{mid:.1f} ({min(values):.1f}-{max(values):.1f})"
+    digits = 1 if mid >= 10 else 2 if mid >= 1 else 3
+    return f"{mid:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"

@@ -18,8 +18,8 @@ threshold and mode from ``/status``, and the router process's CPU seconds over t
 tree, from /proc); for the EAGLE server, SGLang's ``spec_accept_length``; for every target, the
 launch it was measured in (``meta["launches"]``, from 1), what its servers held over the level
 (``server_held``: SGLang's running and queued counts from their decode-log lines, ``held.py``)
-and its mean time to first token as its router and each server saw it (``first_token``,
-``firsttoken.py``).
+and its mean time to first token as its router and each server saw it, with the router's own
+delay before the server (``first_token``, ``firsttoken.py``).
 """
 
 from __future__ import annotations

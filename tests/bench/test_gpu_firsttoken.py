@@ -75,8 +75,13 @@ def test_the_report_shows_each_clock_where_the_records_have_them() -> None:
     assert firsttoken.table(rows[:0]) == []
     text = steadyreport.markdown(rows)
     assert "Mean TTFT ms where it was seen" in text
-    row = "| 16 | routed_eagle | 47.0 (42.0-52.0) | 45.0 (40.0-50.0) | 40.0 (35.0-45.0) | - |"
+    row = "| 16 | routed_eagle | 47.0 (42.0-52.0) | 45.0 (40.0-50.0) | - | 40.0 (35.0-45.0) | - |"
     assert row in text
+    # The router's own delay, well under a millisecond, keeps its digits.
+    for r, ms in zip(rows, (0.31, 0.42, 0.285), strict=True):
+        r["first_token"]["router_delay"] = {"ms": ms, "n": 20}
+    row = "| 16 | routed_eagle | 47.0 (42.0-52.0) | 45.0 (40.0-50.0) | 0.310 (0.285-0.420) |"
+    assert row in steadyreport.markdown(rows)
 
 
 def test_the_three_clocks_on_a_router_in_front_of_two_simulated_servers(tmp_path: Path) -> None:
@@ -108,6 +113,8 @@ def test_the_three_clocks_on_a_router_in_front_of_two_simulated_servers(tmp_path
         seen = first.read()
     # Every request went through the router to the EAGLE server: each saw the 5 first tokens, and
     # the router's clock started before the server's and stopped after it.
-    assert set(seen) == {"router", "eagle"}, seen
-    assert seen["router"]["n"] == seen["eagle"]["n"] == 5
+    assert set(seen) == {"router", "router_delay", "eagle"}, seen
+    assert seen["router"]["n"] == seen["eagle"]["n"] == seen["router_delay"]["n"] == 5
     assert seen["router"]["ms"] >= seen["eagle"]["ms"] > 0
+    # The router's own share is a part of its TTFT that ended before the server's clock began.
+    assert 0 < seen["router_delay"]["ms"] < seen["router"]["ms"] - seen["eagle"]["ms"]

@@ -261,6 +261,9 @@ async def test_metric_values_after_known_requests(sims: tuple[str, str], tmp_pat
         ttft = metric_value(m, "dynspec_time_to_first_token_seconds_sum", pool="eagle")
         duration = metric_value(m, "dynspec_request_duration_seconds_sum", pool="eagle")
         assert 0 < ttft < duration
+        # The router's own share: every answered request, streamed or not, and a part of its TTFT.
+        assert metric_value(m, "dynspec_router_delay_seconds_count", pool="eagle") == 4
+        assert 0 < metric_value(m, "dynspec_router_delay_seconds_sum", pool="eagle") < ttft
         assert metric_value(m, "dynspec_mode_switches_total", to="baseline") == 0
         assert metric_value(m, "dynspec_client_disconnects_total", pool="eagle") == 0
         for kind in ("connect", "timeout", "status", "protocol"):

@@ -304,6 +304,9 @@ def test_both_unreachable_is_502(tmp_path: Path) -> None:
         assert rp.metric("dynspec_upstream_errors_total", pool="eagle", kind="connect") == 1
         assert rp.metric("dynspec_upstream_errors_total", pool="baseline", kind="connect") == 1
         assert rp.metric("dynspec_requests_total", pool="baseline", code="502") == 1
+        # No server answered: the router's delay counts only requests that reached one.
+        for pool in ("eagle", "baseline"):
+            assert rp.metric("dynspec_router_delay_seconds_count", pool=pool) == 0
         # Both refused: both down at once, so the next request is a 503, not a wait.
         r = httpx.post(
             rp.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10
