@@ -86,6 +86,13 @@ class FirstTokens:
         return out
 
 
+def mean_ms(record: Mapping[str, Any], name: str) -> float | None:
+    """A record's mean TTFT in ms by source ``name``; None where it has none."""
+    seen = record.get("first_token")
+    got = seen.get(name) if isinstance(seen, Mapping) else None
+    return float(got["ms"]) if isinstance(got, Mapping) else None
+
+
 def sources(router: str | None, servers: Mapping[str, str]) -> dict[str, tuple[str, str]]:
     """What a level reads: its router, if it went through one, and every server of the pair."""
     out = {}
@@ -134,7 +141,7 @@ def _cell(values: Sequence[float]) -> str:
     if not values:
         return "-"
     mid = statistics.median(values)
-    if len(values) == 1:
-        return f"{mid:.1f}"
     digits = 1 if mid >= 10 else 2 if mid >= 1 else 3
+    if len(values) == 1:
+        return f"{mid:.{digits}f}"
     return f"{mid:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"

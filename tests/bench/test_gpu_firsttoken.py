@@ -84,6 +84,38 @@ def test_the_report_shows_each_clock_where_the_records_have_them() -> None:
     assert row in steadyreport.markdown(rows)
 
 
+def test_the_router_cost_report_judges_the_routers_own_share_where_it_was_measured() -> None:
+    def rec(target: str, c: int, rep: int, own: float | None) -> dict[str, Any]:
+        seen = {"eagle": {"ms": 200.0, "n": 10}}
+        if own is not None:
+            seen["router_delay"] = {"ms": own, "n": 10}
+        return {"target": target, "max_concurrency": c, "repeat": rep, "output_throughput": 100.0,
+                "median_tpot_ms": 1.0, "median_ttft_ms": 250.0 + rep, "duration": 15.0,
+                "first_token": seen}  # fmt: skip
+
+    rows = [rec(t, c, rep, own if t == "routed_eagle" else None)
+            for c, own in ((16, 0.2), (256, 1.5)) for rep in (1, 2, 3)
+            for t in ("routed_eagle", "eagle")]  # fmt: skip
+    text = steadyreport.markdown(rows)
+    assert "within +5 ms at every C: PASS (worst 1.50 ms)" in text
+    assert (
+        "| 256 | 1.000 | 1.000 (1.000-1.000) | 0.0 (0.0-0.0) | - | - | - | 1.50 (1.50-1.50) |"
+        in text
+    )
+    rows[-2]["first_token"]["router_delay"]["ms"] = 9.0  # C=256 #3: one repeat of three
+    assert "PASS (worst 1.50 ms)" in steadyreport.markdown(rows)  # the median holds
+    rows[-4]["first_token"]["router_delay"]["ms"] = 8.0
+    assert "within +5 ms at every C: MISS (worst 8.00 ms)" in steadyreport.markdown(rows)
+    for r in rows:
+        if r["max_concurrency"] == 16:
+            r["first_token"].pop("router_delay", None)
+    assert "INCOMPLETE: some C have none" in steadyreport.markdown(rows)
+    # Runs from before it was recorded: no verdict on it.
+    for r in rows:
+        r["first_token"].pop("router_delay", None)
+    assert "own share of TTFT" not in steadyreport.markdown(rows)
+
+
 def test_the_three_clocks_on_a_router_in_front_of_two_simulated_servers(tmp_path: Path) -> None:
     ports = {p: free_port() for p in ("router", "eagle", "baseline")}
     urls = {p: f"http://127.0.0.1:{port}" for p, port in ports.items()}

@@ -248,6 +248,7 @@ def test_pair_a_over_two_commands_keeps_its_launcher_and_resumes_the_sweep(tmp_p
     for r in rows:
         seen = r["first_token"]
         assert ("router" in seen) == (r["target"] in ("routed", "routed_eagle")), r
+        assert ("router_delay" in seen) == ("router" in seen), r
         served = sum(seen[s]["n"] for s in ("eagle", "baseline") if s in seen)
         assert served >= r["completed"] and seen.get("router", {"n": served})["n"] >= r["completed"]
     assert "Mean TTFT ms where it was seen" in (out / "sweep-pair-a.md").read_text()
@@ -259,6 +260,7 @@ def test_pair_a_over_two_commands_keeps_its_launcher_and_resumes_the_sweep(tmp_p
     report = (out / "sweep-pair-a.md").read_text()
     assert "routed over the better of eagle, baseline" in report
     assert "The router over the EAGLE server's own port" in report
+    assert "The router's own share of TTFT" in report
     summary = json.loads((out / "sweep-pair-a-summary.json").read_text())
     assert set(summary["router_cost"]) == {"16"}
     assert len(list(out.iterdir())) <= 8  # what the device tool brings back
