@@ -335,7 +335,7 @@ async def test_response_cut_at_every_byte() -> None:
             conn.data_received(raw[:cut])
             conn.data_received(raw[cut:])
             await conn.wait_headers()
-            resp = Response(client, origin, conn)
+            resp = Response(client, origin, conn, time.perf_counter())
             assert resp.status == 200 and resp.content_type == b"text/event-stream"
             assert await resp.body() == b"".join(events), cut
             assert resp.at_eof() and conn.keep_alive
