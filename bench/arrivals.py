@@ -21,6 +21,7 @@ import bisect
 import csv
 import datetime as dt
 import functools
+import itertools
 import json
 import math
 import random
@@ -75,9 +76,8 @@ class Schedule:
     def __post_init__(self) -> None:
         end = 0.0
         for s in self.segments:
-            if not (s.seconds > 0 and min(s.rate_from, s.rate_to) >= 0) or abs(s.start - end) > (
-                1e-9 * max(1.0, end)
-            ):
+            ok = s.seconds > 0 and min(s.rate_from, s.rate_to) >= 0
+            if not ok or abs(s.start - end) > 1e-9 * max(1.0, end):
                 raise ValueError(f"schedule {self.text!r}: bad segment {s} (next at {end})")
             end = s.start + s.seconds
         if not math.isfinite(end + sum(self._totals)) or not self.segments or self.peak <= 0:
@@ -95,11 +95,7 @@ class Schedule:
     @functools.cached_property
     def _totals(self) -> list[float]:
         """Expected arrivals from 0 to each segment's end."""
-        totals, n = [], 0.0
-        for s in self.segments:
-            n += s.expected(s.seconds)
-            totals.append(n)
-        return totals
+        return list(itertools.accumulate(s.expected(s.seconds) for s in self.segments))
 
     def rate_at(self, t: float) -> float:
         if not 0 <= t < self.duration:

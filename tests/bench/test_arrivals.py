@@ -175,6 +175,11 @@ def test_synthetic_lengths() -> None:
     assert [(x.input_tokens, x.output_tokens) for x in a[:n]] == [
         (x.input_tokens, x.output_tokens) for x in b[:n]
     ]
+    lengths = random.Random("7:lengths")  # the generator the spec names, apart from the times'
+    assert (a[0].input_tokens, a[0].output_tokens) == (
+        lengths.randint(50, 100),
+        lengths.randint(25, 50),
+    )
     assert a == synthetic(constant(10, 100), input_len=100, output_len=50, range_ratio=0.5, seed=7)
     c = synthetic(constant(10, 100), input_len=100, output_len=50, range_ratio=0.5, seed=8)
     assert [x.input_tokens for x in c[:50]] != [x.input_tokens for x in a[:50]]
