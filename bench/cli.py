@@ -54,6 +54,11 @@ COMMANDS = {
         "cli_replicas",
         True,
     ),
+    "traffic": Command(
+        "open-loop traffic (rates, a day, a trace) on routed vs each server alone: SLO goodput",
+        "cli_traffic",
+        True,
+    ),
     "gpu": Command(
         "real SGLang on one GPU: bundle, test models, launcher + router checks + sweeps",
         "gpu.cli",

@@ -45,6 +45,11 @@ _WORDS = (
 _WORD_LIST = _WORDS.split(" ")
 
 
+def words(rng: random.Random, n: int) -> str:
+    """``n`` random words: a prompt of about ``n`` tokens."""
+    return " ".join(rng.choices(_WORD_LIST, k=n))
+
+
 @dataclass(frozen=True)
 class Prompt:
     text: str
@@ -96,7 +101,7 @@ def _random_prompt(
 ) -> Prompt:
     i = rng.randint(max(1, int(input_len * range_ratio)), input_len)
     o = rng.randint(max(1, int(output_len * range_ratio)), output_len)
-    return Prompt(" ".join(rng.choices(_WORD_LIST, k=i)), i, o)
+    return Prompt(words(rng, i), i, o)
 
 
 class Prompts:
@@ -250,6 +255,7 @@ async def send_request(
             trace.backend = resp.headers.get("x-dynspec-backend")
             trace.status = resp.status
             if resp.status != 200:
+                trace.retry_after = resp.headers.get("Retry-After")
                 text = await resp.text()
                 trace.error = f"HTTP {resp.status}: {text[:200]}"
                 trace.end = time.perf_counter()

@@ -46,6 +46,8 @@ class RequestTrace:
     status: int | None = None
     first_byte: float | None = None
     done: bool = False
+    # A refusal's ``Retry-After`` header (a router shedding load: 429/503), as sent.
+    retry_after: str | None = None
 
     @property
     def ttft(self) -> float:

@@ -1,0 +1,136 @@
+"""Open-loop load: each request is sent at its arrival time, whatever is still in flight.
+
+A closed loop (``load.run_level``) waits for a request to end before it sends the next, so a
+slow server is sent less: the easiest case for a threshold router. Here the arrivals
+(``arrivals.Arrival``: a time and the request's lengths) come from a rate and a burstiness or a
+trace, and a request that is late to be served is late, not skipped: as SGLang's
+``bench_serving --request-rate`` sends.
+
+The run is bounded: after the last arrival every open request gets ``drain_s`` to finish; the
+rest are cancelled then (the server aborts them) and counted as ``cut``. A sampler reads what
+the caller watches (a router's mode-switch counter, its process's memory) every
+``sample_s`` seconds, so that a report can say what happened when.
+
+Times are the simulators' model time where ``speed`` != 1: an arrival at model second ``at`` is
+sent at wall second ``at / speed``; the report converts back (``traffic.windows``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from dynspec.bench import load
+from dynspec.bench.arrivals import Arrival
+from dynspec.bench.load import Prompt, Target
+from dynspec.bench.metrics import RequestTrace
+
+logger = logging.getLogger(__name__)
+
+# A sample of what a run watches: its wall-clock time (perf_counter) and named readings.
+Sample = tuple[float, dict[str, float]]
+Probe = Callable[[], Awaitable[dict[str, float]]]
+
+
+@dataclass
+class OpenLoopRun:
+    """What one open-loop run sent and saw; ``traces[i]`` is ``arrivals[i]``'s request."""
+
+    arrivals: Sequence[Arrival]
+    traces: list[RequestTrace]
+    start: float  # perf_counter of arrival time 0
+    end: float  # when the last request ended or was cut
+    speed: float = 1.0
+    cut: int = 0  # still open at the drain deadline, cancelled
+    samples: list[Sample] = field(default_factory=list)
+
+    def lag(self) -> list[float]:
+        """Each sent request's delay past its arrival time (wall seconds): the client's own
+        health; a late client would under-load the target and flatter it."""
+        return [
+            t.send - (self.start + a.at / self.speed)
+            for a, t in zip(self.arrivals, self.traces, strict=True)
+            if t.send > 0
+        ]
+
+
+def prompt_of(arrival: Arrival, key: str) -> Prompt:
+    """The request of ``arrival``: ``input_tokens`` random words (about a token each) drawn from
+    ``key``, and ``output_tokens`` to generate (``ignore_eos``). Two targets given the same
+    arrivals get different words (their keys differ), so that a prefix cache shared behind them
+    (one GPU launch serving every target) serves neither from the other's prompts."""
+    rng = random.Random(key)
+    return Prompt(
+        load.words(rng, arrival.input_tokens), arrival.input_tokens, arrival.output_tokens
+    )
+
+
+async def _sample(probe: Probe | None, every: float, into: list[Sample]) -> None:
+    while probe is not None:
+        try:
+            into.append((time.perf_counter(), await probe()))
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            logger.debug("sample failed: %s", exc)
+        await asyncio.sleep(every)
+
+
+async def replay(
+    session: aiohttp.ClientSession,
+    target: Target,
+    model: str,
+    arrivals: Sequence[Arrival],
+    *,
+    key: str,
+    drain_s: float,
+    speed: float = 1.0,
+    headers: dict[str, str] | None = None,
+    probe: Probe | None = None,
+    sample_s: float = 1.0,
+) -> OpenLoopRun:
+    """Send every arrival at its time (``at / speed`` wall seconds from now) and wait for the
+    answers; ``drain_s`` (wall seconds) after the last arrival the requests still open are cut.
+    ``key`` names the run's prompts (``prompt_of``). Never raises for a failed request: its
+    trace says what happened (status, error)."""
+    hdrs = {"Content-Type": "application/json", **(headers or {})}
+    traces = [RequestTrace(send=0.0) for _ in arrivals]
+    inflight: dict[asyncio.Task[RequestTrace], int] = {}
+    samples: list[Sample] = []
+    start = time.perf_counter()
+    sampler = asyncio.create_task(_sample(probe, sample_s, samples))
+    try:
+        for i, a in enumerate(arrivals):
+            delay = start + a.at / speed - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            prompt = prompt_of(a, f"{key}:{i}")
+            body = load.request_body(target, model, prompt)
+            task = asyncio.create_task(
+                load.send_request(session, target, body, prompt, hdrs, trace=traces[i])
+            )
+            inflight[task] = i
+            task.add_done_callback(inflight.pop)
+        pending: set[asyncio.Task[RequestTrace]] = set()
+        if inflight:
+            _, pending = await asyncio.wait(set(inflight), timeout=drain_s)
+        cut = [inflight[task] for task in pending]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        end = time.perf_counter()
+        for i in cut:
+            traces[i].end = end
+            traces[i].success = False
+            traces[i].error = "cut: still open when the run's drain time ended"
+    finally:
+        for task in list(inflight):
+            task.cancel()
+        await asyncio.gather(*inflight, return_exceptions=True)
+        sampler.cancel()
+        await asyncio.gather(sampler, return_exceptions=True)
+    return OpenLoopRun(arrivals, traces, start, end, speed, len(cut), samples)

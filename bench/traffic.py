@@ -1,0 +1,354 @@
+"""``dynspec-bench traffic``: open-loop traffic (a rate that changes, lengths that vary, a trace
+replayed) against the routed pair and each server alone, judged on SLOs.
+
+One *run* is one target under one schedule's arrivals (``openloop.replay``). The plan: for each
+repeat, for each schedule, every target in turn, the order rotated by one each repeat (so that no
+target always runs first, after the warm-up, or last); every target of a repeat gets the same
+arrivals (seed ``seed + repeat``), each target its own prompt words (``openloop.prompt_of``).
+A run's records (``slo.records``: its windows and the whole run) are appended to the JSONL as it
+ends; a run already there is skipped, so a second call on the same file resumes.
+
+Two ways to get the targets:
+
+- ``run_live``: targets that are already up (a GPU launch's router and its two servers' own
+  ports, or any OpenAI-compatible URLs); routers named in ``watch`` are sampled during their runs.
+- ``run_simulated``: ``dynspec-sim`` servers started FRESH for every run, and for the routed
+  target a ``dynspec-router`` in front of them (``split``: an EAGLE and a baseline server of
+  their own; ``paired``: one ``dynspec-sim --pair`` sharing one simulated GPU). No run sees load
+  or learned state that another run left. Its routers are sampled for mode switches, their
+  in-flight counts and their memory (RSS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from dynspec.bench import arrivals, harness, load, openloop, slo
+from dynspec.bench.arrivals import Arrival, Schedule
+from dynspec.bench.load import Target
+from dynspec.bench.procs import Children
+from dynspec.bench.report import Record, append_jsonl, load_jsonl
+from dynspec.bench.ways import Router
+from dynspec.launcher.sim.profile import load_profile
+
+logger = logging.getLogger(__name__)
+
+TARGETS = ("routed", "eagle", "baseline")
+LAYOUTS = ("split", "paired")
+
+
+@dataclass(frozen=True)
+class TrafficConfig:
+    """What every run of one traffic experiment shares (times in model seconds)."""
+
+    schedules: tuple[tuple[str, Schedule], ...]
+    burstiness: float = 1.0
+    input_len: int = 256
+    output_len: int = 128
+    range_ratio: float = 1.0
+    trace: arrivals.Trace | None = None  # replayed instead of synthetic arrivals
+    slo_ttft_ms: float = 1000.0
+    slo_tpot_ms: float = 50.0
+    window_s: float = 10.0
+    repeats: int = 3
+    seed: int = 0
+    speed: float = 1.0  # simulators' time factor; 1 on real servers
+    drain_s: float = 30.0  # wall seconds the open requests get after the last arrival
+    request_timeout: float = 600.0
+    command: str = ""
+
+    def arrivals_of(self, schedule: Schedule, repeat: int) -> list[Arrival]:
+        if self.trace is not None:
+            return list(self.trace.arrivals)
+        return arrivals.synthetic(
+            schedule,
+            burstiness=self.burstiness,
+            input_len=self.input_len,
+            output_len=self.output_len,
+            range_ratio=self.range_ratio,
+            seed=self.seed + repeat,
+        )
+
+    def meta(self) -> Record:
+        """The fields every record carries: how the load was made and judged."""
+        out: Record = {
+            "experiment": "traffic",
+            "burstiness": self.burstiness,
+            "slo_ttft_ms": self.slo_ttft_ms,
+            "slo_tpot_ms": self.slo_tpot_ms,
+            "window_s": self.window_s,
+            "speed": self.speed,
+            "seed": self.seed,
+            "drain_s": self.drain_s,
+            "command": self.command,
+        }
+        if self.trace is not None:
+            out["trace"] = self.trace.source
+        else:
+            out["random_input_len"] = self.input_len
+            out["random_output_len"] = self.output_len
+            out["random_range_ratio"] = self.range_ratio
+        return out
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of the plan."""
+
+    repeat: int
+    schedule: str
+    target: str
+
+    @property
+    def key(self) -> tuple[int, str, str]:
+        return (self.repeat, self.schedule, self.target)
+
+
+def plan(cfg: TrafficConfig, labels: Sequence[str]) -> list[Run]:
+    """Every run in order: repeats, then schedules, then the targets rotated by the repeat."""
+    out = []
+    n = len(labels)
+    for r in range(1, cfg.repeats + 1):
+        order = [labels[(i + r - 1) % n] for i in range(n)]
+        out += [Run(r, name, label) for name, _ in cfg.schedules for label in order]
+    return out
+
+
+def done_runs(out: Path) -> set[tuple[int, str, str]]:
+    """The runs whose whole-run record ``out`` already holds."""
+    if not out.is_file():
+        return set()
+    return {
+        (int(r["repeat"]), str(r["schedule"]), str(r["target"]))
+        for r in load_jsonl(out)
+        if r.get("scope") == "run"
+    }
+
+
+# What samples a run's target: made for the run's client session.
+ProbeMaker = Callable[[aiohttp.ClientSession], openloop.Probe]
+# A run's body: the target, its arrivals and prompt key in; the run and extra fields out.
+RunBody = Callable[[Run, Sequence[Arrival], str], tuple[openloop.OpenLoopRun, Record]]
+
+
+def _each(
+    cfg: TrafficConfig,
+    labels: Sequence[str],
+    out: Path,
+    body: RunBody,
+    *,
+    extra: Mapping[str, Any],
+    deadline: float | None,
+) -> list[Record]:
+    schedules = dict(cfg.schedules)
+    done = done_runs(out)
+    records: list[Record] = []
+    for run in plan(cfg, labels):
+        if run.key in done:
+            continue
+        sched = schedules[run.schedule]
+        length = sched.duration / cfg.speed + cfg.drain_s + 15.0
+        if deadline is not None and time.monotonic() + length > deadline:
+            logger.warning("traffic: stopping before %s: it would not end by the deadline", run)
+            break
+        got = cfg.arrivals_of(sched, run.repeat)
+        logger.info(
+            "traffic: repeat %d, %s, %s: %d requests over %.0f s",
+            run.repeat, run.schedule, run.target, len(got), sched.duration,
+        )  # fmt: skip
+        key = f"{cfg.seed}:{run.repeat}:{run.schedule}:{run.target}"
+        result, more = body(run, got, key)
+        stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        head: Record = {
+            "target": run.target,
+            "schedule": run.schedule,
+            "schedule_text": sched.text,
+            "repeat": run.repeat,
+            **cfg.meta(),
+            **extra,
+            **more,
+            "timestamp": stamp,
+        }
+        recs = slo.records(
+            result, sched, window_s=cfg.window_s, slo_ttft_ms=cfg.slo_ttft_ms,
+            slo_tpot_ms=cfg.slo_tpot_ms, head=head,
+        )  # fmt: skip
+        for rec in recs:
+            append_jsonl(out, rec)
+        records += recs
+    return records
+
+
+async def _drive(
+    target: Target,
+    got: Sequence[Arrival],
+    key: str,
+    cfg: TrafficConfig,
+    probe: ProbeMaker | None,
+) -> openloop.OpenLoopRun:
+    async with load.make_session(cfg.request_timeout) as session:
+        model = await load.model_name(session, target)
+        return await openloop.replay(
+            session, target, model, got, key=key, drain_s=cfg.drain_s, speed=cfg.speed,
+            probe=probe(session) if probe is not None else None,
+        )  # fmt: skip
+
+
+def router_probe(
+    url: str, pid: int | None = None
+) -> Callable[[aiohttp.ClientSession], openloop.Probe]:
+    """A probe of a router: its mode switches so far and the requests it holds in flight (from
+    ``/metrics`` and ``/status``), and with ``pid`` its process's resident memory in MiB."""
+
+    def make(session: aiohttp.ClientSession) -> openloop.Probe:
+        async def probe() -> dict[str, float]:
+            got: dict[str, float] = {}
+            text = await load.fetch_text(session, url + "/metrics", timeout=2.0)
+            switches = load.mode_switches(text or "")
+            if switches is not None:
+                got["switches"] = float(switches)
+            status = await load.fetch_text(session, url + "/status", timeout=2.0)
+            if status:
+                got["in_flight"] = float(slo.status_load(status))
+            if pid is not None:
+                rss = rss_mib(pid)
+                if rss is not None:
+                    got["rss_mib"] = rss
+            return got
+
+        return probe
+
+    return make
+
+
+def rss_mib(pid: int) -> float | None:
+    """A process's resident memory (``VmRSS``) in MiB; None once it is gone."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return None
+
+
+def run_live(
+    targets: Sequence[Target],
+    cfg: TrafficConfig,
+    out: Path,
+    *,
+    watch: Mapping[str, str] | None = None,
+    extra: Mapping[str, Any] | None = None,
+    deadline: float | None = None,
+) -> list[Record]:
+    """Every run of the plan against ``targets`` (up already); records appended to ``out``.
+    ``watch`` maps a target's label to a router URL sampled during that target's runs;
+    ``deadline`` (``time.monotonic()``) stops before a run that would not end by then."""
+    by_label = {t.label: t for t in targets}
+    watched = dict(watch or {})
+
+    def body(run: Run, got: Sequence[Arrival], key: str) -> tuple[openloop.OpenLoopRun, Record]:
+        url = watched.get(run.target)
+        probe = router_probe(url) if url else None
+        target = by_label[run.target]
+        return asyncio.run(_drive(target, got, key, cfg, probe)), {"url": target.base_url}
+
+    return _each(cfg, list(by_label), out, body, extra=dict(extra or {}), deadline=deadline)
+
+
+# ---- simulated ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SimTraffic:
+    """The simulated side of a traffic experiment: what to start for each run."""
+
+    profile: str
+    layout: str = "split"  # split: servers of their own; paired: one shared simulated GPU
+    targets: tuple[str, ...] = TARGETS
+    # The routed target's router settings (dynspec-launch flags: --threshold, --hysteresis,
+    # --max-concurrency ...); with ``calibrated`` the profile as --speed-profile too.
+    router_settings: tuple[str, ...] = ("--threshold", "auto")
+    calibrated: bool = False
+    sharing: str = "timeslice"
+    startup_timeout: float = 60.0
+    # SimSettings (harness.start_servers) reads these from the object it is given.
+    speed: float = 1.0
+    seed: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _sim_target(
+    procs: Children, sim: SimTraffic, label: str, seed: int
+) -> tuple[Target, ProbeMaker | None, Record]:
+    """Start what ``label`` runs on, fresh: a server alone, or servers and a router in front."""
+    settings = _Settings(sim, seed)
+    if label in ("eagle", "baseline"):
+        servers = harness.start_servers(procs, {label: 1}, settings, owner=label)
+        return Target(label, getattr(servers, label)[0]), None, {}
+    if sim.layout == "paired":
+        servers = harness.start_servers(procs, {"shared_gpus": 1}, settings, owner=label)
+        e, b = servers.shared_gpus[0]
+        flags: tuple[str, ...] = ("--pair", f"{e},{b}")
+    else:
+        servers = harness.start_servers(procs, {"eagle": 1, "baseline": 1}, settings, owner=label)
+        flags = ("--eagle-url", servers.eagle[0], "--baseline-url", servers.baseline[0])
+    settings_flags = sim.router_settings
+    if sim.calibrated:
+        path = harness.router_profile(procs, load_profile(sim.profile), sim.speed)
+        settings_flags += ("--speed-profile", str(path))
+    router = Router(flags, settings_flags, healthy=2, log_level="info")
+    url, proc = harness.start_router(procs, f"router-{label}", router, sim.startup_timeout)
+    return Target(label, url), router_probe(url, proc.pid), {"router": " ".join(settings_flags)}
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """``harness.SimSettings`` of one run: the run's own seed."""
+
+    sim: SimTraffic
+    seed: int
+
+    @property
+    def profile(self) -> str:
+        return self.sim.profile
+
+    @property
+    def speed(self) -> float:
+        return self.sim.speed
+
+    @property
+    def startup_timeout(self) -> float:
+        return self.sim.startup_timeout
+
+    @property
+    def sharing(self) -> str:
+        return self.sim.sharing
+
+
+def run_simulated(cfg: TrafficConfig, sim: SimTraffic, out: Path) -> list[Record]:
+    """Every run of the plan, each on simulators (and a router) started for it alone."""
+    extra: Record = {
+        **harness.run_metadata("traffic", sim.profile, cfg.speed, cfg.command),
+        "layout": sim.layout,
+        "sharing": sim.sharing,
+        "calibrated": sim.calibrated,
+        **sim.extra,
+    }
+
+    def body(run: Run, got: Sequence[Arrival], key: str) -> tuple[openloop.OpenLoopRun, Record]:
+        with harness.processes() as procs:
+            target, probe, more = _sim_target(procs, sim, run.target, cfg.seed + run.repeat)
+            more["loadavg_1m"] = harness.load_average()
+            result = asyncio.run(_drive(target, got, key, cfg, probe))
+        return result, more
+
+    return _each(cfg, sim.targets, out, body, extra=extra, deadline=None)

@@ -1,0 +1,400 @@
+"""The traffic experiment's report: medians over repeats with their spread, the goals, a
+Markdown file and two pictures (the time series of each changing schedule, and the rate sweep).
+
+Records come from ``slo.records`` (``traffic.py`` writes them): per run, its windows
+(``"scope": "window"``) and the whole run (``"scope": "run"``). A cell is the median of the
+repeats, with min-max beside it where there are several. Schedules named ``rate-R`` are the
+levels of a rate sweep; any other schedule (``day``, a ramp, a trace) is a time series.
+
+The goals (issue 39), judged on medians:
+
+- every window of a time series: the routed pair's SLO attainment >= the better single server's
+  minus 0.02; over the whole schedule its goodput >= 1.0x the better single server's;
+- the sweep's lowest rate: routed p50 TPOT within 5% of EAGLE alone's; its highest rate: routed
+  tok/s >= 0.95x the baseline alone's;
+- every routed run: at most one mode switch per 10 s on average (6 a minute).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from dynspec.bench import simreport
+from dynspec.bench.report import Record, run_time_line
+
+ROUTED = "routed"
+SINGLES = ("eagle", "baseline")
+ATTAINMENT_SLACK = 0.02
+SWITCHES_PER_MIN = 6.0
+
+
+def _med(values: Sequence[float | None]) -> tuple[float, float, float] | None:
+    xs = [float(v) for v in values if v is not None]
+    if not xs:
+        return None
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def _cell(m: tuple[float, float, float] | None, digits: int = 1) -> str:
+    if m is None:
+        return "-"
+    mid, lo, hi = m
+    text = f"{mid:,.{digits}f}"
+    return text if lo == hi else f"{text} ({lo:,.{digits}f}-{hi:,.{digits}f})"
+
+
+def schedules(records: Sequence[Record]) -> list[str]:
+    seen: dict[str, None] = {}
+    for r in records:
+        seen.setdefault(str(r.get("schedule")), None)
+    return list(seen)
+
+
+def targets(records: Sequence[Record]) -> list[str]:
+    present = {str(r.get("target")) for r in records}
+    return [t for t in (ROUTED, *SINGLES) if t in present] + sorted(present - {ROUTED, *SINGLES})
+
+
+def runs(records: Sequence[Record], schedule: str, target: str) -> list[Record]:
+    return [
+        r
+        for r in records
+        if r.get("scope") == "run" and r.get("schedule") == schedule and r.get("target") == target
+    ]
+
+
+def windows(records: Sequence[Record], schedule: str, target: str) -> dict[int, list[Record]]:
+    """The window records of ``target`` under ``schedule``, by window, one per repeat."""
+    out: dict[int, list[Record]] = {}
+    for r in records:
+        if (
+            r.get("scope") == "window"
+            and r.get("schedule") == schedule
+            and r.get("target") == target
+        ):
+            out.setdefault(int(r["window"]), []).append(r)
+    return dict(sorted(out.items()))
+
+
+def med_of(recs: Sequence[Record], key: str) -> tuple[float, float, float] | None:
+    return _med([r.get(key) for r in recs])
+
+
+def _mid(recs: Sequence[Record], key: str) -> float | None:
+    m = med_of(recs, key)
+    return m[0] if m else None
+
+
+def is_sweep(name: str) -> bool:
+    return name.startswith("rate-")
+
+
+# ---- goals -------------------------------------------------------------------------------------
+
+
+def _better(per: dict[str, float | None]) -> tuple[str, float] | None:
+    known = [(t, v) for t, v in per.items() if t in SINGLES and v is not None]
+    return max(known, key=lambda tv: tv[1]) if known else None
+
+
+def window_goal(records: Sequence[Record], schedule: str) -> tuple[bool | None, list[str]]:
+    """Every window: routed attainment >= the better single's (medians) minus the slack."""
+    routed = windows(records, schedule, ROUTED)
+    singles = {t: windows(records, schedule, t) for t in SINGLES}
+    misses, judged = [], 0
+    for k, recs in routed.items():
+        mine = _mid(recs, "slo_attainment")
+        best = _better({t: _mid(w.get(k, []), "slo_attainment") for t, w in singles.items()})
+        if mine is None or best is None:
+            continue
+        judged += 1
+        if mine < best[1] - ATTAINMENT_SLACK:
+            t0 = recs[0].get("t0_s")
+            misses.append(f"window {k} (t={t0}s) {mine:.3f} < {best[0]} {best[1]:.3f} - 0.02")
+    return (not misses if judged else None), misses
+
+
+def goals(records: Sequence[Record]) -> list[tuple[str, bool | None, str]]:
+    """``(goal, passed, detail)`` for every goal the records can judge (None: not judged)."""
+    out: list[tuple[str, bool | None, str]] = []
+    names = schedules(records)
+    for name in [n for n in names if not is_sweep(n)]:
+        ok, misses = window_goal(records, name)
+        detail = "; ".join(misses[:4]) + (f" (+{len(misses) - 4} more)" if len(misses) > 4 else "")
+        out.append((f"`{name}`: routed SLO attainment >= better single - 0.02, every window",
+                    ok, detail or "every window"))  # fmt: skip
+        mine = _mid(runs(records, name, ROUTED), "goodput")
+        best = _better({t: _mid(runs(records, name, t), "goodput") for t in SINGLES})
+        if mine is not None and best is not None and best[1] > 0:
+            ratio = mine / best[1]
+            out.append((f"`{name}`: routed goodput >= 1.0x the better single's", ratio >= 1.0,
+                        f"{ratio:.3f}x {best[0]} ({mine:.2f} vs {best[1]:.2f} req/s)"))  # fmt: skip
+    sweep = sorted((float(_rate_of(records, n) or 0.0), n) for n in names if is_sweep(n))
+    if sweep:
+        low, high = sweep[0][1], sweep[-1][1]
+        mine = _mid(runs(records, low, ROUTED), "median_tpot_ms")
+        eagle = _mid(runs(records, low, "eagle"), "median_tpot_ms")
+        if mine is not None and eagle:
+            ratio = mine / eagle
+            out.append((f"lowest rate ({low}): routed p50 TPOT within 5% of EAGLE alone",
+                        ratio <= 1.05, f"{ratio:.3f}x ({mine:.2f} vs {eagle:.2f} ms)"))  # fmt: skip
+        mine = _mid(runs(records, high, ROUTED), "output_throughput")
+        base = _mid(runs(records, high, "baseline"), "output_throughput")
+        if mine is not None and base:
+            ratio = mine / base
+            out.append((f"highest rate ({high}): routed tok/s >= 0.95x baseline alone",
+                        ratio >= 0.95, f"{ratio:.3f}x ({mine:,.0f} vs {base:,.0f})"))  # fmt: skip
+    flaps = [(name, _mid(runs(records, name, ROUTED), "switches_per_min")) for name in names]
+    flaps = [(n, v) for n, v in flaps if v is not None]
+    if flaps:
+        worst = max(flaps, key=lambda nv: nv[1] or 0.0)
+        out.append((f"routed: at most {SWITCHES_PER_MIN:g} mode switches a minute, every schedule",
+                    (worst[1] or 0.0) <= SWITCHES_PER_MIN,
+                    f"worst {worst[0]}: {worst[1]:.1f} a minute"))  # fmt: skip
+    return out
+
+
+def _rate_of(records: Sequence[Record], name: str) -> float | None:
+    recs = [r for r in records if r.get("scope") == "run" and r.get("schedule") == name]
+    return float(recs[0]["scheduled_rate"]) if recs else None
+
+
+# ---- tables ------------------------------------------------------------------------------------
+
+RUN_COLUMNS: Sequence[tuple[str, str, int]] = (
+    ("goodput", "goodput req/s", 2),
+    ("slo_attainment", "SLO attained", 3),
+    ("output_throughput", "tok/s", 0),
+    ("median_tpot_ms", "TPOT p50 ms", 1),
+    ("p99_tpot_ms", "TPOT p99 ms", 1),
+    ("median_ttft_ms", "TTFT p50 ms", 0),
+    ("p99_ttft_ms", "TTFT p99 ms", 0),
+    ("eagle_share", "on EAGLE", 2),
+    ("switches_per_min", "switches/min", 1),
+    ("shed", "shed", 0),
+    ("failed", "failed", 0),
+    ("cut", "cut", 0),
+)
+
+
+def run_table(records: Sequence[Record], name: str) -> list[str]:
+    head = "| target | repeats | " + " | ".join(c[1] for c in RUN_COLUMNS) + " |"
+    lines = [head, "|" + " --- |" * (len(RUN_COLUMNS) + 2)]
+    for t in targets(records):
+        recs = runs(records, name, t)
+        if not recs:
+            continue
+        cells = [_cell(med_of(recs, key), d) for key, _, d in RUN_COLUMNS]
+        lines.append(f"| {t} | {len(recs)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def window_table(records: Sequence[Record], name: str) -> list[str]:
+    ts = targets(records)
+    by = {t: windows(records, name, t) for t in ts}
+    cols = ["window (s)", "rate sched / offered", "routed on EAGLE", "switches"]
+    cols += [f"{t} attained" for t in ts] + [f"{t} TPOT p50/p99" for t in ts]
+    lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+    first = by[ts[0]] if ts else {}
+    for k, recs in first.items():
+        r0 = recs[0]
+        routed = by.get(ROUTED, {}).get(k, [])
+        row = [
+            f"{r0['t0_s']:g}-{r0['t1_s']:g}",
+            f"{_num(_mid(recs, 'scheduled_rate'), 2)} / {_num(_mid(recs, 'offered_rate'), 2)}",
+            _num(_mid(routed, "eagle_share"), 2),
+            _num(_mid(routed, "mode_switches"), 0),
+        ]
+        row += [_num(_mid(by[t].get(k, []), "slo_attainment"), 3) for t in ts]
+        row += [
+            f"{_num(_mid(by[t].get(k, []), 'median_tpot_ms'), 1)} / "
+            f"{_num(_mid(by[t].get(k, []), 'p99_tpot_ms'), 1)}"
+            for t in ts
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def _num(v: float | None, digits: int) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def overload_lines(records: Sequence[Record]) -> list[str]:
+    """Per run with shed requests: what every request got, whether any was lost, the memory."""
+    lines = []
+    for r in records:
+        if r.get("scope") != "run" or not (r.get("shed") or r.get("cut")):
+            continue
+        rss = r.get("router_rss_mib") or {}
+        mem = f"router RSS {rss['first']}-{rss['last']} MiB (max {rss['max']})" if rss else "no RSS"
+        lines.append(
+            f"- {r['schedule']} #{r['repeat']} {r['target']}: {r['requests']} requests, statuses "
+            f"{r.get('statuses')}, {r.get('shed_without_retry_after')} shed without Retry-After, "
+            f"{r.get('cut')} cut, errors {r.get('errors')}; served TTFT p99 "
+            f"{_num(r.get('p99_ttft_ms'), 0)} ms, max {_num(r.get('max_ttft_ms'), 0)} ms; {mem}."
+        )
+    return lines
+
+
+# ---- the report --------------------------------------------------------------------------------
+
+
+def _label(records: Sequence[Record]) -> str:
+    return "SIMULATED" if records and records[0].get("simulated") else "MEASURED"
+
+
+def header(records: Sequence[Record]) -> list[str]:
+    r0 = records[0]
+    label = _label(records)
+    repeats = max(int(r.get("repeat", 1)) for r in records)
+    where = (
+        f"profile `{r0.get('profile')}`, layout `{r0.get('layout')}`, routed: "
+        f"`{r0.get('router', '?')}`"
+        if r0.get("simulated")
+        else f"targets {', '.join(targets(records))}"
+    )
+    lines = [
+        f"# {label}: open-loop traffic, {where}",
+        "",
+        f"**{label}.** Open-loop arrivals (burstiness {r0.get('burstiness')}: gamma shape, 1 = "
+        f"Poisson), SLOs TTFT <= {r0.get('slo_ttft_ms')} ms and TPOT <= {r0.get('slo_tpot_ms')} "
+        f"ms, windows of {r0.get('window_s')} s, {repeats} repeats (targets interleaved, the "
+        "order rotated each repeat; every target of a repeat got the same arrivals). Cells: the "
+        "median of the repeats (min-max).",
+        "",
+        f"Command: `{r0.get('command', '')}`",
+        "",
+    ]
+    if r0.get("simulated"):
+        lines.append(
+            f"- Time: model time; the simulators ran {r0.get('speed')}x wall-clock. Every run "
+            "had simulators (and, routed, a router) started fresh for it alone."
+        )
+        lines.append(simreport.machine_line(records, "the client, routers and simulators"))
+    lines += simreport.code_lines(records)
+    lines += [x for x in (run_time_line(records),) if x]
+    return [*lines, ""]
+
+
+def render(records: Sequence[Record]) -> str:
+    lines = header(records)
+    lines += ["## Goals", ""]
+    for goal, ok, detail in goals(records):
+        verdict = "-" if ok is None else ("PASS" if ok else "MISS")
+        lines.append(f"- {verdict}: {goal}: {detail}")
+    lines.append("")
+    for name in schedules(records):
+        text = next((r.get("schedule_text") for r in records if r.get("schedule") == name), "")
+        lines += [f"## `{name}` ({text})", "", *run_table(records, name), ""]
+        if not is_sweep(name):
+            lines += [*window_table(records, name), ""]
+    over = overload_lines(records)
+    if over:
+        lines += ["## Shed and cut requests", "", *over, ""]
+    return "\n".join(lines)
+
+
+def summary(records: Sequence[Record]) -> str:
+    out = []
+    for goal, ok, detail in goals(records):
+        out.append(f"{'-' if ok is None else ('PASS' if ok else 'MISS')}: {goal}: {detail}\n")
+    return "".join(out)
+
+
+COLORS = {"routed": "tab:green", "eagle": "tab:blue", "baseline": "tab:orange"}
+
+
+def _series(
+    records: Sequence[Record], name: str, target: str, key: str
+) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for recs in windows(records, name, target).values():
+        v = _mid(recs, key)
+        if v is not None:
+            xs.append((float(recs[0]["t0_s"]) + float(recs[0]["t1_s"])) / 2)
+            ys.append(v)
+    return xs, ys
+
+
+def plot_series(records: Sequence[Record], name: str, path: Path) -> None:
+    """Rate and the routed pool share on top; TPOT p50 and p99 of every target below."""
+    title = f"{_label(records)}: open-loop `{name}`, medians of repeats"
+    with simreport.figure(path, title, 2, 1, figsize=(10, 7), sharex=True) as (_, (top, bottom)):
+        xs, ys = _series(records, name, targets(records)[0], "scheduled_rate")
+        top.plot(xs, ys, color="gray", label="scheduled rate")
+        xs, ys = _series(records, name, ROUTED, "offered_rate")
+        top.plot(xs, ys, color="black", linestyle=":", label="offered rate")
+        top.set_ylabel("requests / s")
+        share = top.twinx()
+        xs, ys = _series(records, name, ROUTED, "eagle_share")
+        share.plot(xs, ys, color=COLORS["routed"], label="routed: share on EAGLE")
+        share.set_ylim(-0.05, 1.05)
+        share.set_ylabel("routed share on EAGLE")
+        top.legend(loc="upper left")
+        share.legend(loc="upper right")
+        for t in targets(records):
+            color = COLORS.get(t)
+            xs, ys = _series(records, name, t, "median_tpot_ms")
+            bottom.plot(xs, ys, color=color, label=f"{t} p50")
+            xs, ys = _series(records, name, t, "p99_tpot_ms")
+            bottom.plot(xs, ys, color=color, linestyle="--", label=f"{t} p99")
+        bottom.set_ylabel("TPOT ms")
+        bottom.set_xlabel("time (s)")
+        bottom.set_yscale("log")
+        bottom.legend(ncol=3, fontsize="small")
+
+
+def plot_sweep(records: Sequence[Record], path: Path) -> None:
+    """Goodput and p99 TPOT against the request rate, one line per target with min-max bars."""
+    names = [n for n in schedules(records) if is_sweep(n)]
+    title = f"{_label(records)}: open-loop rate sweep, medians of repeats (min-max)"
+    with simreport.figure(path, title, 1, 2, figsize=(11, 4.5)) as (_, (left, right)):
+        for t in targets(records):
+            for ax, key in ((left, "goodput"), (right, "p99_tpot_ms")):
+                pts = []
+                for n in names:
+                    m = med_of(runs(records, n, t), key)
+                    rate = _rate_of(records, n)
+                    if m is not None and rate is not None:
+                        pts.append((rate, *m))
+                pts.sort()
+                if not pts:
+                    continue
+                xs = [p[0] for p in pts]
+                ys = [p[1] for p in pts]
+                err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
+                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=COLORS.get(t), label=t)
+        left.set_xlabel("request rate (req/s)")
+        left.set_ylabel("goodput (req/s meeting both SLOs)")
+        right.set_xlabel("request rate (req/s)")
+        right.set_ylabel("p99 TPOT ms")
+        right.set_yscale("log")
+        left.legend()
+
+
+def pictures(records: Sequence[Record], out: Path) -> list[Path]:
+    made = []
+    for name in schedules(records):
+        if not is_sweep(name):
+            path = out.with_name(f"{out.stem}-{name}.png")
+            plot_series(records, name, path)
+            made.append(path)
+    if any(is_sweep(n) for n in schedules(records)):
+        path = out.with_name(f"{out.stem}-sweep.png")
+        plot_sweep(records, path)
+        made.append(path)
+    return made
+
+
+def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
+    """OUT.md and the pictures (OUT-NAME.png per time series, OUT-sweep.png); returns the
+    Markdown and the first picture."""
+    md = out.with_suffix(".md")
+    made = pictures(records, out)
+    text = render(records)
+    if made:
+        text += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in made) + "\n"
+    md.write_text(text, encoding="utf-8")
+    return md, (made[0] if made else md)
