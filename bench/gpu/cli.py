@@ -97,26 +97,33 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
         p.error(f"--layout: unknown layout {args.layout!r}")
     if args.plan == "eight" and args.layout == "all" and not args.dry_run:
         p.error("--layout all only with --dry-run (one layout per command)")
-    if args.dry_run and args.plan not in ("eight", "kill"):
-        p.error("--dry-run: only the eight and kill plans have one")
-    steady_plans = ("pair-a", "pair-b", "router-cost")
+    if args.dry_run and args.plan not in ("eight", "kill", "traffic"):
+        p.error("--dry-run: only the eight, kill and traffic plans have one")
+    steady_plans = ("pair-a", "pair-b", "router-cost", "traffic")
     only_steady = args.keep or args.router_cost or args.sweep_seconds is not None
     if (only_steady or args.resume_from is not None) and args.plan not in steady_plans:
         p.error(f"--keep, --router-cost, --sweep-seconds, --resume-from: only the "
                 f"{', '.join(steady_plans)} plans")  # fmt: skip
     if args.resume_from is not None:
         from dynspec.bench.gpu.steady import sweep_file
+        from dynspec.bench.gpu.trafficplan import RESULTS
 
+        name = RESULTS if args.plan == "traffic" else sweep_file(args.plan)
         if not args.resume_from.is_dir():
             p.error(f"--resume-from: no folder {args.resume_from}")
-        if not (args.resume_from / sweep_file(args.plan)).is_file():
-            p.error(f"--resume-from: {args.resume_from} holds no {sweep_file(args.plan)}")
+        if not (args.resume_from / name).is_file():
+            p.error(f"--resume-from: {args.resume_from} holds no {name}")
     pair_only = [flag for flag, value in (("--baseline-from", args.baseline_from),
                                           ("--baseline-limit", args.baseline_limit),
                                           ("--baseline-args", args.baseline_args))
                  if value is not None]  # fmt: skip
-    if pair_only and args.plan not in ("pair-a", "pair-b"):
-        p.error(f"{', '.join(pair_only)}: only the pair-a and pair-b plans")
+    if pair_only and args.plan not in ("pair-a", "pair-b", "traffic"):
+        p.error(f"{', '.join(pair_only)}: only the pair-a, pair-b and traffic plans")
+    from dynspec.bench.gpu import trafficplan
+
+    wrong = trafficplan.check_flags(args)
+    if wrong:
+        p.error(wrong)
     if args.router_cost and args.plan == "router-cost":
         p.error("--router-cost: the router-cost plan measures nothing else")
     if args.dry_run:
@@ -138,6 +145,14 @@ def plan_body(args: argparse.Namespace) -> Body:
     from dynspec.bench.gpu.toolkit import LEVELS, PAIR_LEVELS
 
     levels = args.levels or (LEVELS if args.plan in ("main", "levels") else PAIR_LEVELS)
+    if args.plan == "traffic":
+        from dynspec.bench.gpu import trafficplan
+
+        plan = trafficplan.plan_of(args)
+        return lambda run, models, session: trafficplan.plan_traffic(
+            run, models, plan, session=session, keep=args.keep, seconds=args.sweep_seconds,
+            command=trafficplan.command_line(),
+        )  # fmt: skip
     if args.plan in ("pair-a", "pair-b", "router-cost"):
         from dynspec.bench.gpu import steady
 
@@ -187,7 +202,7 @@ def plan_body(args: argparse.Namespace) -> Body:
     )
 
 
-PLANS = ("main", "levels", "pair-a", "pair-b", "router-cost", "eight", "kill")
+PLANS = ("main", "levels", "pair-a", "pair-b", "router-cost", "eight", "kill", "traffic")
 KILL_SERVERS = ("eagle", "baseline")
 EIGHT_LAYOUTS = ("build", "split", "paired", "paired-mps", "2x-eagle", "2x-baseline", "2x-adaptive")
 RUN_HELP = """One bounded attempt on a GPU machine (at most --budget seconds; the levels are the
@@ -195,7 +210,9 @@ steady instrument's: --requests-per-c x C requests and --min-seconds each, after
 targets interleaved, --repeats runs of each point). Plans: main (router checks and sweeps),
 levels (EAGLE-3 variants alone), pair-a / pair-b (one GPU = one pair behind --threshold auto,
 calibrated at launch; pair-b with --mps), router-cost (the router against the EAGLE server's own
-port), eight (eight GPUs, one --layout a command), kill (SIGKILL a server under load)."""
+port), eight (eight GPUs, one --layout a command), kill (SIGKILL a server under load), traffic
+(open-loop arrivals, a compressed day and constant rates, against the pair-b launch: the routed
+pair and each server alone; over several --keep commands, see --dry-run)."""
 
 
 def drafts(args: argparse.Namespace) -> tuple[str, ...]:
@@ -205,6 +222,8 @@ def drafts(args: argparse.Namespace) -> tuple[str, ...]:
 
     if args.plan == "eight":
         return ()  # the eight plan's build layout makes its own models
+    if args.plan == "traffic":
+        return (args.draft,)
     if args.plan != "levels":
         return ("hi",)
     from dynspec.bench.gpu.levels import level_servers
@@ -252,6 +271,15 @@ def dry_run(args: argparse.Namespace) -> str:
         dry = Run(out=args.out, work=args.work, deadline=time.monotonic() + args.budget, env={})
         dry.ports = args.ports
         return kill_dry_run(dry, models, concurrency=args.concurrency, kills=args.kills)
+    if args.plan == "traffic":
+        from dynspec.bench.gpu import trafficplan
+        from dynspec.bench.gpu.toolkit import Steady
+
+        dry = Run(out=args.out, work=args.work, deadline=time.monotonic() + args.budget, env={})
+        dry.ports, dry.python = args.ports, "python3"
+        dry.steady = Steady(repeats=args.repeats, output_len=args.output_len)
+        plan = trafficplan.plan_of(args)
+        return trafficplan.dry_run(dry, models, plan, budget=min(args.budget, 600.0))
     from dynspec.bench.gpu.eight import dry_run as eight_dry_run
 
     return eight_dry_run(args.layout, python=sys.executable, models=models, work=args.work,
@@ -328,7 +356,7 @@ def run_parser() -> FlagParser:
     p.add_argument(
         "--threshold",
         type=_threshold,
-        help="router threshold: N or auto (default: 32 for main, auto for pair-*)",
+        help="router threshold: N or auto (default: 32 for main, auto for pair-* and traffic)",
     )
     p.add_argument(
         "--hysteresis", type=non_negative_int, default=8, help="router hysteresis (main)"
@@ -358,24 +386,26 @@ def run_parser() -> FlagParser:
     p.add_argument(
         "--keep",
         action="store_true",
-        help="pair-*, router-cost: when the budget ends before the sweep, leave the launcher "
-        "running for the next command with the same --work, which resumes the sweep",
+        help="pair-*, router-cost, traffic: when the budget ends before the sweep (the runs), "
+        "leave the launcher running for the next command with the same --work, which resumes",
     )
     p.add_argument(
         "--resume-from",
         type=Path,
         default=None,
-        help="pair-*, router-cost: when no session is kept (a fresh machine), go on from an "
-        "earlier command's results carried into the working tree (its sweep JSONL, meta.json, "
-        "calibration-*.json): a new launch keeps its whole (level, repeat) groups and measures "
-        "the rest; ignored when a session is kept",
+        help="pair-*, router-cost, traffic: when no session is kept (a fresh machine), go on "
+        "from an earlier command's results carried into the working tree (its sweep JSONL or "
+        "traffic.jsonl, meta.json, calibration-*.json): a new launch keeps its whole (level, "
+        "repeat) or (schedule, repeat) groups and measures the rest; ignored when a session is "
+        "kept",
     )
     p.add_argument(
         "--sweep-seconds",
         type=non_negative_float,
         default=None,
-        help="pair-*, router-cost: start no level later than this many seconds into this "
-        "command's sweep (default: what --budget leaves); with --keep the next command goes on",
+        help="pair-*, router-cost, traffic: start no level (run) later than this many seconds "
+        "into this command's sweep (default: what --budget leaves); with --keep the next "
+        "command goes on",
     )
     p.add_argument(
         "--router-cost",
@@ -387,14 +417,15 @@ def run_parser() -> FlagParser:
         "--baseline-limit",
         type=positive_int,
         default=None,
-        help="pair-*: the baseline server's --max-running-requests (default: SGLang's own); "
-        "past it the baseline queues, as EAGLE does past its 128",
+        help="pair-*, traffic: the baseline server's --max-running-requests (default: SGLang's "
+        "own; traffic: 128); past it the baseline queues, as EAGLE does past its 128",
     )
     p.add_argument(
         "--baseline-args",
         type=_baseline_args,
         default=None,
-        help="pair-*: more SGLang flags for the baseline server alone, after the launcher's, e.g. "
+        help="pair-*, traffic: more SGLang flags for the baseline server alone, after the "
+        "launcher's, e.g. "
         "'--stream-interval 1' (one token a chunk, SGLang's default; dynspec-launch gives the "
         "baseline 4)",
     )
@@ -423,7 +454,12 @@ def run_parser() -> FlagParser:
         "--ports", type=_ports, default="8000,30001,30002", help="router, EAGLE, baseline ports"
     )
     p.add_argument("--layout", default="split", help="eight plan: " + ", ".join(EIGHT_LAYOUTS))
-    p.add_argument("--draft", choices=("hi", "p54"), default="hi", help="eight plan: EAGLE draft")
+    p.add_argument(
+        "--draft",
+        choices=("hi", "p54"),
+        default="hi",
+        help="eight, traffic plans: EAGLE draft (hi: accept 4; p54: about 2.4)",
+    )
     p.add_argument(
         "--concurrency", type=positive_int, default=32, help="kill plan: closed-loop clients"
     )
@@ -436,8 +472,11 @@ def run_parser() -> FlagParser:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="eight and kill plans: print every command, start nothing",
+        help="eight, kill and traffic plans: print every command, start nothing",
     )
+    from dynspec.bench.gpu.trafficplan import add_flags
+
+    add_flags(p)
     return p
 
 

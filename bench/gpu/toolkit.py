@@ -455,13 +455,15 @@ def launch_argv(
     after_s: float = 240.0,
     baseline_limit: int | None = None,
     baseline_args: str = "",
+    draft: str = "hi",
 ) -> list[str]:
     """``dynspec-launch --gpus 0``: the EAGLE-3 server (draft ``hi``: every draft accepted) and
     the baseline on one GPU, the router in front (the plans ``pair-*``, ``router-cost`` and
     ``kill``, which restarts its servers: ``restart`` on-failure). Each server may take until
     ``after_s`` is all that is left of the budget (what the plan needs once both run).
     ``baseline_limit``: the baseline's ``--max-running-requests`` too (None: SGLang's own);
-    ``baseline_args``: more SGLang flags for the baseline, after those."""
+    ``baseline_args``: more SGLang flags for the baseline, after those; ``draft``: the EAGLE
+    draft (``traffic`` may run ``p54``, accept length about 2.4)."""
     baseline = "--cuda-graph-max-bs-decode 256"
     if baseline_limit is not None:
         baseline += f" --max-running-requests {baseline_limit}"
@@ -469,7 +471,8 @@ def launch_argv(
         baseline += f" {baseline_args}"
     argv = [
         run.python, "-m", "dynspec.launcher", "--gpus", "0",
-        "--model-path", str(models / "llama8b"), "--draft-model-path", str(models / "eagle3-hi"),
+        "--model-path", str(models / "llama8b"),
+        "--draft-model-path", str(models / f"eagle3-{draft}"),
         "--served-model-name", SERVED, *EAGLE_STEPS_ALL, "--threshold", threshold,
         *(["--hysteresis", str(hysteresis)] if hysteresis is not None else []),
         "--host", "127.0.0.1", "--port", str(run.ports[0]),

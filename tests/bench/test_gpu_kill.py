@@ -158,7 +158,7 @@ def test_dry_run_prints_the_launch_and_each_kill_and_starts_nothing(tmp_path: Pa
     assert sum("dynspec.bench.gpu.killload" in ln for ln in lines) == 2
     assert not (tmp_path / "out").exists()
     other = gpu_run(tmp_path, "--plan", "main", "--dry-run")
-    assert other.returncode == 2 and "only the eight and kill plans" in other.stderr
+    assert other.returncode == 2 and "only the eight, kill and traffic plans" in other.stderr
 
 
 def test_bad_kills_are_a_usage_error(tmp_path: Path) -> None:

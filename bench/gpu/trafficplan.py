@@ -1,0 +1,525 @@
+"""The ``traffic`` plan: open-loop traffic on one GPU, the routed pair against each of its
+servers alone (``dynspec.bench.traffic.run_live``).
+
+One ``dynspec-launch --gpus 0 --threshold auto --mps`` (``pair-b``'s launch: the EAGLE-3 server,
+then the baseline once EAGLE is healthy, both capped at 128 running as in ``pair-b-interval4``,
+the router in front, calibrated at launch), a short warm pass (every server at C=1..256 once, so
+no triton kernel compiles inside a measured run), then ``run_live`` over the router and the two
+servers' own ports: per repeat, per schedule, every target in turn with the same arrivals. The
+schedules: ``day`` (the compressed day over ``--traffic-day-seconds``, peak ``--traffic-peak``
+req/s) and, with ``--traffic-rates``, one constant rate a schedule (``rate-R``, R req/s for
+``--traffic-rate-seconds``).
+
+The peak, unless given, comes from the launch's calibration (``capacity``): each server's top
+calibrated output tok/s, scaled by what that calibration overstated with prefill paid, over the
+output length, is what it can serve a second; the peak is the geometric mean of EAGLE's and the
+baseline's, as far above EAGLE's capacity (overloaded alone) as below the baseline's (still
+served). It is chosen once, by the first launch, and kept in ``meta.json``: every later command
+(a kept launch, or ``--resume-from`` on a fresh machine) sends the same arrivals.
+
+One device command holds a launch and a run or two, not a plan: ``--keep`` leaves the launch
+running for the next command, whose ``run_live`` skips the runs already in ``traffic.jsonl``;
+on a fresh machine ``--resume-from`` an earlier command's results keeps its whole (schedule,
+repeat) groups and runs the rest in a new launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dynspec.bench.gpu.attempt import keep_session
+from dynspec.bench.gpu.leftovers import compute_apps
+from dynspec.bench.gpu.steady import copy_calibration, same_servers, stop_all
+from dynspec.bench.gpu.toolkit import (
+    Run,
+    RunFailed,
+    check_model_loads,
+    launch_argv,
+    start_launcher,
+    warm,
+)
+from dynspec.common.cli import positive_float
+
+RESULTS = "traffic.jsonl"
+TARGETS = ("routed", "eagle", "baseline")
+WARM_LEVELS = (1, 16, 64, 128, 256)  # pair-b-interval4's warm pass: 26 s on the H200
+# Both servers capped at 128 running, as in every pair run since pair-a-capped: the baseline
+# uncapped ran all 256 of C=256 at once on the H200 and lost to EAGLE, which queues past 128.
+BASELINE_LIMIT = 128
+# What the calibration (decode-only windows, POST /v1/completions) overstated with prefill paid
+# and a new prompt a request, under MPS, both servers capped at 128 (pair-b-interval4, the
+# launch this plan repeats): the steady C=256 median (saturated: 128 running, 128 queued) over
+# the top calibrated tok/s. EAGLE 7,094 / 9,457; the baseline 9,093 / 9,722.
+EAGLE_SCALE = 0.75
+BASELINE_SCALE = 0.935
+# The peak is at least this far above EAGLE's capacity, whatever the baseline's calibration read:
+# that reading has ranged from 0.67x EAGLE's (pair-a-learner: 6,469 against 9,585) to 1.08x
+# (pair-b-calibrated), where the steady runs under MPS put the baseline at 1.28x EAGLE's.
+EAGLE_OVERLOAD = 1.10
+# The open-loop runner: a run is started only if this much (beyond its schedule and drain) is
+# left before the deadline (dynspec.bench.traffic._each); drains of a loaded server's queue.
+RUN_MARGIN_S = 15.0
+DRAIN_S = 30.0
+TYPICAL_DRAIN_S = 5.0
+# Measured on the H200 (bench/results/h200/*/meta.json and console-1.txt): set-up (bundle,
+# versions, models) 54 s; an MPS launch with its calibration ready after 225-248 s (pair-b-*);
+# the 5-level warm pass 26 s; the kept launch stopped in about 25 s.
+SETUP_S = 55.0
+LAUNCH_MPS_S = 250.0
+WARM_S = 26.0
+STOP_S = 25.0
+KEEP_RESERVE_S = 20.0  # attempt.py's reserve with --keep
+EXAMPLE_CALIBRATION = "results/h200/pair-b-interval4"  # under bench/: the plan's launch, MPS
+
+
+@dataclass(frozen=True)
+class TrafficPlan:
+    """The plan's flags (``--traffic-*``, ``--draft`` and the baseline's): what must be the same
+    in every command of one run."""
+
+    day_seconds: float = 120.0
+    peak: float | None = None  # req/s at the day's peak; None: from the launch's calibration
+    rates: tuple[float, ...] = ()  # constant-rate schedules, req/s each
+    rate_seconds: float = 30.0
+    draft: str = "hi"
+    threshold: str = "auto"
+    baseline_limit: int | None = BASELINE_LIMIT
+    baseline_args: str = ""
+    drain_s: float = DRAIN_S
+
+    def schedule_seconds(self) -> list[tuple[str, float]]:
+        """Each schedule's name and length, in the order ``run_live`` runs them."""
+        rates = [(rate_name(r), self.rate_seconds) for r in self.rates]
+        return [("day", self.day_seconds), *rates]
+
+    def settings(self) -> dict[str, Any]:
+        """What ``meta.json`` keeps (``peak`` as chosen is kept beside it, as ``peak_rps``)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def rate_name(rate: float) -> str:
+    return f"rate-{rate:g}"
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the calibration says each server serves a second, and the peak chosen from it."""
+
+    eagle_rps: float
+    baseline_rps: float
+    peak_rps: float
+
+    @property
+    def separated(self) -> bool:
+        """Whether the peak lies between the two capacities as calibrated."""
+        return self.eagle_rps < self.peak_rps < self.baseline_rps
+
+    def line(self) -> str:
+        told = ("" if self.separated else f" ({EAGLE_OVERLOAD:g}x EAGLE's: the calibration puts "
+                "the baseline no higher, so the day may overload it too)")  # fmt: skip
+        return (f"EAGLE serves ~{self.eagle_rps:.1f} req/s, the baseline ~{self.baseline_rps:.1f}: "
+                f"peak {self.peak_rps:.1f} req/s{told}")  # fmt: skip
+
+
+def top_throughput(profile: Mapping[str, Any], mode: str) -> float:
+    """The highest output tok/s of ``mode``'s calibrated curve (EAGLE's is flat past its running
+    limit: the calibration measures up to it, not beyond)."""
+    try:
+        curve = profile["modes"][mode]["throughput"]
+        top = max(float(tok) for _c, tok in curve)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RunFailed(f"the calibration has no {mode} throughput curve ({exc})") from None
+    if not top > 0:
+        raise RunFailed(f"the calibration's {mode} throughput is {top}")
+    return top
+
+
+def capacity(profile: Mapping[str, Any], output_len: int) -> Capacity:
+    """Each server's capacity in requests a second (top calibrated tok/s x its scale / output
+    tokens a request), and the peak: their geometric mean, at least ``EAGLE_OVERLOAD`` x EAGLE's,
+    rounded to 0.1 req/s. With the H200's
+    pair-b-interval4 calibration: EAGLE 9,457 x 0.75 / 128 = 55.4, the baseline 9,722 x 0.935 /
+    128 = 71.0, peak 62.7 (1.13x EAGLE's, 0.88x the baseline's). The p54 draft's EAGLE served
+    0.53x the hi draft's at C=128 (sweep-levels: 5,085 tok/s against 9,619): its capacity would
+    read about 29, the peak about 46 (1.6x EAGLE's)."""
+    eagle = top_throughput(profile, "eagle") * EAGLE_SCALE / output_len
+    baseline = top_throughput(profile, "baseline") * BASELINE_SCALE / output_len
+    peak = max(math.sqrt(eagle * baseline), eagle * EAGLE_OVERLOAD)
+    return Capacity(round(eagle, 1), round(baseline, 1), round(peak, 1))
+
+
+def read_profile(folder: Path) -> dict[str, Any]:
+    """The one calibration profile (``*.json``) in ``folder``."""
+    found = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    if not found:
+        raise RunFailed(f"no calibration profile in {folder}: give --traffic-peak")
+    try:
+        raw: dict[str, Any] = json.loads(found[-1].read_text())
+    except (OSError, ValueError) as exc:
+        raise RunFailed(f"calibration {found[-1]}: {exc}") from None
+    return raw
+
+
+def urls(ports: Sequence[int]) -> dict[str, str]:
+    """The router's and the two servers' own base URLs (``--ports``: router, EAGLE, baseline)."""
+    return {label: f"http://127.0.0.1:{p}" for label, p in zip(TARGETS, ports, strict=True)}
+
+
+def build_targets(ports: Sequence[int]) -> list[Any]:
+    """``load.Target`` of the router and of each server alone, in ``TARGETS``' order."""
+    from dynspec.bench import load
+
+    return [load.Target(label, url) for label, url in urls(ports).items()]
+
+
+def live_modules() -> tuple[Any, Any]:
+    """``dynspec.bench.traffic`` and ``dynspec.bench.arrivals``, imported when a run needs
+    them (a dry run does not)."""
+    traffic = importlib.import_module("dynspec.bench.traffic")
+    arrivals = importlib.import_module("dynspec.bench.arrivals")
+    return traffic, arrivals
+
+
+def schedules(plan: TrafficPlan, peak: float, arrivals: Any) -> tuple[tuple[str, Any], ...]:
+    day = arrivals.parse_schedule(f"day:{plan.day_seconds:g}", rate=peak)
+    rates = [(rate_name(r), arrivals.constant(r, plan.rate_seconds)) for r in plan.rates]
+    return (("day", day), *rates)
+
+
+def runs_left(out: Path, names: Sequence[str], repeats: int, labels: Sequence[str]) -> int:
+    """How many (schedule, repeat, target) runs of the plan ``out`` does not hold yet (each run
+    appends its records when it ends, so a run is in ``out`` whole or not at all)."""
+    done = {key for key in run_keys(out) if key[0] in names and key[2] in labels}
+    done = {k for k in done if 1 <= k[1] <= repeats}
+    return len(names) * repeats * len(labels) - len(done)
+
+
+def run_keys(out: Path) -> set[tuple[str, int, str]]:
+    if not out.is_file():
+        return set()
+    keys = set()
+    for line in out.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            keys.add((str(r["schedule"]), int(r["repeat"]), str(r["target"])))
+    return keys
+
+
+def whole_groups(lines: Sequence[str], labels: Sequence[str]) -> list[str]:
+    """The records of the (schedule, repeat) groups every target ran in: a group left in part
+    is run again whole in the next launch, its targets measured side by side."""
+    rows = [(ln, json.loads(ln)) for ln in lines if ln.strip()]
+    ran: dict[tuple[str, int], set[str]] = {}
+    for _, r in rows:
+        ran.setdefault((str(r["schedule"]), int(r["repeat"])), set()).add(str(r["target"]))
+    whole = {g for g, got in ran.items() if set(labels) <= got}
+    return [ln for ln, r in rows if (str(r["schedule"]), int(r["repeat"])) in whole]
+
+
+def settle_peak(run: Run, plan: TrafficPlan) -> float:
+    """The peak of this run: the one an earlier command of it chose (``meta.json``), else the
+    flag's, else the calibration's (``capacity``); refused when the earlier command's plan was
+    another (its arrivals would not be this one's)."""
+    earlier = run.meta.get("traffic")
+    mine = plan.settings()
+    if earlier:
+        theirs, chosen = earlier.get("settings", {}), float(earlier["peak_rps"])
+        differ = [f"{k} {theirs.get(k)} there, {mine[k]} here" for k in sorted(mine)
+                  if k != "peak" and theirs.get(k) != mine[k]]  # fmt: skip
+        # A later command may leave the peak to the first's choice; one that names it must agree.
+        if plan.peak is not None and plan.peak != chosen:
+            differ.append(f"peak {chosen:g} there, {plan.peak:g} here")
+        if differ:
+            raise RunFailed(f"the earlier command ran another traffic plan ({'; '.join(differ)})")
+        return chosen
+    record: dict[str, Any] = {"settings": mine}
+    if plan.peak is not None:
+        record["peak_rps"] = plan.peak
+    else:
+        cap = capacity(read_profile(run.logs / "calibration"), run.steady.output_len)
+        record.update(peak_rps=cap.peak_rps, capacity=asdict(cap))
+        run.say(f"the day's peak from the calibration: {cap.line()}")
+    run.meta["traffic"] = record
+    return float(record["peak_rps"])
+
+
+def begin_launch(run: Run, out: Path, launch: Sequence[str]) -> int:
+    """This launch's entry in ``meta["launches"]`` and its number (from 1); going on from an
+    earlier command's results (``--resume-from``), first its whole groups into ``out``."""
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    entry: dict[str, Any] = {"tag": run.tag, "started": started,
+                             "commit": run.meta.get("commit"), "records_kept": 0}  # fmt: skip
+    folder = run.resumed_from
+    if folder is not None:
+        same_servers(run.meta.get("launch_argv"), launch)
+        try:
+            lines = (folder / RESULTS).read_text().splitlines()
+            kept = whole_groups(lines, TARGETS)
+        except (OSError, ValueError, KeyError) as exc:
+            raise RunFailed(f"--resume-from: {exc}") from None
+        out.write_text("".join(ln + "\n" for ln in kept))
+        for f in sorted(folder.glob("calibration-*.json")):
+            (run.results / f.name).write_bytes(f.read_bytes())
+        dropped = len([ln for ln in lines if ln.strip()]) - len(kept)
+        run.say(f"resuming from {folder}: {len(kept)} records kept, {dropped} dropped (of "
+                "groups run in part: run again whole)")  # fmt: skip
+        entry.update(resumed_from=str(folder), records_kept=len(kept), records_dropped=dropped)
+    launches = run.meta.setdefault("launches", [])
+    launches.append(entry)
+    return len(launches)
+
+
+def plan_traffic(
+    run: Run,
+    models: Path,
+    plan: TrafficPlan,
+    *,
+    session: dict[str, Any] | None,
+    keep: bool,
+    seconds: float | None = None,
+    command: str = "",
+    modules: tuple[Any, Any] | None = None,
+) -> int:
+    """The plan's body (``attempt.Body``): launch (or the kept launch), warm, ``run_live`` until
+    every run is in ``traffic.jsonl`` or the budget (``seconds`` at most) is spent; then keep the
+    launch for the next command (``keep``) or stop it."""
+    traffic, arrivals = modules or live_modules()
+    check_model_loads(models / "llama8b")
+    check_model_loads(models / f"eagle3-{plan.draft}")
+    out = run.results / RESULTS
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    if session is None:
+        launch = launch_argv(run, models, threshold=plan.threshold, mps=True, draft=plan.draft,
+                             baseline_limit=plan.baseline_limit,
+                             baseline_args=plan.baseline_args)  # fmt: skip
+        # Going on from an earlier command (--resume-from): its plan checked before anything
+        # starts (the launch's own check leaves out where the models are, the draft included).
+        peak = settle_peak(run, plan) if "traffic" in run.meta else None
+        this_launch = begin_launch(run, out, launch)
+        procs["launcher"] = start_launcher(run, launch)
+        run.meta["compute_apps"] = compute_apps()[1]
+        copy_calibration(run, this_launch)
+        if peak is None:
+            peak = settle_peak(run, plan)
+        served = urls(run.ports)
+        warm(run, {"eagle": served["eagle"], "baseline": served["baseline"]}, WARM_LEVELS)
+    else:
+        this_launch = max(1, len(run.meta.get("launches", [])))  # the kept one: the last
+        peak = settle_peak(run, plan)
+    cfg = traffic.TrafficConfig(
+        schedules=schedules(plan, peak, arrivals), input_len=run.steady.input_len,
+        output_len=run.steady.output_len, repeats=run.steady.repeats, drain_s=plan.drain_s,
+        command=command,
+    )  # fmt: skip
+    deadline = run.deadline - run.reserve
+    if seconds is not None:
+        deadline = min(deadline, time.monotonic() + seconds)
+    extra = {"plan": "traffic", "commit": run.meta.get("commit"), "launch": this_launch,
+             "draft": plan.draft, "peak_rps": peak, "mps": True,
+             "gpu": run.meta.get("versions", {}).get("gpu")}  # fmt: skip
+    names = [name for name, _ in plan.schedule_seconds()]
+    run.say(f"traffic: {', '.join(names)} (day peak {peak:g} req/s) x {run.steady.repeats} "
+            f"repeats over {', '.join(TARGETS)}")  # fmt: skip
+    served = urls(run.ports)
+    traffic.run_live(build_targets(run.ports), cfg, out, watch={"routed": served["routed"]},
+                     extra=extra, deadline=deadline)  # fmt: skip
+    left = runs_left(out, names, run.steady.repeats, TARGETS)
+    run.meta["traffic_runs_left"] = left
+    if left:
+        run.say(f"{left} runs left (the budget): the next command with --keep resumes; on a "
+                "fresh machine, --resume-from this command's results")  # fmt: skip
+    if left and keep:
+        if session is None:
+            keep_session(run, procs)
+        else:
+            run.keep = True
+        return 0
+    stop_all(run, procs, session)
+    return 0
+
+
+# -- the operator's view: the estimate and the dry run ----------------------------------------
+
+
+def commands_needed(
+    plan: TrafficPlan, repeats: int, budget: float, *, drain: float
+) -> list[tuple[int, float]]:
+    """Runs and seconds of each device command of ``--keep`` commands of ``budget`` seconds, each
+    run lasting its schedule plus ``drain`` (the runner starts a run only if its schedule, the
+    whole drain and ``RUN_MARGIN_S`` fit before the deadline): the first command also sets up,
+    launches and warms, the last stops the launch."""
+    lengths = [s for _, s in plan.schedule_seconds()] * repeats * len(TARGETS)
+    if any(s + plan.drain_s + RUN_MARGIN_S > budget - KEEP_RESERVE_S for s in lengths):
+        raise RunFailed("a run is longer than one command's budget")
+    out: list[tuple[int, float]] = []
+    t = SETUP_S + LAUNCH_MPS_S + WARM_S
+    runs = 0
+    while lengths:
+        s = lengths[0]
+        if t + s + plan.drain_s + RUN_MARGIN_S <= budget - KEEP_RESERVE_S:
+            t += s + drain
+            runs += 1
+            lengths.pop(0)
+            continue
+        out.append((runs, t))
+        t, runs = 0.0, 0
+    out.append((runs, t + STOP_S))
+    return out
+
+
+def estimate_lines(plan: TrafficPlan, repeats: int, budget: float) -> list[str]:
+    total = len(plan.schedule_seconds()) * repeats * len(TARGETS)
+    lines = [
+        f"# {total} runs; device commands of --budget {budget:g} with --keep (the first sets up "
+        f"{SETUP_S:.0f} s, launches {LAUNCH_MPS_S:.0f} s, warms {WARM_S:.0f} s):"
+    ]
+    for what, drain in (("typical", TYPICAL_DRAIN_S), ("every run draining", plan.drain_s)):
+        cmds = commands_needed(plan, repeats, budget, drain=drain)
+        per = ", ".join(f"{n} ({s:.0f} s)" for n, s in cmds)
+        lines.append(f"#   {what} {drain:g} s: {len(cmds)} commands, runs (seconds) {per}; "
+                     f"{sum(s for _, s in cmds) / 60:.1f} device minutes")  # fmt: skip
+    return lines
+
+
+def example_capacity(output_len: int) -> Capacity | None:
+    """``capacity`` of the H200's last MPS calibration committed (the dry run's example)."""
+    folder = Path(__file__).resolve().parents[1] / EXAMPLE_CALIBRATION
+    found = sorted(folder.glob("calibration-*.json"))
+    try:
+        return capacity(json.loads(found[-1].read_text()), output_len) if found else None
+    except (OSError, ValueError, RunFailed):
+        return None
+
+
+def dry_run(run: Run, models: Path, plan: TrafficPlan, *, budget: float) -> str:
+    """The launch's command line, the schedules, the peak's rule and the commands it takes."""
+    st = run.steady
+    launch = launch_argv(run, models, threshold=plan.threshold, mps=True, draft=plan.draft,
+                         baseline_limit=plan.baseline_limit,
+                         baseline_args=plan.baseline_args)  # fmt: skip
+    ex = example_capacity(st.output_len)
+    if plan.peak is not None:
+        peak = f"{plan.peak:g} req/s (--traffic-peak)"
+    else:
+        peak = ("auto: chosen at launch from its calibration, the geometric mean of EAGLE's "
+                f"(top tok/s x {EAGLE_SCALE}) and the baseline's (x {BASELINE_SCALE}) capacity at "
+                f"{st.output_len} output tokens, at least {EAGLE_OVERLOAD:g}x EAGLE's")  # fmt: skip
+        peak += f"; with {EXAMPLE_CALIBRATION}'s: {ex.line()}" if ex else ""
+    lines = [
+        f"# traffic plan: one launch (MPS, draft {plan.draft}, threshold {plan.threshold}), a warm "
+        f"pass at C={','.join(map(str, WARM_LEVELS))}, then {st.repeats} repeats x each schedule "
+        f"x {', '.join(TARGETS)} (order rotated each repeat, the same arrivals within a repeat), "
+        f"{st.input_len} tokens in, {st.output_len} out, drain {plan.drain_s:g} s",
+        f"# day: the compressed day over {plan.day_seconds:g} s (day:{plan.day_seconds:g}), "
+        f"peak {peak}",
+        *(f"# {rate_name(r)}: {r:g} req/s for {plan.rate_seconds:g} s" for r in plan.rates),
+        *estimate_lines(plan, st.repeats, budget),
+        shlex.join(launch),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# -- flags ---------------------------------------------------------------------------------------
+
+TRAFFIC_FLAGS = ("traffic_day_seconds", "traffic_peak", "traffic_rates", "traffic_rate_seconds")
+
+
+def _peak(text: str) -> float | None:
+    if text == "auto":
+        return None
+    try:
+        return positive_float(text)
+    except (ValueError, TypeError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"want req/s > 0 or auto: {text!r}") from None
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    try:
+        rates = tuple(positive_float(x) for x in text.split(",") if x.strip())
+    except (ValueError, TypeError, argparse.ArgumentTypeError):
+        rates = ()
+    if not rates or len(set(rates)) != len(rates):
+        raise argparse.ArgumentTypeError(f"want different req/s > 0, comma-separated: {text!r}")
+    return rates
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--traffic-day-seconds",
+        type=positive_float,
+        default=None,
+        help="traffic: the compressed day's length (default 120)",
+    )
+    p.add_argument(
+        "--traffic-peak",
+        type=_peak,
+        default=None,
+        help="traffic: req/s at the day's peak, or auto (default): from the launch's "
+        "calibration, between EAGLE's capacity and the baseline's (see --dry-run)",
+    )
+    p.add_argument(
+        "--traffic-rates",
+        type=_rates,
+        default=None,
+        help="traffic: constant-rate schedules after the day, req/s, comma-separated (e.g. "
+        "2,8,32,64; default none)",
+    )
+    p.add_argument(
+        "--traffic-rate-seconds",
+        type=positive_float,
+        default=None,
+        help="traffic: each constant rate's length (default 30)",
+    )
+
+
+def check_flags(args: argparse.Namespace) -> str | None:
+    """A usage error of the traffic flags, or None."""
+    given = [f"--{n.replace('_', '-')}" for n in TRAFFIC_FLAGS if getattr(args, n) is not None]
+    if given and args.plan != "traffic":
+        return f"{', '.join(given)}: only the traffic plan"
+    if args.plan != "traffic":
+        return None
+    if args.traffic_rate_seconds is not None and not args.traffic_rates:
+        return "--traffic-rate-seconds: only with --traffic-rates"
+    wrong = [flag for flag, value in (("--levels", args.levels), ("--baseline-from",
+             args.baseline_from)) if value is not None]  # fmt: skip
+    if args.router_cost:
+        wrong.append("--router-cost")
+    if wrong:
+        return f"{', '.join(wrong)}: not for the traffic plan (it runs schedules, not levels)"
+    budget = min(args.budget, 600.0)
+    plan = plan_of(args)
+    longest = max(s for _, s in plan.schedule_seconds()) + plan.drain_s + RUN_MARGIN_S
+    if longest > budget - KEEP_RESERVE_S:
+        return f"a run takes up to {longest:g} s, more than --budget {args.budget:g} holds"
+    return None
+
+
+def plan_of(args: argparse.Namespace) -> TrafficPlan:
+    d = TrafficPlan()
+    return TrafficPlan(
+        day_seconds=args.traffic_day_seconds or d.day_seconds,
+        peak=args.traffic_peak,
+        rates=args.traffic_rates or (),
+        rate_seconds=args.traffic_rate_seconds or d.rate_seconds,
+        draft=args.draft,
+        threshold=args.threshold or "auto",
+        baseline_limit=BASELINE_LIMIT if args.baseline_limit is None else args.baseline_limit,
+        baseline_args=args.baseline_args or "",
+    )
+
+
+def command_line() -> str:
+    """This command as typed (``python -m dynspec.bench gpu run ...``: argv from ``gpu``)."""
+    return shlex.join(["dynspec-bench", *sys.argv[1:]])

@@ -1,0 +1,376 @@
+"""The ``traffic`` plan: its flags, the day's peak from a calibration, the targets from a launch's
+ports, the commands it takes, and its body over two commands on a fake launch and a fake
+``run_live`` (the first keeping the launch for the second), and on a fresh machine going on from
+an earlier command's results."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from dynspec.bench.gpu import cli, steady, trafficplan
+from dynspec.bench.gpu.attempt import kept_session
+from dynspec.bench.gpu.toolkit import Run, RunFailed, Steady
+from dynspec.bench.gpu.trafficplan import TrafficPlan, capacity
+from dynspec.bench.procs import alive
+
+
+def profile(eagle: float, baseline: float) -> dict[str, Any]:
+    """A calibration profile's curves (the launcher's format), topping out at these tok/s."""
+    return {"modes": {
+        "eagle": {"throughput": [[1, 507.2], [64, eagle * 0.7], [128, eagle]]},
+        "baseline": {"throughput": [[1, 192.4], [64, baseline * 0.6], [128, baseline]]},
+    }}  # fmt: skip
+
+
+def test_the_peak_lies_between_eagles_capacity_and_the_baselines() -> None:
+    # pair-b-interval4's calibration (the H200, MPS): EAGLE 9,456.7 tok/s, the baseline 9,722.0.
+    cap = capacity(profile(9456.7, 9722.0), 128)
+    assert (cap.eagle_rps, cap.baseline_rps, cap.peak_rps) == (55.4, 71.0, 62.7)
+    assert cap.separated and "peak 62.7 req/s" in cap.line()
+    # Longer answers: fewer requests a second, the same ratios.
+    assert capacity(profile(9456.7, 9722.0), 256).peak_rps == 31.4
+
+
+def test_a_baseline_calibrated_low_still_gets_eagle_overloaded() -> None:
+    """pair-a-learner's calibration read the baseline at 6,469 tok/s, below EAGLE's 9,585; the
+    steady runs put it 1.28x above. The peak stays 1.1x EAGLE's, and says so."""
+    cap = capacity(profile(9584.6, 6468.7), 128)
+    assert cap.peak_rps == round(cap.eagle_rps * 1.1, 1) == 61.8
+    assert not cap.separated and "may overload it too" in cap.line()
+
+
+def test_a_calibration_without_a_curve_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(RunFailed, match="no baseline throughput curve"):
+        capacity({"modes": {"eagle": {"throughput": [[1, 500.0]]}}}, 128)
+    with pytest.raises(RunFailed, match="give --traffic-peak"):
+        trafficplan.read_profile(tmp_path / "calibration")
+
+
+def test_targets_are_the_router_and_each_servers_own_port() -> None:
+    targets = trafficplan.build_targets((8000, 30001, 30002))
+    assert [(t.label, t.base_url, t.endpoint) for t in targets] == [
+        ("routed", "http://127.0.0.1:8000", "chat"),
+        ("eagle", "http://127.0.0.1:30001", "chat"),
+        ("baseline", "http://127.0.0.1:30002", "chat"),
+    ]
+
+
+def test_schedules_the_day_then_each_constant_rate() -> None:
+    plan = TrafficPlan(day_seconds=90, rates=(2.0, 8.0, 0.5), rate_seconds=20)
+    got = trafficplan.schedules(plan, 62.7, FakeArrivals)
+    assert [name for name, _ in got] == ["day", "rate-2", "rate-8", "rate-0.5"]
+    assert got[0][1] == FakeSchedule("day:90", 62.7, 90.0)
+    assert got[3][1] == FakeSchedule("constant", 0.5, 20.0)
+    assert plan.schedule_seconds() == [("day", 90), ("rate-2", 20), ("rate-8", 20),
+                                       ("rate-0.5", 20)]  # fmt: skip
+
+
+def test_runs_left_and_whole_groups(tmp_path: Path) -> None:
+    out = tmp_path / "traffic.jsonl"
+    assert trafficplan.runs_left(out, ["day"], 3, trafficplan.TARGETS) == 9
+    rows = [rec("day", 1, t) for t in ("routed", "eagle", "baseline")]
+    rows += [rec("day", 1, "routed", scope="window"), rec("day", 2, "eagle"), rec("other", 1, "x")]
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert trafficplan.runs_left(out, ["day"], 3, trafficplan.TARGETS) == 5
+    assert trafficplan.runs_left(out, ["day"], 1, trafficplan.TARGETS) == 0
+    kept = trafficplan.whole_groups(out.read_text().splitlines(), trafficplan.TARGETS)
+    assert [json.loads(ln)["repeat"] for ln in kept] == [1, 1, 1, 1]  # repeat 2: eagle only
+
+
+def test_commands_needed_from_the_h200s_times() -> None:
+    """Set-up 55 s, an MPS launch with its calibration 250 s, the warm pass 26 s; a run is started
+    only when its schedule, the whole drain (30 s) and 15 s fit before the budget less 20 s."""
+    plan = TrafficPlan()
+    typical = trafficplan.commands_needed(plan, 3, 565, drain=5)
+    assert [n for n, _ in typical] == [1, 4, 4]
+    worst = trafficplan.commands_needed(plan, 3, 565, drain=30)
+    assert [n for n, _ in worst] == [1, 3, 3, 2]
+    assert worst[0][1] == 55 + 250 + 26 + 150 and worst[-1][1] == 2 * 150 + 25
+    with_rates = TrafficPlan(rates=(2, 8, 32, 64))
+    assert sum(n for n, _ in trafficplan.commands_needed(with_rates, 3, 565, drain=5)) == 45
+    with pytest.raises(RunFailed, match="longer than one command"):
+        trafficplan.commands_needed(TrafficPlan(day_seconds=600), 1, 565, drain=5)
+
+
+def usage_error(argv: Sequence[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        cli.cmd_run([*argv, "--out", "/nonexistent/o"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and err, err
+    return err[-1]
+
+
+def test_bad_flags_are_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    cases = [
+        (["--plan", "pair-a", "--traffic-peak", "60"], "--traffic-peak: only the traffic plan"),
+        (["--plan", "traffic", "--traffic-peak", "many"], "want req/s > 0 or auto"),
+        (["--plan", "traffic", "--traffic-rates", "2,2"], "want different req/s > 0"),
+        (["--plan", "traffic", "--traffic-rates", "2,-1"], "want different req/s > 0"),
+        (["--plan", "traffic", "--traffic-rate-seconds", "10"], "only with --traffic-rates"),
+        (["--plan", "traffic", "--levels", "1,16"], "--levels: not for the traffic plan"),
+        (["--plan", "traffic", "--router-cost"], "--router-cost: not for the traffic plan"),
+        (["--plan", "traffic", "--baseline-from", "64"], "--baseline-from: not for the traffic"),
+        (["--plan", "traffic", "--traffic-day-seconds", "600", "--budget", "565"],
+         "a run takes up to 645 s, more than --budget 565 holds"),
+        (["--plan", "traffic", "--resume-from", str(tmp_path)], "holds no traffic.jsonl"),
+        (["--plan", "router-cost", "--baseline-limit", "128"],
+         "only the pair-a, pair-b and traffic plans"),
+    ]  # fmt: skip
+    for argv, needle in cases:
+        assert needle in usage_error(argv, capsys), argv
+
+
+def test_dry_run_prints_the_launch_the_schedules_and_the_commands(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--plan", "traffic", "--dry-run", "--out", "/nonexistent/o", "--draft", "p54",
+            "--traffic-rates", "2,8", "--budget", "565", "--work", "/w"]  # fmt: skip
+    with pytest.raises(SystemExit) as exc:
+        cli.cmd_run(argv)
+    text = capsys.readouterr().out
+    assert exc.value.code == 0, text
+    notes = [ln for ln in text.splitlines() if ln.startswith("#")]
+    assert "draft p54" in notes[0] and "3 repeats" in notes[0]
+    assert notes[1].startswith("# day: the compressed day over 120 s (day:120), peak auto:")
+    assert "EAGLE serves ~55.4 req/s" in notes[1]  # the committed pair-b-interval4 calibration
+    assert notes[2:4] == ["# rate-2: 2 req/s for 30 s", "# rate-8: 8 req/s for 30 s"]
+    assert notes[4].startswith("# 27 runs; device commands of --budget 565")
+    (launch,) = [ln for ln in text.splitlines() if not ln.startswith("#")]
+    assert "--draft-model-path /w/models/eagle3-p54" in launch and launch.endswith("--mps")
+    assert "--max-running-requests 128' --log-dir" in launch  # the baseline capped, as pair-b's
+    given = ["--plan", "traffic", "--traffic-peak", "40"]
+    assert cli.drafts(cli.run_parser().parse_args([*given, "--out", "o", "--draft", "p54"])) == (
+        "p54",
+    )
+    with pytest.raises(SystemExit):
+        cli.cmd_run([*given, "--dry-run", "--out", "o"])
+    assert "peak 40 req/s (--traffic-peak)" in capsys.readouterr().out
+
+
+# -- the plan's body on a fake launch and a fake run_live ----------------------------------------
+
+
+@dataclass(frozen=True)
+class FakeSchedule:
+    text: str
+    rate: float
+    duration: float
+
+
+class FakeArrivals:
+    @staticmethod
+    def parse_schedule(text: str, *, rate: float) -> FakeSchedule:
+        return FakeSchedule(text, rate, float(text.split(":")[1]))
+
+    @staticmethod
+    def constant(rate: float, seconds: float) -> FakeSchedule:
+        return FakeSchedule("constant", rate, seconds)
+
+
+@dataclass(frozen=True)
+class FakeConfig:
+    schedules: tuple[tuple[str, FakeSchedule], ...]
+    input_len: int = 256
+    output_len: int = 128
+    repeats: int = 3
+    drain_s: float = 30.0
+    command: str = ""
+
+
+@dataclass
+class FakeLive:
+    """``run_live`` as the interface says, running at most ``per_call[i]`` runs in call i."""
+
+    per_call: list[int]
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def run_live(
+        self,
+        targets: Sequence[Any],
+        cfg: FakeConfig,
+        out: Path,
+        *,
+        watch: Mapping[str, str] | None = None,
+        extra: Mapping[str, Any] | None = None,
+        deadline: float | None = None,
+    ) -> list[dict[str, Any]]:
+        self.calls.append({"targets": targets, "cfg": cfg, "watch": watch, "extra": extra,
+                           "deadline": deadline})  # fmt: skip
+        budget = self.per_call[len(self.calls) - 1]
+        done = trafficplan.run_keys(out)
+        labels = [t.label for t in targets]
+        made = []
+        for r in range(1, cfg.repeats + 1):
+            order = [labels[(i + r - 1) % len(labels)] for i in range(len(labels))]
+            for name, _ in cfg.schedules:
+                for label in order:
+                    if (name, r, label) in done:
+                        continue
+                    if len(made) == budget:
+                        return made
+                    row = {"schedule": name, "repeat": r, "target": label, **(extra or {})}
+                    with out.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    made.append(row)
+        return made
+
+
+def fake_modules(live: FakeLive) -> tuple[Any, Any]:
+    return SimpleNamespace(TrafficConfig=FakeConfig, run_live=live.run_live), FakeArrivals
+
+
+@pytest.fixture
+def fake_launch(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """``start_launcher`` as a sleeping process in its own session that writes a calibration,
+    ``warm`` and ``nvidia-smi`` recorded; returns what was launched and warmed."""
+    seen: list[Any] = []
+
+    def start(run: Run, launch: Sequence[str]) -> Any:
+        folder = run.logs / "calibration"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "llama8b-random-x.json").write_text(json.dumps(profile(9456.7, 9722.0)))
+        run.meta.update(launch_argv=list(launch[1:]), commands=[])
+        seen.append(("launch", list(launch)))
+        return run.spawn("launcher", ["sleep", "120"], run.logs / "launcher.log")
+
+    monkeypatch.setattr(trafficplan, "start_launcher", start)
+
+    def warm(run: Run, urls: Mapping[str, str], levels: Sequence[int]) -> None:
+        seen.append(("warm", dict(urls), tuple(levels)))
+
+    monkeypatch.setattr(trafficplan, "warm", warm)
+    monkeypatch.setattr(trafficplan, "compute_apps", lambda **kw: (True, ""))
+    monkeypatch.setattr(steady, "compute_apps", lambda **kw: (True, ""))
+    return seen
+
+
+def make_run(tmp: Path, meta: dict[str, Any] | None = None, *, repeats: int = 2) -> Run:
+    run = Run(
+        out=tmp / "out", work=tmp / "work", deadline=time.monotonic() + 300, env=dict(os.environ)
+    )
+    run.steady = Steady(repeats=repeats)
+    run.tag = "traffic-test"
+    run.meta = meta if meta is not None else {"plan": "traffic", "commit": "abc1234"}
+    run.results.mkdir(parents=True, exist_ok=True)
+    return run
+
+
+def models(tmp: Path, *drafts: str) -> Path:
+    for name in ("llama8b", *(f"eagle3-{d}" for d in drafts)):
+        (tmp / "models" / name).mkdir(parents=True, exist_ok=True)
+        (tmp / "models" / name / "config.json").write_text("{}")
+    return tmp / "models"
+
+
+def test_two_commands_keep_the_launch_and_the_second_finishes(
+    tmp_path: Path, fake_launch: list[Any]
+) -> None:
+    live = FakeLive(per_call=[1, 100])
+    run = make_run(tmp_path)
+    m = models(tmp_path, "hi")
+    assert trafficplan.plan_traffic(run, m, TrafficPlan(), session=None, keep=True,
+                                    modules=fake_modules(live)) == 0  # fmt: skip
+    (launch, warmed) = fake_launch
+    assert launch[1][launch[1].index("--draft-model-path") + 1] == str(m / "eagle3-hi")
+    assert "--mps" in launch[1] and launch[1][launch[1].index("--threshold") + 1] == "auto"
+    servers = {"eagle": "http://127.0.0.1:30001", "baseline": "http://127.0.0.1:30002"}
+    assert warmed == ("warm", servers, (1, 16, 64, 128, 256))
+    call = live.calls[0]
+    assert [t.label for t in call["targets"]] == ["routed", "eagle", "baseline"]
+    assert call["watch"] == {"routed": "http://127.0.0.1:8000"}
+    cfg = call["cfg"]
+    assert cfg.schedules == (("day", FakeSchedule("day:120", 62.7, 120.0)),)
+    assert (cfg.repeats, cfg.output_len, cfg.input_len, cfg.drain_s) == (2, 128, 256, 30.0)
+    assert call["extra"]["launch"] == 1 and call["extra"]["peak_rps"] == 62.7
+    assert call["extra"]["commit"] == "abc1234" and call["extra"]["plan"] == "traffic"
+    assert abs(call["deadline"] - (run.deadline - run.reserve)) < 1e-6
+    assert run.meta["traffic"]["capacity"] == {"eagle_rps": 55.4, "baseline_rps": 71.0,
+                                               "peak_rps": 62.7}  # fmt: skip
+    assert run.meta["traffic_runs_left"] == 5 and run.keep
+    assert run.meta["calibration"] == ["llama8b-random-x.json"]
+    session = kept_session(run, "traffic")
+    assert session is not None
+    pid, start = session["procs"]["launcher"]
+    assert alive(pid, start)
+
+    # The next command: the kept launch, its meta; no launch, no warm pass, the same peak.
+    again = make_run(tmp_path, json.loads(json.dumps(run.meta)))
+    again.tag = session["tag"]
+    assert trafficplan.plan_traffic(again, m, TrafficPlan(), session=session, keep=True,
+                                    modules=fake_modules(live)) == 0  # fmt: skip
+    assert len(fake_launch) == 2 and len(live.calls) == 2
+    assert live.calls[1]["cfg"] == cfg and live.calls[1]["extra"]["launch"] == 1
+    rows = [json.loads(ln) for ln in (run.results / "traffic.jsonl").read_text().splitlines()]
+    assert [(r["repeat"], r["target"]) for r in rows] == [
+        (1, "routed"), (1, "eagle"), (1, "baseline"), (2, "eagle"), (2, "baseline"), (2, "routed"),
+    ]  # fmt: skip
+    assert again.meta["traffic_runs_left"] == 0 and not again.keep
+    assert again.meta["launcher_exit"] == "stopped" and not alive(pid, start)
+
+
+def test_a_fresh_machine_goes_on_from_an_earlier_commands_results(
+    tmp_path: Path, fake_launch: list[Any]
+) -> None:
+    """Repeat 1 whole, repeat 2 with only routed: repeat 2 is run again whole in the new launch,
+    at the peak the first launch chose (50), not this launch's calibration's."""
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    rows = [rec("day", 1, t) for t in ("routed", "eagle", "baseline")] + [rec("day", 2, "routed")]
+    (carried / "traffic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (carried / "calibration-llama8b-random-x.json").write_text("{}")
+    m = models(tmp_path, "hi", "p54")
+    earlier = make_run(tmp_path / "earlier")
+    earlier_argv = trafficplan.launch_argv(
+        earlier, m, threshold="auto", mps=True, baseline_limit=128
+    )
+    meta = {"plan": "traffic", "commit": "abc1234", "launch_argv": earlier_argv[1:],
+            "launches": [{"tag": "t1", "records_kept": 0}],
+            "traffic": {"settings": TrafficPlan().settings(), "peak_rps": 50.0}}  # fmt: skip
+
+    # Another draft than the earlier launch's: refused before anything starts.
+    run = make_run(tmp_path, json.loads(json.dumps(meta)))
+    run.resumed_from = carried
+    live = FakeLive(per_call=[100])
+    with pytest.raises(RunFailed, match=r"another traffic plan \(draft hi there, p54 here\)"):
+        trafficplan.plan_traffic(run, m, TrafficPlan(draft="p54"), session=None, keep=False,
+                                 modules=fake_modules(live))  # fmt: skip
+    assert fake_launch == [] and live.calls == []
+
+    run = make_run(tmp_path, json.loads(json.dumps(meta)))
+    run.resumed_from = carried
+    assert trafficplan.plan_traffic(run, m, TrafficPlan(), session=None, keep=False,
+                                    modules=fake_modules(live)) == 0  # fmt: skip
+    assert live.calls[0]["cfg"].schedules[0][1].rate == 50.0
+    assert live.calls[0]["extra"]["launch"] == 2
+    got = [json.loads(ln) for ln in (run.results / "traffic.jsonl").read_text().splitlines()]
+    assert [(r["repeat"], r["target"], r.get("launch")) for r in got] == [
+        (1, "routed", None), (1, "eagle", None), (1, "baseline", None),
+        (2, "eagle", 2), (2, "baseline", 2), (2, "routed", 2),
+    ]  # fmt: skip
+    second = run.meta["launches"][1]
+    assert (second["records_kept"], second["records_dropped"]) == (3, 1)
+    assert (run.results / "calibration-llama8b-random-x.json").read_text() == "{}"
+    assert run.meta["launcher_exit"] == 0 or run.meta["launcher_exit"] == -signal.SIGINT
+
+
+def test_a_later_command_of_another_plan_is_refused(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    run.meta["traffic"] = {"settings": TrafficPlan().settings(), "peak_rps": 62.7}
+    assert trafficplan.settle_peak(run, TrafficPlan()) == 62.7
+    assert trafficplan.settle_peak(run, TrafficPlan(peak=62.7)) == 62.7
+    with pytest.raises(RunFailed, match=r"day_seconds 120.0 there, 90 here; peak 62.7 there, 50"):
+        trafficplan.settle_peak(run, TrafficPlan(day_seconds=90, peak=50))
+
+
+def rec(schedule: str, repeat: int, target: str, **kw: object) -> dict[str, object]:
+    return {"schedule": schedule, "repeat": repeat, "target": target, "scope": "run", **kw}
