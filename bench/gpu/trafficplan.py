@@ -26,18 +26,18 @@ repeat) groups and runs the rest in a new launch.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from dynspec.bench import arrivals
 from dynspec.bench.gpu.attempt import keep_session
 from dynspec.bench.gpu.leftovers import compute_apps
 from dynspec.bench.gpu.steady import copy_calibration, same_servers, stop_all
@@ -50,6 +50,9 @@ from dynspec.bench.gpu.toolkit import (
     warm,
 )
 from dynspec.common.cli import positive_float
+
+if TYPE_CHECKING:
+    from dynspec.bench.load import Target
 
 RESULTS = "traffic.jsonl"
 TARGETS = ("routed", "eagle", "baseline")
@@ -176,22 +179,18 @@ def urls(ports: Sequence[int]) -> dict[str, str]:
     return {label: f"http://127.0.0.1:{p}" for label, p in zip(TARGETS, ports, strict=True)}
 
 
-def build_targets(ports: Sequence[int]) -> list[Any]:
+def build_targets(ports: Sequence[int]) -> list[Target]:
     """``load.Target`` of the router and of each server alone, in ``TARGETS``' order."""
     from dynspec.bench import load
 
     return [load.Target(label, url) for label, url in urls(ports).items()]
 
 
-def live_modules() -> tuple[Any, Any]:
-    """``dynspec.bench.traffic`` and ``dynspec.bench.arrivals``, imported when a run needs
-    them (a dry run does not)."""
-    traffic = importlib.import_module("dynspec.bench.traffic")
-    arrivals = importlib.import_module("dynspec.bench.arrivals")
-    return traffic, arrivals
+# ``dynspec.bench.traffic.run_live``'s signature (a test's stand-in has it too).
+RunLive = Callable[..., Sequence[Mapping[str, Any]]]
 
 
-def schedules(plan: TrafficPlan, peak: float, arrivals: Any) -> tuple[tuple[str, Any], ...]:
+def schedules(plan: TrafficPlan, peak: float) -> tuple[tuple[str, arrivals.Schedule], ...]:
     day = arrivals.parse_schedule(f"day:{plan.day_seconds:g}", rate=peak)
     rates = [(rate_name(r), arrivals.constant(r, plan.rate_seconds)) for r in plan.rates]
     return (("day", day), *rates)
@@ -289,12 +288,13 @@ def plan_traffic(
     keep: bool,
     seconds: float | None = None,
     command: str = "",
-    modules: tuple[Any, Any] | None = None,
+    run_live: RunLive | None = None,
 ) -> int:
     """The plan's body (``attempt.Body``): launch (or the kept launch), warm, ``run_live`` until
     every run is in ``traffic.jsonl`` or the budget (``seconds`` at most) is spent; then keep the
     launch for the next command (``keep``) or stop it."""
-    traffic, arrivals = modules or live_modules()
+    from dynspec.bench import traffic  # aiohttp and the runner: only when a run needs them
+
     check_model_loads(models / "llama8b")
     check_model_loads(models / f"eagle3-{plan.draft}")
     out = run.results / RESULTS
@@ -318,7 +318,7 @@ def plan_traffic(
         this_launch = max(1, len(run.meta.get("launches", [])))  # the kept one: the last
         peak = settle_peak(run, plan)
     cfg = traffic.TrafficConfig(
-        schedules=schedules(plan, peak, arrivals), input_len=run.steady.input_len,
+        schedules=schedules(plan, peak), input_len=run.steady.input_len,
         output_len=run.steady.output_len, repeats=run.steady.repeats, drain_s=plan.drain_s,
         command=command,
     )  # fmt: skip
@@ -332,8 +332,9 @@ def plan_traffic(
     run.say(f"traffic: {', '.join(names)} (day peak {peak:g} req/s) x {run.steady.repeats} "
             f"repeats over {', '.join(TARGETS)}")  # fmt: skip
     served = urls(run.ports)
-    traffic.run_live(build_targets(run.ports), cfg, out, watch={"routed": served["routed"]},
-                     extra=extra, deadline=deadline)  # fmt: skip
+    live = run_live or traffic.run_live
+    live(build_targets(run.ports), cfg, out, watch={"routed": served["routed"]}, extra=extra,
+         deadline=deadline)  # fmt: skip
     left = runs_left(out, names, run.steady.repeats, TARGETS)
     run.meta["traffic_runs_left"] = left
     if left:
@@ -415,7 +416,7 @@ def dry_run(run: Run, models: Path, plan: TrafficPlan, *, budget: float) -> str:
         peak = ("auto: chosen at launch from its calibration, the geometric mean of EAGLE's "
                 f"(top tok/s x {EAGLE_SCALE}) and the baseline's (x {BASELINE_SCALE}) capacity at "
                 f"{st.output_len} output tokens, at least {EAGLE_OVERLOAD:g}x EAGLE's")  # fmt: skip
-        peak += f"; with {EXAMPLE_CALIBRATION}'s: {ex.line()}" if ex else ""
+        peak += f"; with {EXAMPLE_CALIBRATION}'s (draft hi): {ex.line()}" if ex else ""
     lines = [
         f"# traffic plan: one launch (MPS, draft {plan.draft}, threshold {plan.threshold}), a warm "
         f"pass at C={','.join(map(str, WARM_LEVELS))}, then {st.repeats} repeats x each schedule "

@@ -8,20 +8,22 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from utils import free_port, running
 
 from dynspec.bench.gpu import cli, steady, trafficplan
 from dynspec.bench.gpu.attempt import kept_session
 from dynspec.bench.gpu.toolkit import Run, RunFailed, Steady
 from dynspec.bench.gpu.trafficplan import TrafficPlan, capacity
 from dynspec.bench.procs import alive
+from dynspec.bench.traffic import TrafficConfig
 
 
 def profile(eagle: float, baseline: float) -> dict[str, Any]:
@@ -67,10 +69,11 @@ def test_targets_are_the_router_and_each_servers_own_port() -> None:
 
 def test_schedules_the_day_then_each_constant_rate() -> None:
     plan = TrafficPlan(day_seconds=90, rates=(2.0, 8.0, 0.5), rate_seconds=20)
-    got = trafficplan.schedules(plan, 62.7, FakeArrivals)
+    got = trafficplan.schedules(plan, 62.7)
     assert [name for name, _ in got] == ["day", "rate-2", "rate-8", "rate-0.5"]
-    assert got[0][1] == FakeSchedule("day:90", 62.7, 90.0)
-    assert got[3][1] == FakeSchedule("constant", 0.5, 20.0)
+    day, slow = got[0][1], got[3][1]
+    assert (day.text, day.duration, day.peak) == ("day:90 peak 62.7", 90.0, 62.7)
+    assert (slow.text, slow.duration, slow.peak) == ("0.5@20", 20.0, 0.5)
     assert plan.schedule_seconds() == [("day", 90), ("rate-2", 20), ("rate-8", 20),
                                        ("rate-0.5", 20)]  # fmt: skip
 
@@ -160,33 +163,6 @@ def test_dry_run_prints_the_launch_the_schedules_and_the_commands(
 # -- the plan's body on a fake launch and a fake run_live ----------------------------------------
 
 
-@dataclass(frozen=True)
-class FakeSchedule:
-    text: str
-    rate: float
-    duration: float
-
-
-class FakeArrivals:
-    @staticmethod
-    def parse_schedule(text: str, *, rate: float) -> FakeSchedule:
-        return FakeSchedule(text, rate, float(text.split(":")[1]))
-
-    @staticmethod
-    def constant(rate: float, seconds: float) -> FakeSchedule:
-        return FakeSchedule("constant", rate, seconds)
-
-
-@dataclass(frozen=True)
-class FakeConfig:
-    schedules: tuple[tuple[str, FakeSchedule], ...]
-    input_len: int = 256
-    output_len: int = 128
-    repeats: int = 3
-    drain_s: float = 30.0
-    command: str = ""
-
-
 @dataclass
 class FakeLive:
     """``run_live`` as the interface says, running at most ``per_call[i]`` runs in call i."""
@@ -197,7 +173,7 @@ class FakeLive:
     def run_live(
         self,
         targets: Sequence[Any],
-        cfg: FakeConfig,
+        cfg: TrafficConfig,
         out: Path,
         *,
         watch: Mapping[str, str] | None = None,
@@ -223,10 +199,6 @@ class FakeLive:
                         f.write(json.dumps(row) + "\n")
                     made.append(row)
         return made
-
-
-def fake_modules(live: FakeLive) -> tuple[Any, Any]:
-    return SimpleNamespace(TrafficConfig=FakeConfig, run_live=live.run_live), FakeArrivals
 
 
 @pytest.fixture
@@ -279,7 +251,7 @@ def test_two_commands_keep_the_launch_and_the_second_finishes(
     run = make_run(tmp_path)
     m = models(tmp_path, "hi")
     assert trafficplan.plan_traffic(run, m, TrafficPlan(), session=None, keep=True,
-                                    modules=fake_modules(live)) == 0  # fmt: skip
+                                    run_live=live.run_live) == 0  # fmt: skip
     (launch, warmed) = fake_launch
     assert launch[1][launch[1].index("--draft-model-path") + 1] == str(m / "eagle3-hi")
     assert "--mps" in launch[1] and launch[1][launch[1].index("--threshold") + 1] == "auto"
@@ -289,7 +261,7 @@ def test_two_commands_keep_the_launch_and_the_second_finishes(
     assert [t.label for t in call["targets"]] == ["routed", "eagle", "baseline"]
     assert call["watch"] == {"routed": "http://127.0.0.1:8000"}
     cfg = call["cfg"]
-    assert cfg.schedules == (("day", FakeSchedule("day:120", 62.7, 120.0)),)
+    assert [(n, x.text) for n, x in cfg.schedules] == [("day", "day:120 peak 62.7")]
     assert (cfg.repeats, cfg.output_len, cfg.input_len, cfg.drain_s) == (2, 128, 256, 30.0)
     assert call["extra"]["launch"] == 1 and call["extra"]["peak_rps"] == 62.7
     assert call["extra"]["commit"] == "abc1234" and call["extra"]["plan"] == "traffic"
@@ -307,7 +279,7 @@ def test_two_commands_keep_the_launch_and_the_second_finishes(
     again = make_run(tmp_path, json.loads(json.dumps(run.meta)))
     again.tag = session["tag"]
     assert trafficplan.plan_traffic(again, m, TrafficPlan(), session=session, keep=True,
-                                    modules=fake_modules(live)) == 0  # fmt: skip
+                                    run_live=live.run_live) == 0  # fmt: skip
     assert len(fake_launch) == 2 and len(live.calls) == 2
     assert live.calls[1]["cfg"] == cfg and live.calls[1]["extra"]["launch"] == 1
     rows = [json.loads(ln) for ln in (run.results / "traffic.jsonl").read_text().splitlines()]
@@ -343,14 +315,14 @@ def test_a_fresh_machine_goes_on_from_an_earlier_commands_results(
     live = FakeLive(per_call=[100])
     with pytest.raises(RunFailed, match=r"another traffic plan \(draft hi there, p54 here\)"):
         trafficplan.plan_traffic(run, m, TrafficPlan(draft="p54"), session=None, keep=False,
-                                 modules=fake_modules(live))  # fmt: skip
+                                 run_live=live.run_live)  # fmt: skip
     assert fake_launch == [] and live.calls == []
 
     run = make_run(tmp_path, json.loads(json.dumps(meta)))
     run.resumed_from = carried
     assert trafficplan.plan_traffic(run, m, TrafficPlan(), session=None, keep=False,
-                                    modules=fake_modules(live)) == 0  # fmt: skip
-    assert live.calls[0]["cfg"].schedules[0][1].rate == 50.0
+                                    run_live=live.run_live) == 0  # fmt: skip
+    assert live.calls[0]["cfg"].schedules[0][1].peak == 50.0
     assert live.calls[0]["extra"]["launch"] == 2
     got = [json.loads(ln) for ln in (run.results / "traffic.jsonl").read_text().splitlines()]
     assert [(r["repeat"], r["target"], r.get("launch")) for r in got] == [
@@ -370,6 +342,31 @@ def test_a_later_command_of_another_plan_is_refused(tmp_path: Path) -> None:
     assert trafficplan.settle_peak(run, TrafficPlan(peak=62.7)) == 62.7
     with pytest.raises(RunFailed, match=r"day_seconds 120.0 there, 90 here; peak 62.7 there, 50"):
         trafficplan.settle_peak(run, TrafficPlan(day_seconds=90, peak=50))
+
+
+def test_the_real_runner_on_a_simulator_ends_the_plan_and_stops_the_launch(
+    tmp_path: Path, fake_launch: list[Any]
+) -> None:
+    """``run_live`` itself, each target a dynspec-sim (speed 10): its records name the runs as
+    ``runs_left`` reads them, with the plan's fields; every run done, the launch is stopped."""
+    port = free_port()
+    argv = [sys.executable, "-m", "dynspec.launcher.sim", "--port", str(port), "--mode", "eagle"]
+    argv += ["--profile", "demo", "--speed", "10", "--log-level", "warning"]
+    url = f"http://127.0.0.1:{port}"
+    run = make_run(tmp_path, repeats=1)
+    run.ports = (port, port, port)
+    plan = TrafficPlan(day_seconds=1, peak=12, drain_s=5)
+    with running(argv, url + "/health_generate", timeout=30, log=tmp_path / "sim.log"):
+        assert trafficplan.plan_traffic(run, models(tmp_path, "hi"), plan, session=None,
+                                        keep=True) == 0  # fmt: skip
+    rows = [json.loads(ln) for ln in (run.results / "traffic.jsonl").read_text().splitlines()]
+    whole = [r for r in rows if r["scope"] == "run"]
+    assert [r["target"] for r in whole] == ["routed", "eagle", "baseline"]
+    assert all(r["peak_rps"] == 12 and r["launch"] == 1 and r["plan"] == "traffic" for r in rows)
+    assert all(r["schedule_text"] == "day:1 peak 12" and r["requests"] > 0 for r in whole)
+    assert run.meta["traffic_runs_left"] == 0 and not run.keep
+    assert run.meta["traffic"] == {"settings": plan.settings(), "peak_rps": 12}
+    assert "launcher_exit" in run.meta
 
 
 def rec(schedule: str, repeat: int, target: str, **kw: object) -> dict[str, object]:
