@@ -157,13 +157,19 @@ def start_servers(
     sim: SimSettings,
     adaptive: str | None = None,
     owner: str = "",
+    *,
+    launch_intervals: bool = False,
 ) -> Servers:
     """The simulated servers ``want`` counts per kind (``Servers``' fields, as ``ways.needs``
     gives them), once healthy: ``eagle`` / ``baseline`` servers of their own, ``adaptive`` ones
     (the ``adaptive`` profile's eagle mode; none without it) and ``shared_gpus``, each a
     ``dynspec-sim --pair`` (``sim.sharing``); the k-th of a kind gets ``sim.seed + k``, whoever
     it is for. ``owner`` (a way with servers of its own) goes into the children's names, so
-    that each set's logs are apart."""
+    that each set's logs are apart. ``launch_intervals``: each server streams as
+    ``dynspec-launch`` makes its real one stream (the baseline a chunk every
+    ``BASELINE_STREAM_INTERVAL`` tokens, EAGLE every step), not every server every token."""
+    every = str(launch_spec.BASELINE_STREAM_INTERVAL)
+    interval = {"baseline": ["--stream-interval", every]} if launch_intervals else {}
     at = f"{owner}-" if owner else ""
     kinds = [("eagle", sim.profile, "eagle"), ("baseline", sim.profile, "baseline")]
     if adaptive:
@@ -176,6 +182,7 @@ def start_servers(
             urls.append(f"http://127.0.0.1:{port}")
             flags = ["--profile", profile, "--seed", str(sim.seed + k), "--port", str(port)]
             name = f"sim-{at}{kind}-{'ab'[k]}"
+            flags += interval.get(kind, [])
             _start_sim(procs, sim, name, [*flags, "--mode", mode], urls[-1:])
         got[kind] = tuple(urls)
     shared = []
@@ -185,6 +192,8 @@ def start_servers(
             bport = free_port()
         flags = ["--profile", sim.profile, "--seed", str(sim.seed + k), "--pair"]
         flags += ["--eagle-port", str(eport), "--baseline-port", str(bport)]
+        if launch_intervals:
+            flags += ["--baseline-stream-interval", every]
         pair = (f"http://127.0.0.1:{eport}", f"http://127.0.0.1:{bport}")
         _start_sim(procs, sim, f"sim-{at}shared-{k}", [*flags, "--sharing", sim.sharing], pair)
         shared.append(pair)

@@ -39,6 +39,7 @@ from dynspec.bench.load import Target
 from dynspec.bench.procs import Children
 from dynspec.bench.report import Record, append_jsonl, load_jsonl
 from dynspec.bench.ways import Router
+from dynspec.launcher import spec as launch_spec
 from dynspec.launcher.sim.profile import load_profile
 
 logger = logging.getLogger(__name__)
@@ -292,14 +293,20 @@ def _sim_target(
     """Start what ``label`` runs on, fresh: a server alone, or servers and a router in front."""
     settings = _Settings(sim, seed)
     if label in ("eagle", "baseline"):
-        servers = harness.start_servers(procs, {label: 1}, settings, owner=label)
+        servers = harness.start_servers(
+            procs, {label: 1}, settings, owner=label, launch_intervals=True
+        )
         return Target(label, getattr(servers, label)[0]), None, {}
     if sim.layout == "paired":
-        servers = harness.start_servers(procs, {"shared_gpus": 1}, settings, owner=label)
+        servers = harness.start_servers(
+            procs, {"shared_gpus": 1}, settings, owner=label, launch_intervals=True
+        )
         e, b = servers.shared_gpus[0]
         flags: tuple[str, ...] = ("--pair", f"{e},{b}")
     else:
-        servers = harness.start_servers(procs, {"eagle": 1, "baseline": 1}, settings, owner=label)
+        servers = harness.start_servers(
+            procs, {"eagle": 1, "baseline": 1}, settings, owner=label, launch_intervals=True
+        )
         flags = ("--eagle-url", servers.eagle[0], "--baseline-url", servers.baseline[0])
     settings_flags = sim.router_settings
     if sim.calibrated:
@@ -340,6 +347,8 @@ def run_simulated(cfg: TrafficConfig, sim: SimTraffic, out: Path) -> list[Record
         **harness.run_metadata("traffic", sim.profile, cfg.speed, cfg.command),
         "layout": sim.layout,
         "sharing": sim.sharing,
+        # Each server streams as dynspec-launch makes its real one stream (harness).
+        "baseline_stream_interval": launch_spec.BASELINE_STREAM_INTERVAL,
         "calibrated": sim.calibrated,
         **sim.extra,
     }
