@@ -18,7 +18,7 @@ When the reader falls behind, the connection stops reading from the socket (``pa
 until it catches up, so a slow client holds back the server instead of filling memory here.
 
 Timeouts: connect only. Waiting for the first byte and between chunks is the relay's watchdog
-(see ``proxy.py``), which cancels the reading task; a cancelled response closes its connection.
+(see ``watchdog.py``), which cancels the reading task; a cancelled response closes its connection.
 """
 
 from __future__ import annotations
