@@ -7,16 +7,12 @@ transport collapses at that load, and aiohttp's reader cost ~15 us of a relayed 
 hot path skips all three. One shared ``upstream.Client`` (made with the app's runtime) talks to the
 servers over keep-alive connections; upstream bytes go to the client as they arrive.
 
-This module holds intake, failover, the timeout watchdog and the two drivers that move a
+This module holds intake, failover, what a timeout answers and the two drivers that move a
 response's bytes: through ASGI ``send``, or, when the server is ours (``downstream.RelayProtocol``),
 from the upstream connection's parser callback straight to the client's socket, so the request's
 task wakes once per response rather than once per chunk. What happens to the bytes on the way
-(TTFT, usage, dropping the usage event we asked for) is the response's ``relayfilter``.
-
-The read timeout (``--request-timeout``: to the first byte, then between chunks) is a watchdog
-task that looks at every request a few times per timeout, not a per-read timer: aiohttp's
-``sock_read`` cancelled and re-armed one on every chunk received, measured at ~6 us a chunk under
-uvloop, a fifth of the relay's whole budget. A chunk here costs one integer increment.
+(TTFT, usage, dropping the usage event we asked for) is the response's ``relayfilter``; the read
+timeout is ``watchdog.py``'s, which the drivers feed by counting each chunk.
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
@@ -54,8 +49,8 @@ from dynspec.router.request import (
     read_body,
 )
 from dynspec.router.server import Server
-from dynspec.router.tasks import cancel_and_wait
 from dynspec.router.upstream import Client, ConnectError, NoAnswer, Response, UpstreamError
+from dynspec.router.watchdog import Watchdog, Watched
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +60,7 @@ logger = logging.getLogger(__name__)
 FinishHook = Callable[[str, float, float, "int | None", bool], None]
 
 
-class _Request:
+class _Request(Watched):
     """One request's state, kept outside the coroutine so a cancellation cannot lose it."""
 
     __slots__ = (
@@ -75,21 +70,15 @@ class _Request:
         "code",
         "delay",
         "filter",
-        "finished",
         "headers",
         "lease",
         "path",
-        "progress",
         "raw",
         "rid",
-        "seen",
-        "seen_at",
         "start",
         "started",
         "stream",
         "strip",
-        "task",
-        "timed_out",
     )
 
     def __init__(
@@ -102,6 +91,7 @@ class _Request:
         headers: bytes,
         start: float,
     ) -> None:
+        super().__init__()
         self.lease = lease
         self.rid = rid
         self.path = path
@@ -115,17 +105,9 @@ class _Request:
         self.filter: RelayFilter | None = None
         # Seconds from the arrival to the request's last byte sent to the server that answered.
         self.delay: float | None = None
-        self.finished = False
         self.client_gone = False
         # Set once the response's start went to the client: from then on, no error status.
         self.started = False
-        # The watchdog's view: ``progress`` grows with every chunk; it compares it with what it
-        # saw last (``seen``) and since when (``seen_at``, monotonic seconds).
-        self.progress = 0
-        self.seen = 0
-        self.seen_at = time.monotonic()
-        self.timed_out = False
-        self.task: asyncio.Task[Any] | None = None
         self.raw: RawBody | None = None
         # Ends the client's connection without a proper end (downstream.ABORT); None under
         # another server, where returning mid-response does the same.
@@ -161,34 +143,15 @@ class Proxy:
             b"content-type: application/json\r\naccept-encoding: identity\r\n" + backend_headers
         )
         self.request_timeout = request_timeout
-        self._active: set[_Request] = set()
-        self._watchdog: asyncio.Task[None] | None = None
+        self._watchdog = Watchdog(request_timeout)
+        self._active = self._watchdog.active
         self._ids = itertools.count(1)
 
-    # -- read timeout ------------------------------------------------------------------------------
-
     def start(self) -> None:
-        self._watchdog = asyncio.create_task(self._watch_timeouts())
+        self._watchdog.start()
 
     async def stop(self) -> None:
-        if self._watchdog is not None:
-            await cancel_and_wait([self._watchdog])
-            self._watchdog = None
-
-    async def _watch_timeouts(self) -> None:
-        timeout = self.request_timeout
-        tick = min(1.0, timeout / 4)
-        while True:
-            await asyncio.sleep(tick)
-            now = time.monotonic()
-            for req in list(self._active):
-                if req.progress != req.seen:
-                    req.seen = req.progress
-                    req.seen_at = now
-                elif now - req.seen_at >= timeout and not (req.finished or req.timed_out):
-                    req.timed_out = True
-                    if req.task is not None:
-                        req.task.cancel()
+        await self._watchdog.stop()
 
     # -- request side ------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ When the reader falls behind, the connection stops reading from the socket (``pa
 until it catches up, so a slow client holds back the server instead of filling memory here.
 
 Timeouts: connect only. Waiting for the first byte and between chunks is the relay's watchdog
-(see ``proxy.py``), which cancels the reading task; a cancelled response closes its connection.
+(see ``watchdog.py``), which cancels the reading task; a cancelled response closes its connection.
 """
 
 from __future__ import annotations
@@ -296,7 +296,8 @@ class Response:
         self._conn = conn
         self.status = conn.status
         self.headers = conn.headers
-        # When the request's last byte went to the socket (``time.perf_counter``).
+        # When the request (its last byte too: one write) went to the socket, read just before
+        # the write (``time.perf_counter``).
         self.sent = sent
 
     @property
@@ -476,9 +477,12 @@ class Client:
         return resp, answer
 
     async def _send_on(self, origin: Origin, conn: Connection, data: bytes) -> Response:
+        # Read before the write, not after: the write wakes the server, which on a busy machine
+        # could otherwise start its own clock before this one stopped (the router's share of
+        # TTFT, ``Response.sent``, overlapping the server's).
+        sent = time.perf_counter()
         try:
             conn.send(data)
-            sent = time.perf_counter()
             await conn.wait_headers()
         except BaseException:
             conn.detach()

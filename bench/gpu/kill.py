@@ -406,9 +406,13 @@ def one_kill(k: KillRun, kill: dict[str, Any]) -> None:
         kill["gpu_pids_before_of_server"] = [p for p in gpu_pids("\n".join(apps)) if p in workers]
         errors_before = upstream_errors(k)
         k.log.skip()
-        os.kill(pid, signal.SIGKILL)
+        # The clock is read before the signal, not after: what the kill causes (a stream the
+        # load generator sees cut) cannot then be stamped before it. Read after, a plan
+        # preempted between the two on a busy machine put the cuts 2-3 ms before the kill,
+        # "failed before the kill". Rounded as the load's records are, so the order holds.
         killed_at = time.monotonic()
-        kill["killed_at"] = round(killed_at - run.t0, 3)
+        os.kill(pid, signal.SIGKILL)
+        kill["killed_at"] = round(killed_at - run.t0, 4)
         run.say(f"kill {index}: SIGKILL {server} server pid {pid} ({len(workers)} workers)")
         limit = killed_at + min(RESTART_LIMIT_S, run.left() - RESERVE_S)
         kill.update(

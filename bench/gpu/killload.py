@@ -20,7 +20,7 @@ import contextlib
 import json
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,28 @@ def request_record(trace: RequestTrace, *, kill: int, offset: float) -> dict[str
         "stopped": trace.error == STOPPED,
         "error": trace.error or None,
     }
+
+
+def plan_offset(
+    t0: float,
+    *,
+    monotonic: Callable[[], float] = time.monotonic,
+    perf_counter: Callable[[], float] = time.perf_counter,
+    tries: int = 5,
+) -> float:
+    """What turns a ``perf_counter`` reading into plan seconds (``t0``: the plan's
+    ``monotonic`` origin). The two are the same clock on Linux; measured, not assumed: a
+    ``perf_counter`` reading between two ``monotonic`` ones, the tightest of ``tries``. One
+    reading of each is off by any pause between them, and on a busy machine that pause
+    (milliseconds) moved every record of the load earlier by as much, before the kill that cut
+    it."""
+    best = (float("inf"), 0.0)
+    for _ in range(tries):
+        before = monotonic()
+        at = perf_counter()
+        after = monotonic()
+        best = min(best, (after - before, (before + after) / 2 - at))
+    return best[1] - t0
 
 
 async def drive(
@@ -126,8 +148,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--max-seconds", type=float, default=600.0)
     p.add_argument("--request-timeout", type=float, default=120.0)
     args = p.parse_args(argv)
-    # perf_counter and monotonic are the same clock on Linux; measured, not assumed.
-    offset = time.monotonic() - time.perf_counter() - args.t0
+    offset = plan_offset(args.t0)
     traces: list[RequestTrace] = []
     with contextlib.suppress(KeyboardInterrupt):
         traces = asyncio.run(main_async(args))

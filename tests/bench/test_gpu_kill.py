@@ -14,7 +14,7 @@ from typing import Any
 from gpu_fake_site import fake_path, make_bundle, make_models
 from utils import free_port
 
-from dynspec.bench.gpu import kill, killreport
+from dynspec.bench.gpu import kill, killload, killreport
 from dynspec.bench.gpu.leftovers import tagged_pids
 from dynspec.bench.gpu.toolkit import DEVICE_LIMIT_S
 
@@ -90,6 +90,21 @@ def test_requests_are_counted_and_attributed_around_the_kill() -> None:
     again = killreport.kill_checks({"requests": found, "after": {"zero_after_s": 0.0}})
     assert again["no_error_before_first_byte"] is True  # heads relayed, then cut: no error
     assert checks["load_zero_after"] is True and checks["healthy_again"] is False
+
+
+def test_the_load_clock_offset_is_not_moved_by_a_pause_between_readings() -> None:
+    """The load's records are put on the plan's clock by one offset; a pause between its clock
+    readings (the process preempted on a busy machine) must not move every record by as much,
+    which put streams the kill cut before the kill."""
+    # perf_counter runs 100 s behind monotonic. Each try reads monotonic, perf_counter,
+    # monotonic; the first pauses 5 ms after its first reading, the second does not.
+    readings = iter([10.000, 10.005 - 100, 10.005, 10.006, 10.006 - 100, 10.006])
+
+    def clock() -> float:
+        return next(readings)
+
+    offset = killload.plan_offset(1.0, monotonic=clock, perf_counter=clock, tries=2)
+    assert abs(offset - (100 - 1.0)) < 1e-9, offset
 
 
 def test_gpu_pids_and_counters_parse_what_the_tools_print() -> None:
