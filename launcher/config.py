@@ -18,16 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dynspec.common.cli import UsageError, env_name
-from dynspec.launcher.flags import (
-    CALIBRATE_CHOICES,
-    LAYOUTS,
-    POLICIES,
-    PROG,
-    RESTART_POLICIES,
-    build_parser,
-    own_env_names,
-    threshold_value,
-)
+from dynspec.launcher.flags import PROG, build_parser, own_env_names
 from dynspec.launcher.gpus import (
     GpuIds,
     check_visible,
@@ -44,17 +35,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+# PROG and build_parser are flags.py's, here where the command and the tests have found them.
 __all__ = [
-    "CALIBRATE_CHOICES",
-    "LAYOUTS",
-    "POLICIES",
     "PROG",
-    "RESTART_POLICIES",
     "LaunchConfig",
     "build_parser",
+    "config_from_namespace",
     "connect_host",
     "load_config",
-    "threshold_value",
+    "read_config_file",
+    "resolve_layout",
 ]
 
 

@@ -17,13 +17,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dynspec.common.cli import UsageError, env_name
-from dynspec.launcher.config import LaunchConfig, connect_host
+from dynspec.launcher.config import LaunchConfig
 from dynspec.launcher.facts import LaunchFacts, flag_facts
 from dynspec.launcher.layout import GpuSet
 from dynspec.launcher.sharing import SharedGpuPlan
 from dynspec.launcher.sim.profile import EAGLE_DEFAULT_MAX_RUNNING, Profile
-
-__all__ = ["connect_host"]  # where the builders' callers have always found it
 
 SGLANG_MODULE = "sglang.launch_server"
 SIM_MODULE = "dynspec.launcher.sim"
