@@ -1,15 +1,16 @@
 """``--calibrate``: measure each server once it is healthy, before the router starts, and give the
 router the result as ``--speed-profile``, so that a learned threshold starts from a measurement.
 
-The plan (pure, but for reading the cache file) says whether to measure, reuse a cached profile
-or do nothing, and what: each GPU set's EAGLE server, then its baseline server, each alone (the
-other idle), at C = 1, 4, 16 and the powers of two up to the EAGLE server's running limit (the
-limit itself last). GPU sets are measured at once. The profile (``common/profile.py``'s schema;
-levels into modes by ``common/levels.py``) is written to ``LOG_DIR/calibration/NAME-DIGEST.json``,
-where the digest is of the cache key: the model and draft paths, the servers' flags (argv without
-ports, hosts, log level and key), the SGLang version, the GPU name and how the GPU is shared. The
-key's fields are stored in the file too; a file is reused only while they match. It is written
-to a temporary file and renamed, so a failed or interrupted calibration leaves none half-written.
+The plan (pure: the cached files are read with the launch's facts) says whether to measure, reuse a
+cached profile or do nothing, and what: each GPU set's EAGLE server, then its baseline server, each
+alone (the other idle), at C = 1, 4, 16 and the powers of two up to the EAGLE server's running
+limit (the limit itself last). GPU sets are measured at once. The profile (``common/profile.py``'s
+schema; levels into modes by ``common/levels.py``) is written to
+``LOG_DIR/calibration/NAME-DIGEST.json``, where the digest is of the cache key: the model and draft
+paths, the servers' flags (argv without ports, hosts, log level and key), the SGLang version, the
+GPU name and how the GPU is shared. The key's fields are stored in the file too; a file is reused
+only while they match. It is written to a temporary file and renamed, so a failed or interrupted
+calibration leaves none half-written.
 """
 
 from __future__ import annotations
@@ -55,9 +56,8 @@ from dynspec.launcher.sim.profile import (
     ModeProfile,
     Profile,
     ProfileError,
-    load_profile,
 )
-from dynspec.launcher.spec import POOLS, ProcessSpec, last_value, server_label, server_url
+from dynspec.launcher.spec import POOLS, ProcessSpec
 
 # Flags that say where a server listens or how much it logs, not how fast it serves.
 _NOT_KEYED = frozenset(
@@ -153,29 +153,33 @@ def cache_path(log_dir: Path, key: Mapping[str, Any], served: str) -> Path:
     return log_dir.resolve() / "calibration" / f"{name}-{key_digest(key)}.json"
 
 
-def read_cache(path: Path, key: Mapping[str, Any]) -> tuple[str | None, str]:
-    """(when the cached profile was measured, or None when it cannot be reused; why not)."""
-    if not path.exists():
+def read_cache(cached: Profile | str | None, key: Mapping[str, Any]) -> tuple[str | None, str]:
+    """(when the cached profile was measured, or None when it cannot be reused; why not), of
+    what the launch found cached for this key's file (``facts.cached``: a profile, why it was
+    unreadable, or None: no such file)."""
+    if cached is None:
         return None, "none cached"
-    try:
-        profile = load_profile(str(path))
-    except ProfileError as exc:
-        return None, f"the cached file is unreadable: {exc}"
+    if isinstance(cached, str):
+        return None, f"the cached file is unreadable: {cached}"
+    profile = cached
     recorded = profile.calibration or {}
     if recorded.get("key") != key or not {"eagle", "baseline"} <= set(profile.modes):
         return None, "the cached file was measured for another key"
     return str(recorded.get("measured_at", "at an unknown time")), ""
 
 
-def _running_limit(config: LaunchConfig, specs: Sequence[ProcessSpec], mode: str) -> int | None:
+def _running_limit(facts: LaunchFacts, specs: Sequence[ProcessSpec], mode: str) -> int | None:
     """``--max-running-requests`` as the first GPU set's server of ``mode`` runs (None: SGLang's
     own default); a simulated GPU set (one process) runs its profile's."""
     for spec in specs:
         if spec.name == mode:
-            given = last_value(spec.argv, "--max-running-requests")
+            given = spec.option("--max-running-requests")
             return int(given) if given else None
         if spec.name == "pair":
-            limit = load_profile(config.sim_profile).mode(mode).max_running_requests
+            sim = facts.sim_profile
+            if not isinstance(sim, Profile):
+                raise ProfileError(sim or f"profile {facts.gpu_name} was not read")
+            limit = sim.mode(mode).max_running_requests
             return limit if limit is not None or mode == "baseline" else DEFAULT_RUNNING_LIMIT[mode]
     return None
 
@@ -183,28 +187,29 @@ def _running_limit(config: LaunchConfig, specs: Sequence[ProcessSpec], mode: str
 def plan_calibration(
     config: LaunchConfig, facts: LaunchFacts, specs: Sequence[ProcessSpec]
 ) -> CalibrationPlan:
-    """What this launch calibrates (``facts`` made with ``calibrating`` when it does)."""
+    """What this launch calibrates (``facts``: found with the cache and the key's versions when
+    it does). Pure: the cached profile is the one ``facts`` found under this key's file name."""
     why = config.calibration_off()
     if why is not None:
         return CalibrationPlan("skip", why)
     key = calibration_key(config, facts, specs)
     path = cache_path(config.log_dir, key, config.served_model_name)
-    measured_at, missing = read_cache(path, key)
+    measured_at, missing = read_cache(dict(facts.cached).get(path.name), key)
     if config.calibrate == "always":
         measured_at, missing = None, "--calibrate always"
     if measured_at is not None:
         return CalibrationPlan("reuse", path=path, key=key, measured_at=measured_at)
     targets = tuple(
         Target(
-            f"{gpu_set.name(pool)} {server_label(config, pool, gpu_set)}",
+            f"{gpu_set.name(pool)} {gpu_set.label(pool)}",
             pool,
-            server_url(config, pool, gpu_set),
+            gpu_set.url(pool),
             gpu_set.index,
         )
         for gpu_set in facts.gpu_sets
         for pool in POOLS
     )
-    limits = {mode: _running_limit(config, specs, mode) for mode in POOLS}
+    limits = {mode: _running_limit(facts, specs, mode) for mode in POOLS}
     eagle_limit = limits["eagle"] or DEFAULT_RUNNING_LIMIT["eagle"]
     return CalibrationPlan(
         "measure",

@@ -99,23 +99,6 @@ def visible_devices(gpus: Sequence[int], visible: Sequence[str] | None = None) -
     return ",".join(visible[g] for g in gpus)
 
 
-def tp_problems(tp: int, heads: int | None = None, kv_heads: int | None = None) -> list[str]:
-    """Why a tensor-parallel size may not work well, or at all; empty when nothing is odd.
-
-    Attention heads are split evenly over the tp ranks, so tp must divide them; key-value heads
-    are split too, or replicated when there are fewer than ranks (then they must divide tp).
-    NCCL and the kernels are tuned for powers of two.
-    """
-    problems = []
-    if tp & (tp - 1):
-        problems.append("is not a power of two")
-    if heads and heads % tp:
-        problems.append(f"does not divide the model's {heads} attention heads")
-    if kv_heads and kv_heads % tp and tp % kv_heads:
-        problems.append(f"does not fit its {kv_heads} key-value heads")
-    return problems
-
-
 def split_gpu_sets(gpus: GpuIds, tp: int, simulate: bool = False) -> tuple[GpuIds, ...]:
     """GPU sets of ``tp`` GPUs, in the order given; none known yet: none (or one simulated)."""
     if not gpus:

@@ -8,7 +8,9 @@ on the same GPUs, the baseline started once EAGLE is healthy, each with half of 
 set ``i`` listens on ``--eagle-port + 2i`` (EAGLE) and ``--baseline-port + 2i`` (baseline): with
 the default ports 30001 and 30002, set 0 is 30001/30002, set 1 30003/30004, and so on.
 
-Pure: built once per launch (``facts.py``) from the config and the GPUs found.
+Pure: built once per launch (``facts.discover``) from the config and the GPUs found, with what
+every later step reads of a set (its servers' names, GPU labels, ``CUDA_VISIBLE_DEVICES`` and
+URLs), so none of them works it out again.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ from dataclasses import dataclass
 
 from dynspec.common.cli import UsageError
 from dynspec.launcher.config import LaunchConfig
-from dynspec.launcher.gpus import GpuIds, format_gpus
+from dynspec.launcher.gpus import (
+    GpuIds,
+    format_gpus,
+    split_gpu_sets,
+    split_halves,
+    visible_devices,
+)
 
 
 @dataclass(frozen=True)
@@ -29,12 +37,29 @@ class GpuSet:
     baseline_port: int
     shared: bool  # both servers on the same GPUs
     count: int  # GPU sets in the launch (names carry the index only when there are several)
+    # (EAGLE, baseline): the console's GPU label ("gpu0-3", "sim"), their CUDA_VISIBLE_DEVICES
+    # (the launcher's own visible set taken into account), their base URLs.
+    labels: tuple[str, str] = ("", "")
+    devices: tuple[str, str] = ("", "")
+    urls: tuple[str, str] = ("", "")
+
+    def _of(self, pool: str) -> int:
+        return 0 if pool == "eagle" else 1
 
     def port(self, pool: str) -> int:
         return self.eagle_port if pool == "eagle" else self.baseline_port
 
     def gpus(self, pool: str) -> GpuIds:
         return self.eagle_gpus if pool == "eagle" else self.baseline_gpus
+
+    def label(self, pool: str) -> str:
+        return self.labels[self._of(pool)]
+
+    def devices_of(self, pool: str) -> str:
+        return self.devices[self._of(pool)]
+
+    def url(self, pool: str) -> str:
+        return self.urls[self._of(pool)]
 
     def name(self, pool: str) -> str:
         """``eagle`` for a launch of one GPU set, ``eagle0``, ``eagle1``... for several."""
@@ -44,14 +69,35 @@ class GpuSet:
     def tag(self) -> str:
         return "" if self.count == 1 else str(self.index)
 
-    def describe(self, host: str) -> str:
+    def describe(self) -> str:
         """One line for --dry-run: its GPUs and URLs (its servers are "pair i", as the router's
         ``--pair``)."""
-        where = "simulated" if not self.shared else "GPUs " + format_gpus(self.eagle_gpus)
-        return (
-            f"pair {self.index}: {where}, EAGLE http://{host}:{self.eagle_port}, "
-            f"baseline http://{host}:{self.baseline_port}"
-        )
+        where = "GPUs " + self.labels[0].removeprefix("gpu") if self.shared else "simulated"
+        return f"pair {self.index}: {where}, EAGLE {self.urls[0]}, baseline {self.urls[1]}"
+
+
+def place(config: LaunchConfig, found: GpuIds | None = None) -> tuple[str, tuple[GpuSet, ...]]:
+    """The layout and GPU sets of a launch: the flags', or (``found``: no --gpus named any) the
+    GPUs found, split in halves (or in sets of --tp GPUs with --layout paired; one GPU found
+    holds both servers)."""
+    if found is None:
+        layout, eagle, baseline = config.layout, config.eagle_gpus, config.baseline_gpus
+        return layout, gpu_sets_of(config, layout, eagle, baseline, config.paired_gpus)
+    try:
+        if config.layout == "paired":
+            layout, eagle, baseline, paired = (
+                "paired",
+                found,
+                found,
+                split_gpu_sets(found, config.tp),
+            )
+        else:
+            eagle, baseline = split_halves(found)
+            # One GPU found: a one-set paired layout.
+            layout, paired = ("paired", (eagle,)) if eagle == baseline else ("split", ())
+    except UsageError as exc:
+        raise UsageError(f"no --gpus given, and {exc}") from None
+    return layout, gpu_sets_of(config, layout, eagle, baseline, paired)
 
 
 def gpu_sets_of(
@@ -65,26 +111,39 @@ def gpu_sets_of(
     one per entry of ``paired`` (both servers on its GPUs, shared unless simulated). A usage
     error when two of their ports, or one and the router's, are the same."""
     if layout == "split":
-        split = GpuSet(
-            0, eagle, baseline, config.eagle_port, config.baseline_port, shared=False, count=1
+        sets: tuple[GpuSet, ...] = (_gpu_set(config, 0, eagle, baseline, shared=False, count=1),)
+    else:
+        sets = tuple(
+            _gpu_set(config, i, gpus, gpus, shared=not config.simulate, count=len(paired))
+            for i, gpus in enumerate(paired)
         )
-        check_ports(config, (split,))
-        return (split,)
-    n = len(paired)
-    sets = tuple(
-        GpuSet(
-            i,
-            gpus,
-            gpus,
-            config.eagle_port + 2 * i,
-            config.baseline_port + 2 * i,
-            shared=not config.simulate,
-            count=n,
-        )
-        for i, gpus in enumerate(paired)
-    )
     check_ports(config, sets)
     return sets
+
+
+def _gpu_set(
+    config: LaunchConfig, index: int, eagle: GpuIds, baseline: GpuIds, *, shared: bool, count: int
+) -> GpuSet:
+    ports = (config.eagle_port + 2 * index, config.baseline_port + 2 * index)
+    host = config.server_host
+    if config.simulate:
+        labels, devices = ("sim", "sim"), ("", "")
+    else:
+        labels = (f"gpu{format_gpus(eagle)}", f"gpu{format_gpus(baseline)}")
+        visible = config.visible_gpus
+        devices = (visible_devices(eagle, visible), visible_devices(baseline, visible))
+    return GpuSet(
+        index,
+        eagle,
+        baseline,
+        ports[0],
+        ports[1],
+        shared=shared,
+        count=count,
+        labels=labels,
+        devices=devices,
+        urls=(f"http://{host}:{ports[0]}", f"http://{host}:{ports[1]}"),
+    )
 
 
 def check_ports(config: LaunchConfig, gpu_sets: tuple[GpuSet, ...]) -> None:

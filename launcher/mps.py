@@ -3,8 +3,9 @@
 Under MPS the two servers of a GPU set run their kernels side by side instead of in time slices
 (``pair-sharing.md``: 16-27% more total tok/s while both are busy). Each set's daemon has its own
 ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY`` under the log directory and sees only
-the set's GPUs; its servers get the same variables (see ``spec.mps_env``). The binary is found
-with the launch's facts (``probe.find_mps_control``). The supervisor starts
+the set's GPUs; its servers get the same variables (``spec.mps_env`` makes them; the daemon
+reads them off its EAGLE server's spec). The binary is found with the launch's facts
+(``probe.find_mps_control``). The supervisor starts
 the daemons before the servers and quits them after the servers are gone, on every exit path it
 runs (a SIGKILLed launcher runs none: the next start quits a daemon left on the same directory).
 """
@@ -20,8 +21,7 @@ from pathlib import Path
 
 from dynspec.launcher.config import LaunchConfig
 from dynspec.launcher.facts import LaunchFacts
-from dynspec.launcher.gpus import visible_devices
-from dynspec.launcher.spec import mps_env
+from dynspec.launcher.spec import ProcessSpec
 
 STOP_TIMEOUT = 15.0
 
@@ -56,16 +56,21 @@ def prepare_dirs(daemon: MpsDaemon) -> bool:
     return (daemon.pipe_dir / "control").exists()
 
 
-def build_daemons(config: LaunchConfig, facts: LaunchFacts) -> tuple[MpsDaemon, ...]:
-    """One daemon per GPU set with --mps on real GPUs; none otherwise (the simulator shares by
-    itself: --mps is its ``--sharing mps``)."""
+def build_daemons(
+    config: LaunchConfig, facts: LaunchFacts, specs: Sequence[ProcessSpec]
+) -> tuple[MpsDaemon, ...]:
+    """One daemon per GPU set with --mps on real GPUs, on the MPS directories its servers'
+    ``specs`` name; none otherwise (the simulator shares by itself: --mps is its ``--sharing
+    mps``)."""
     if not config.mps or config.simulate or facts.layout != "paired":
         return ()
     assert facts.mps_control is not None
+    by_key = {spec.key: spec for spec in specs}
     daemons = []
     for gpu_set in facts.gpu_sets:
-        devices = visible_devices(gpu_set.eagle_gpus, config.visible_gpus)
-        env = (("CUDA_VISIBLE_DEVICES", devices), *mps_env(config, gpu_set))
+        served = dict(by_key[gpu_set.name("eagle")].env)
+        mps = tuple((k, v) for k, v in served.items() if k.startswith("CUDA_MPS_"))
+        env = (("CUDA_VISIBLE_DEVICES", gpu_set.devices_of("eagle")), *mps)
         daemons.append(MpsDaemon(gpu_set.index, facts.mps_control, env))
     return tuple(daemons)
 

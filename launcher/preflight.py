@@ -1,29 +1,23 @@
-"""Checks before anything starts: GPUs, free ports, model paths, SGLang itself.
+"""Checks before anything starts: GPUs, free ports, model paths, SGLang itself, a pair that fits,
+odd tp sizes.
 
-Each failure is a ``UsageError`` (one line, exit 2): it is cheaper to be told now than after a
-tp=4 server has spent three minutes loading weights.
+Each failure is one line, exit 2: it is cheaper to be told now than after a tp=4 server has
+spent three minutes loading weights. Pure: what the checks look at was found by
+``facts.discover`` (the GPUs listed, SGLang, the model folders, the ports taken); the plan
+(``plan.py``) calls them.
 """
 
 from __future__ import annotations
 
-import errno
-import importlib.metadata
-import importlib.util
-import json
-import logging
 import re
-import socket
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from dynspec.common.cli import UsageError
 from dynspec.launcher.config import LaunchConfig
 from dynspec.launcher.facts import LaunchFacts, flag_facts
-from dynspec.launcher.gpus import format_gpus, tp_problems
-from dynspec.launcher.probe import list_gpus, sglang_version
+from dynspec.launcher.gpus import format_gpus
 from dynspec.launcher.sharing import pair_shortfall_gib
-
-log = logging.getLogger(__name__)
 
 # A Hugging Face hub id: "org/name" (one slash, no path-like start).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -50,35 +44,46 @@ def check_gpus(
         )
 
 
-def check_model_path(value: str | None, flag: str) -> None:
+def check_model_path(value: str | None, flag: str, kind: str) -> None:
+    """``kind``: what ``value`` names on this machine (``probe.path_kind``)."""
     if not value:
         raise UsageError(f"{flag} is required")
-    path = Path(value).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise UsageError(f"{flag} {value}: is a file, expected a model directory")
+    if kind == "file":
+        raise UsageError(f"{flag} {value}: is a file, expected a model directory")
+    if kind == "dir":
         return
     looks_like_path = value.startswith(("/", ".", "~")) or value.count("/") != 1
     if looks_like_path or not _HUB_ID.match(value):
         raise UsageError(f"{flag} {value}: no such directory, and not a hub id like org/name")
 
 
-def model_heads(model_path: str | None) -> tuple[int | None, int | None]:
-    """Attention and key-value head counts from a local model's config.json (None: unknown)."""
-    if not model_path:
-        return None, None
-    try:
-        data = json.loads((Path(model_path).expanduser() / "config.json").read_text("utf-8"))
-    except (OSError, ValueError):
+def model_heads(cfg: Mapping[str, Any] | None) -> tuple[int | None, int | None]:
+    """Attention and key-value head counts from a model's config.json (None: unknown)."""
+    if cfg is None:
         return None, None  # a hub id, or no readable config: SGLang will say what it needs
-    if not isinstance(data, dict):
-        return None, None
     # Multimodal models keep the language model's settings in a nested config.
-    for section in (data, data.get("text_config"), data.get("llm_config")):
+    for section in (cfg, cfg.get("text_config"), cfg.get("llm_config")):
         if isinstance(section, dict) and isinstance(section.get("num_attention_heads"), int):
             kv = section.get("num_key_value_heads")
             return section["num_attention_heads"], kv if isinstance(kv, int) else None
     return None, None
+
+
+def tp_problems(tp: int, heads: int | None = None, kv_heads: int | None = None) -> list[str]:
+    """Why a tensor-parallel size may not work well, or at all; empty when nothing is odd.
+
+    Attention heads are split evenly over the tp ranks, so tp must divide them; key-value heads
+    are split too, or replicated when there are fewer than ranks (then they must divide tp).
+    NCCL and the kernels are tuned for powers of two.
+    """
+    problems = []
+    if tp & (tp - 1):
+        problems.append("is not a power of two")
+    if heads and heads % tp:
+        problems.append(f"does not divide the model's {heads} attention heads")
+    if kv_heads and kv_heads % tp and tp % kv_heads:
+        problems.append(f"does not fit its {kv_heads} key-value heads")
+    return problems
 
 
 def _and(items: Sequence[str]) -> str:
@@ -90,7 +95,7 @@ def tp_warnings(config: LaunchConfig, facts: LaunchFacts | None = None) -> list[
     sets = (facts or flag_facts(config)).gpu_sets
     if config.simulate or not sets:
         return []
-    heads, kv_heads = model_heads(config.model_path)
+    heads, kv_heads = model_heads((facts or flag_facts(config)).target_config)
     sizes = {"EAGLE": len(sets[0].eagle_gpus), "baseline": len(sets[0].baseline_gpus)}
     lines = []
     for tp in sorted(set(sizes.values())):
@@ -133,51 +138,39 @@ def check_pair_fits(config: LaunchConfig, facts: LaunchFacts | None = None) -> s
     return None
 
 
-def check_port_free(host: str, port: int, what: str) -> None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    bind_host = host.strip("[]") or "0.0.0.0"
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        # Same option uvicorn and SGLang set, so a port in TIME_WAIT is not reported as taken.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((bind_host, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise UsageError(f"port {port} ({what}) is already in use on {host}") from None
-            raise UsageError(f"cannot listen on {host}:{port} ({what}): {exc.strerror}") from None
-
-
-def check_sglang_installed() -> None:
-    pin = sglang_version()
-    if importlib.util.find_spec("sglang") is None:
+def _check_sglang(facts: LaunchFacts) -> str | None:
+    """A usage error when SGLang is missing; the line to log when it is not the pinned one."""
+    pin = facts.sglang_pin
+    if not facts.sglang_importable:
         raise UsageError(
             f"SGLang is not installed in this Python: pip install 'dynspec[sglang]' (sglang=={pin})"
         )
+    installed = facts.sglang_installed
+    if installed is not None and installed != pin:
+        return f"SGLang {installed} is installed; dynspec is tested with {pin}"
+    return None
+
+
+def run_preflight(config: LaunchConfig, facts: LaunchFacts) -> tuple[tuple[str, ...], str | None]:
+    """Every check that applies to ``config`` and what ``facts`` found (looked at only for a
+    launch that starts: ``facts.checked``), in the order the user fixes them (SGLang, GPUs,
+    model paths, ports; GPUs, paths and SGLang only when not simulating): the lines to log (an
+    SGLang other than the pinned one), and the first failure's one line (None: none failed)."""
+    cautions: list[str] = []
+    if not facts.checked:
+        return (), None
     try:
-        installed = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return
-    if installed != pin:
-        log.warning("SGLang %s is installed; dynspec is tested with %s", installed, pin)
-
-
-def run_preflight(
-    config: LaunchConfig,
-    available_gpus: Sequence[int] | None = None,
-    facts: LaunchFacts | None = None,
-) -> None:
-    """Every check that applies to ``config`` and the launch's ``facts`` (None: the flags');
-    GPUs, paths and SGLang only when not simulating."""
-    facts = facts or flag_facts(config)
-    if not config.simulate:
-        if config.server_command is None:
-            check_sglang_installed()
-        check_gpus(config, list_gpus() if available_gpus is None else available_gpus, facts)
-        check_model_path(config.model_path, "--model-path")
-        check_model_path(config.draft_model_path, "--draft-model-path")
-    if not config.no_router:
-        check_port_free(config.host, config.port, "router")
-    for gpu_set in facts.gpu_sets:
-        for pool, what in (("eagle", "EAGLE"), ("baseline", "baseline")):
-            tag = f" of pair {gpu_set.index}" if gpu_set.count > 1 else ""
-            check_port_free(config.backend_host, gpu_set.port(pool), f"{what} server{tag}")
+        if not config.simulate:
+            if config.server_command is None:
+                caution = _check_sglang(facts)
+                cautions += [caution] if caution else []
+            if isinstance(facts.listed_gpus, str):
+                raise UsageError(facts.listed_gpus)
+            check_gpus(config, facts.listed_gpus, facts)
+            check_model_path(config.model_path, "--model-path", facts.path_kinds[0])
+            check_model_path(config.draft_model_path, "--draft-model-path", facts.path_kinds[1])
+        if facts.ports_taken:
+            raise UsageError(facts.ports_taken[0])
+    except UsageError as exc:
+        return tuple(cautions), str(exc)
+    return tuple(cautions), None

@@ -1,17 +1,24 @@
-"""What the machine has, asked once per launch (``facts.py``): the GPUs ``nvidia-smi`` lists, their
-memory and names, the SGLang installed in this Python and the one the launcher pins, and the
-CUDA MPS control binary. Each reader takes the command runner as an argument, for tests.
+"""What the machine has, asked once per launch (``facts.discover``, the only caller): the GPUs
+``nvidia-smi`` lists, their memory and names, the SGLang installed in this Python and the one the
+launcher pins, the CUDA MPS control binary, the model folders (``config.json``, the weights'
+size), and whether a port is free. Each ``nvidia-smi`` reader takes the command runner as an
+argument, for tests.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
 import importlib.resources
+import importlib.util
+import json
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from dynspec.common.cli import UsageError
 
@@ -135,3 +142,57 @@ def find_mps_control(path: str | None = None) -> str:
         f"--mps: {MPS_CONTROL} is not on PATH or in {NVIDIA_BIN} "
         "(it comes with the NVIDIA driver; or run without --mps)"
     )
+
+
+def sglang_importable() -> bool:
+    """Whether this Python can import SGLang at all."""
+    return importlib.util.find_spec("sglang") is not None
+
+
+def path_kind(value: str | None) -> str:
+    """What a model flag names here: "dir", "file" or "none" (nothing there, or no value)."""
+    if not value:
+        return "none"
+    path = Path(value).expanduser()
+    if path.is_dir():
+        return "dir"
+    return "file" if path.exists() else "none"
+
+
+def model_config(path: str | None) -> dict[str, Any] | None:
+    """A LOCAL model folder's ``config.json``; None for a hub id or an unreadable one."""
+    if not path:
+        return None
+    try:
+        cfg = json.loads((Path(path).expanduser() / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
+def weights_on_disk(path: str | None) -> int | None:
+    """Bytes of a LOCAL model's ``*.safetensors`` files; None for a hub id or no such files."""
+    if not path:
+        return None
+    folder = Path(path).expanduser()
+    try:
+        sizes = [f.stat().st_size for f in folder.glob("*.safetensors") if f.is_file()]
+    except OSError:
+        return None
+    return sum(sizes) or None
+
+
+def port_problem(host: str, port: int, what: str) -> str | None:
+    """Why ``what`` could not listen on ``host:port`` now (one line), or None: it can."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    bind_host = host.strip("[]") or "0.0.0.0"
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # Same option uvicorn and SGLang set, so a port in TIME_WAIT is not reported as taken.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((bind_host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} ({what}) is already in use on {host}"
+            return f"cannot listen on {host}:{port} ({what}): {exc.strerror}"
+    return None

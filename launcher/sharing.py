@@ -8,15 +8,14 @@ its static part plus an activation reserve. ``--max-total-tokens`` caps both KV 
 same size (the EAGLE server also holds the draft model), when the GPU's memory and the model's
 ``config.json`` are known; otherwise only the fractions are set (they hold on any GPU size).
 
-Pure arithmetic, plus one reader of a local ``config.json``.
+Pure arithmetic: the files are read by ``probe.py`` (``model_config``, ``weights_on_disk``).
 """
 
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 GIB = 1 << 30
@@ -77,15 +76,13 @@ def shape_from_config(cfg: dict[str, Any], draft: bool = False) -> ModelShape:
     return ModelShape(params=params, kv_bytes_per_token=kv)
 
 
-def read_model_shape(path: str | None, draft: bool = False) -> ModelShape | None:
-    """The shape of a LOCAL model directory; None for a hub id or an unreadable config."""
-    if not path:
+def shape_of(cfg: Mapping[str, Any] | None, draft: bool = False) -> ModelShape | None:
+    """The shape a model's ``config.json`` (``probe.model_config``) says; None when unknown."""
+    if cfg is None:
         return None
-    config = Path(path).expanduser() / "config.json"
     try:
-        cfg = json.loads(config.read_text(encoding="utf-8"))
-        return shape_from_config(cfg, draft=draft) if isinstance(cfg, dict) else None
-    except (OSError, ValueError):
+        return shape_from_config(dict(cfg), draft=draft)
+    except ValueError:
         return None
 
 
@@ -155,18 +152,6 @@ def plan_shared_gpu(
 
 # The least KV cache per server worth starting a pair for (a few thousand tokens of an 8B model).
 MIN_KV_GIB = 1.0
-
-
-def weights_on_disk(path: str | None) -> int | None:
-    """Bytes of a LOCAL model's ``*.safetensors`` files; None for a hub id or no such files."""
-    if not path:
-        return None
-    folder = Path(path).expanduser()
-    try:
-        sizes = [f.stat().st_size for f in folder.glob("*.safetensors") if f.is_file()]
-    except OSError:
-        return None
-    return sum(sizes) or None
 
 
 def pair_shortfall_gib(

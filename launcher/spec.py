@@ -1,7 +1,9 @@
 """Pure builders: what each process of a launch runs (argv, environment, health URL, log file).
 
 Nothing here starts a process, reads the environment or touches the network, so every command the
-launcher can build is tested without GPUs (and checked against SGLang's own parser in CI).
+launcher can build is tested without GPUs (and checked against SGLang's own parser in CI). The
+plan (``plan.py``) calls them once a launch, with the config, the facts and the shared GPUs'
+memory plan (``sharing.py``); they read those records and ask no other module.
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ from pathlib import Path
 from dynspec.common.cli import UsageError, env_name
 from dynspec.launcher.config import LaunchConfig
 from dynspec.launcher.facts import LaunchFacts, flag_facts
-from dynspec.launcher.gpus import format_gpus, visible_devices
 from dynspec.launcher.layout import GpuSet
-from dynspec.launcher.sharing import plan_shared_gpu
+from dynspec.launcher.sharing import SharedGpuPlan
 from dynspec.launcher.sim.profile import EAGLE_DEFAULT_MAX_RUNNING, Profile
 
 SGLANG_MODULE = "sglang.launch_server"
@@ -127,6 +128,14 @@ class ProcessSpec:
         parts += [f'"${hidden[a]}"' if a in hidden else shlex.quote(a) for a in argv]
         return " ".join(parts)
 
+    def option(self, flag: str) -> str | None:
+        """The last value its argv gives ``flag`` (None: not given)."""
+        return last_value(self.argv, flag)
+
+    def with_speed_profile(self, path: str) -> ProcessSpec:
+        """The router's spec with ``--speed-profile PATH`` (a calibration's profile) added."""
+        return replace(self, argv=(*self.argv, "--speed-profile", path))
+
 
 def eagle_max_running_requests(threshold: int) -> int:
     """The EAGLE server's ``--max-running-requests``: the threshold plus a margin.
@@ -170,25 +179,6 @@ def eagle_running_limit(config: LaunchConfig) -> int:
         # The learned threshold may settle anywhere: SGLang's own cap for EAGLE servers.
         return EAGLE_DEFAULT_MAX_RUNNING
     return eagle_max_running_requests(config.threshold)
-
-
-def connect_host(listen_host: str) -> str:
-    """Where to reach a server that listens on ``listen_host`` from this machine."""
-    if listen_host in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    if listen_host == "::":
-        return "[::1]"
-    if ":" in listen_host and not listen_host.startswith("["):
-        return f"[{listen_host}]"
-    return listen_host
-
-
-def server_url(config: LaunchConfig, pool: str, gpu_set: GpuSet) -> str:
-    return f"http://{connect_host(config.backend_host)}:{gpu_set.port(pool)}"
-
-
-def router_url(config: LaunchConfig) -> str:
-    return f"http://{connect_host(config.host)}:{config.port}"
 
 
 def _flag_names(args: Iterable[str]) -> set[str]:
@@ -255,32 +245,17 @@ def shares_gpu(config: LaunchConfig, facts: LaunchFacts | None = None) -> bool:
     return (facts or flag_facts(config)).shares_gpu
 
 
-def memory_options(
-    facts: LaunchFacts, pool: str, tp: int = 1, second: bool = False
-) -> list[list[str]]:
-    """``--mem-fraction-static`` (and ``--max-total-tokens`` when sizable) on shared GPUs;
-    ``second``: the share of a server that starts while the other one holds its half."""
-    if not facts.shares_gpu:
+def memory_options(plan: SharedGpuPlan | None, pool: str, second: bool = False) -> list[list[str]]:
+    """``--mem-fraction-static`` (and ``--max-total-tokens`` when sizable) on shared GPUs (None:
+    not shared); ``second``: the share of a server that starts while the other one holds its
+    half."""
+    if plan is None:
         return []
-    plan = plan_shared_gpu(
-        facts.gpu_memory_gib,
-        facts.target_shape,
-        facts.draft_shape,
-        tp=tp,
-        target_bytes=facts.target_weight_bytes,
-        draft_bytes=facts.draft_weight_bytes,
-    )
     fraction = plan.eagle_fraction if pool == "eagle" and not second else plan.baseline_fraction
     own = [["--mem-fraction-static", f"{fraction:g}"]]
     if plan.max_total_tokens is not None:
         own.append(["--max-total-tokens", str(plan.max_total_tokens)])
     return own
-
-
-def server_label(config: LaunchConfig, pool: str, gpu_set: GpuSet) -> str:
-    if config.simulate:
-        return "sim"
-    return "gpu" + format_gpus(gpu_set.gpus(pool))
 
 
 def mps_env(config: LaunchConfig, gpu_set: GpuSet) -> tuple[tuple[str, str], ...]:
@@ -300,15 +275,16 @@ def mps_env(config: LaunchConfig, gpu_set: GpuSet) -> tuple[tuple[str, str], ...
 
 
 def build_server_spec(
-    config: LaunchConfig, facts: LaunchFacts, pool: str, gpu_set: GpuSet
+    config: LaunchConfig, pool: str, gpu_set: GpuSet, shared: SharedGpuPlan | None = None
 ) -> ProcessSpec:
+    """One server of a GPU set (``shared``: the memory plan when its GPUs hold both servers)."""
     if pool not in POOLS:
         raise ValueError(f"unknown pool {pool!r}")
     eagle = pool == "eagle"
     port = gpu_set.port(pool)
     key = gpu_set.name(pool)
-    prefix = f"[{key} {server_label(config, pool, gpu_set)}]"
-    base = server_url(config, pool, gpu_set)
+    prefix = f"[{key} {gpu_set.label(pool)}]"
+    base = gpu_set.url(pool)
     log_file = config.log_dir / f"{key}.log"
     max_running = eagle_running_limit(config)
     after = gpu_set.name("eagle") if gpu_set.shared and not eagle else None
@@ -382,17 +358,15 @@ def build_server_spec(
         if config.server_command
         else [sys.executable, "-m", SGLANG_MODULE]
     )
-    argv = [*command, *_merge(own + memory_options(facts, pool, len(gpus)), extra)]
+    argv = [*command, *_merge(own + memory_options(shared, pool), extra)]
     second_argv: list[str] = []
     if gpu_set.shared and eagle:
-        second = memory_options(facts, pool, len(gpus), second=True)
+        second = memory_options(shared, pool, second=True)
         second_argv = [*command, *_merge(own + second, extra)]
     mps = mps_env(config, gpu_set)
     # Under MPS the daemon sees the set's GPUs and its clients see them renumbered from 0
     # (NVIDIA's MPS guide, "CUDA_VISIBLE_DEVICES"): the daemon's own ids would be an error.
-    devices = (
-        ",".join(map(str, range(len(gpus)))) if mps else visible_devices(gpus, config.visible_gpus)
-    )
+    devices = ",".join(map(str, range(len(gpus)))) if mps else gpu_set.devices_of(pool)
     env: tuple[tuple[str, str], ...] = (("CUDA_VISIBLE_DEVICES", devices), *mps)
     return ProcessSpec(
         pool,
@@ -445,10 +419,10 @@ def build_sim_pair_spec(config: LaunchConfig, gpu_set: GpuSet) -> ProcessSpec:
         f"[{key} sim]",
         tuple(argv),
         (),
-        server_url(config, "eagle", gpu_set) + "/health_generate",
+        gpu_set.url("eagle") + "/health_generate",
         config.log_dir / f"{key}.log",
         gpu_set.eagle_port,
-        more_health=(server_url(config, "baseline", gpu_set) + "/health_generate",),
+        more_health=(gpu_set.url("baseline") + "/health_generate",),
         key=key,
     )
 
@@ -461,15 +435,10 @@ def backend_args(config: LaunchConfig, facts: LaunchFacts) -> list[str]:
     """The router's servers: the two pool URLs (split), or one ``--pair E,B`` per GPU set."""
     if facts.layout == "split":
         (only,) = facts.gpu_sets
-        return [
-            "--eagle-url",
-            server_url(config, "eagle", only),
-            "--baseline-url",
-            server_url(config, "baseline", only),
-        ]
+        return ["--eagle-url", only.url("eagle"), "--baseline-url", only.url("baseline")]
     argv: list[str] = []
     for s in facts.gpu_sets:
-        argv += ["--pair", f"{server_url(config, 'eagle', s)},{server_url(config, 'baseline', s)}"]
+        argv += ["--pair", f"{s.url('eagle')},{s.url('baseline')}"]
     return argv
 
 
@@ -511,23 +480,23 @@ def build_router_spec(config: LaunchConfig, facts: LaunchFacts | None = None) ->
         "[router]",
         tuple(argv),
         tuple(env),
-        router_url(config) + "/health",
+        config.router_url + "/health",
         config.log_dir / "router.log",
         config.port,
         key="router",
     )
 
 
-def with_speed_profile(router: ProcessSpec, path: str) -> ProcessSpec:
-    """The router's spec with ``--speed-profile PATH`` (a calibration's profile) added."""
-    return replace(router, argv=(*router.argv, "--speed-profile", path))
-
-
-def build_specs(config: LaunchConfig, facts: LaunchFacts | None = None) -> tuple[ProcessSpec, ...]:
+def build_specs(
+    config: LaunchConfig, facts: LaunchFacts | None = None, shared: SharedGpuPlan | None = None
+) -> tuple[ProcessSpec, ...]:
     """Each GPU set's EAGLE server and baseline server (simulated on one GPU set: one process),
     then the router (none with --no-router): in start order. ``facts``: the launch's (None:
-    what the flags alone say, nothing asked of the machine)."""
+    what the flags alone say, nothing asked of the machine); ``shared``: the memory plan of
+    GPUs that hold both servers (None: as ``facts`` say, ``plan.shared_gpu_plan``)."""
     facts = facts or flag_facts(config)
+    if shared is None and facts.shares_gpu:
+        shared = facts.shared_gpu_plan()
     sets = facts.gpu_sets
     if not config.simulate and not all(s.eagle_gpus and s.baseline_gpus for s in sets):
         raise UsageError("no GPUs to split: pass --gpus (e.g. --gpus 0-7)")
@@ -538,7 +507,7 @@ def build_specs(config: LaunchConfig, facts: LaunchFacts | None = None) -> tuple
         if config.simulate and facts.layout == "paired":
             specs.append(build_sim_pair_spec(config, gpu_set))
         else:
-            specs += [build_server_spec(config, facts, pool, gpu_set) for pool in POOLS]
+            specs += [build_server_spec(config, pool, gpu_set, shared) for pool in POOLS]
     if not config.no_router:
         specs.append(build_router_spec(config, facts))
     return tuple(specs)

@@ -14,19 +14,19 @@ import logging
 import shlex
 import signal
 import time
-from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import httpx
 
-from dynspec.launcher.calibration import CalibrationPlan, calibrate
+from dynspec.launcher.calibration import calibrate
 from dynspec.launcher.config import LaunchConfig
 from dynspec.launcher.facts import LaunchFacts, flag_facts
 from dynspec.launcher.loadgen import CalibrationError
 from dynspec.launcher.mps import MpsDaemon, start_daemon, stop_daemon
+from dynspec.launcher.plan import LaunchPlan
 from dynspec.launcher.printer import Printer
 from dynspec.launcher.process import Child, describe_exit, tail
-from dynspec.launcher.spec import ProcessSpec, connect_host, with_speed_profile
+from dynspec.launcher.spec import ProcessSpec
 
 log = logging.getLogger(__name__)
 
@@ -63,28 +63,28 @@ class Supervisor:
     def __init__(
         self,
         config: LaunchConfig,
-        specs: Sequence[ProcessSpec],
+        plan: LaunchPlan,
         printer: Printer,
-        drop_env: Collection[str] = (),
-        daemons: Sequence[MpsDaemon] = (),
         *,
         facts: LaunchFacts | None = None,
-        calibration: CalibrationPlan | None = None,
     ) -> None:
+        """``plan``: what to start (``plan.plan``); ``facts``: what the launch found (None:
+        what the flags alone say)."""
         self.config = config
         self.facts = facts or flag_facts(config)
-        self.calibration = calibration
+        self.calibration = plan.calibration
         self.printer = printer
         self._started = False  # start-up done: server output is echoed on a terminal too
-        servers = [s for s in specs if s.is_server]
-        routers = [s for s in specs if not s.is_server]
+        # The launcher's own DYNSPEC_* variables are not its children's.
+        drop_env = config.own_env
         self.servers = [
-            ServerState(Child(s, printer, self._echo_servers, drop_env)) for s in servers
+            ServerState(Child(s, printer, self._echo_servers, drop_env)) for s in plan.servers
         ]
         self._by_key = {st.child.spec.key: st for st in self.servers}
         # None with --no-router: the servers alone are supervised.
-        self.router = Child(routers[0], printer, lambda: True, drop_env) if routers else None
-        self.daemons = tuple(daemons)
+        router = plan.router
+        self.router = Child(router, printer, lambda: True, drop_env) if router else None
+        self.daemons = plan.daemons
         self._daemons_up: list[MpsDaemon] = []
         self.signals: list[int] = []
         self._wake = asyncio.Event()
@@ -348,7 +348,7 @@ class Supervisor:
         if self.router is None:
             self.say(f"calibration: wrote {path} {took} (--no-router: give it to your router)")
         else:
-            self.router.spec = with_speed_profile(self.router.spec, str(path))
+            self.router.spec = self.router.spec.with_speed_profile(str(path))
             self.say(
                 f"calibration: wrote {path} {took}; the router starts with it as --speed-profile"
             )
@@ -387,7 +387,7 @@ class Supervisor:
                 self.printer.line(st.child.spec.prefix, f"serving at {urls}", st.child.spec.name)
             self.say("ready: servers only (--no-router); Ctrl-C stops them")
             return
-        base = f"http://{connect_host(c.host)}:{c.port}"
+        base = c.router_url
         body = json.dumps(
             {
                 "model": c.served_model_name,

@@ -26,7 +26,7 @@ from dynspec.launcher.calibration import (
     write_profile,
 )
 from dynspec.launcher.config import LaunchConfig, load_config
-from dynspec.launcher.facts import LaunchFacts, flag_facts
+from dynspec.launcher.facts import LaunchFacts, cached_profiles, flag_facts
 from dynspec.launcher.loadgen import CalibrationError, Level, event_counts, gauge
 from dynspec.launcher.sim.profile import load_profile
 from dynspec.launcher.spec import build_specs
@@ -37,7 +37,14 @@ DEMO = str(Path(__file__).parents[2] / "launcher/sim/profiles/demo.json")
 
 
 def facts_for(config: LaunchConfig, sglang: str = "v", gpu: str = "gpu") -> LaunchFacts:
-    return dataclasses.replace(flag_facts(config), sglang_version=sglang, gpu_name=gpu)
+    """The flags' facts, with the key's versions and what is cached (as ``discover`` finds)."""
+    return dataclasses.replace(
+        flag_facts(config),
+        sglang_version=sglang,
+        gpu_name=gpu,
+        sim_profile=load_profile(config.sim_profile) if config.simulate else None,
+        cached=cached_profiles(config.log_dir),
+    )
 
 
 def plan_for(tmp: Path, *argv: str) -> object:

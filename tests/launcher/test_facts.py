@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from dynspec.launcher import facts
+from dynspec.launcher import probe
 from dynspec.launcher.config import load_config
 from dynspec.launcher.facts import discover, flag_facts
 
-MODEL = ["--model-path", "org/m", "--draft-model-path", "org/d"]
+# --no-preflight: the checks before a start are their own questions (see the last test).
+MODEL = ["--model-path", "org/m", "--draft-model-path", "org/d", "--no-preflight"]
 
 
 @pytest.fixture
@@ -33,10 +34,10 @@ def asked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         calls.append("list")
         return (0, 1, 2, 3)
 
-    monkeypatch.setattr(facts, "gpu_memory_gib", memory)
-    monkeypatch.setattr(facts, "gpu_names", names)
-    monkeypatch.setattr(facts, "list_gpus", gpus)
-    monkeypatch.setattr(facts, "installed_sglang", lambda: "0.5.23")
+    monkeypatch.setattr(probe, "gpu_memory_gib", memory)
+    monkeypatch.setattr(probe, "gpu_names", names)
+    monkeypatch.setattr(probe, "list_gpus", gpus)
+    monkeypatch.setattr(probe, "installed_sglang", lambda: "0.5.23")
     return calls
 
 
@@ -62,7 +63,7 @@ def test_shared_gpus_read_memory_and_the_local_model(tmp_path: Path, asked: list
         )
     )
     (tmp_path / "w.safetensors").write_bytes(b"x" * 100)
-    argv = ["--gpus", "0-1", "--layout", "paired", "--model-path", str(tmp_path)]
+    argv = ["--gpus", "0-1", "--layout", "paired", "--model-path", str(tmp_path), "--no-preflight"]
     found = discover(load_config([*argv, "--draft-model-path", "org/d"], {}))
     assert asked == ["memory 0", "memory 1"]
     assert found.shares_gpu and found.gpu_memory_gib == 140.0
@@ -90,3 +91,19 @@ def test_simulated_launch_keys_its_calibration_by_the_profile(asked: list[str]) 
         load_config(["--simulate", "--threshold", "auto", "--sim-profile", "seed"], {})
     )
     assert other.gpu_name != found.gpu_name
+
+
+def test_a_launch_that_starts_asks_the_checks_questions_once(
+    tmp_path: Path, asked: list[str]
+) -> None:
+    argv = ["--model-path", str(tmp_path), "--draft-model-path", "org/d", "--gpus", "0-3"]
+    found = discover(load_config([*argv, "--port", "1", "--eagle-port", "2"], {}))
+    assert asked == ["list"]  # nvidia-smi's list, for the GPU check
+    assert found.checked and found.listed_gpus == (0, 1, 2, 3)
+    assert found.path_kinds == ("dir", "none")
+    asked.clear()
+    detected = discover(load_config(argv[:4], {}))
+    assert asked == ["list"]  # the GPUs found are the ones checked: asked once
+    assert detected.listed_gpus == (0, 1, 2, 3)
+    dry = discover(load_config([*argv, "--dry-run"], {}))
+    assert not dry.checked and dry.ports_taken == ()

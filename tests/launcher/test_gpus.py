@@ -7,9 +7,9 @@ from dynspec.launcher.gpus import (
     format_gpus,
     parse_gpus,
     split_halves,
-    tp_problems,
     visible_devices,
 )
+from dynspec.launcher.preflight import tp_problems
 
 
 @pytest.mark.parametrize(

@@ -13,14 +13,20 @@ from pathlib import Path
 import pytest
 
 from dynspec.common.cli import UsageError
-from dynspec.launcher.cli import dry_run_notes
 from dynspec.launcher.config import LaunchConfig, load_config
 from dynspec.launcher.facts import LaunchFacts, discover, flag_facts
+from dynspec.launcher.plan import plan
 from dynspec.launcher.preflight import check_pair_fits
-from dynspec.launcher.sharing import GIB, pair_shortfall_gib, weights_on_disk
+from dynspec.launcher.probe import weights_on_disk
+from dynspec.launcher.sharing import GIB, pair_shortfall_gib
 from dynspec.launcher.spec import build_specs
 
 MODEL = ["--model-path", "org/m", "--draft-model-path", "org/d"]
+
+
+def dry_run_notes(config: LaunchConfig, facts: LaunchFacts | None = None) -> tuple[str, ...]:
+    """The comments --dry-run prints before the command lines."""
+    return plan(config, facts or flag_facts(config)).notes
 
 
 def flags(argv: tuple[str, ...]) -> dict[str, str]:
@@ -228,11 +234,7 @@ def _sized(tmp_path: Path, cfg: dict[str, int], *argv: str) -> tuple[LaunchConfi
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text(json.dumps(cfg))
     config = load_config([*argv, "--model-path", str(model), "--draft-model-path", "org/d"], {})
-    from dynspec.launcher.sharing import read_model_shape
-
-    return config, dataclasses.replace(
-        flag_facts(config), gpu_memory_gib=141.0, target_shape=read_model_shape(str(model))
-    )
+    return config, dataclasses.replace(flag_facts(config), gpu_memory_gib=141.0, target_config=cfg)
 
 
 def test_too_large_for_a_pair_names_the_shortfall_and_suggests_split(tmp_path: Path) -> None:
@@ -262,11 +264,11 @@ def test_a_deep_log_dir_moves_the_mps_directories_to_a_short_path(tmp_path: Path
 
 
 def test_detected_gpus_are_paired_by_tp(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dynspec.launcher import facts
+    from dynspec.launcher import probe
 
-    monkeypatch.setattr(facts, "list_gpus", lambda: tuple(range(8)))
+    monkeypatch.setattr(probe, "list_gpus", lambda: tuple(range(8)))
     found = discover(load_config(["--layout", "paired", "--tp", "4", *MODEL], {}))
     assert [s.eagle_gpus for s in found.gpu_sets] == [(0, 1, 2, 3), (4, 5, 6, 7)]
-    monkeypatch.setattr(facts, "list_gpus", lambda: (0,))
+    monkeypatch.setattr(probe, "list_gpus", lambda: (0,))
     one = discover(load_config(MODEL, {}))
     assert (one.layout, [s.eagle_gpus for s in one.gpu_sets]) == ("paired", [(0,)])

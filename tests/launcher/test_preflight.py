@@ -14,14 +14,16 @@ from utils import free_port
 
 from dynspec.common.cli import UsageError
 from dynspec.launcher.config import load_config
-from dynspec.launcher.preflight import (
-    check_gpus,
-    check_model_path,
-    check_port_free,
-    model_heads,
-    run_preflight,
+from dynspec.launcher.facts import discover
+from dynspec.launcher.preflight import check_gpus, check_model_path, model_heads, run_preflight
+from dynspec.launcher.probe import (
+    list_gpus,
+    model_config,
+    path_kind,
+    port_problem,
+    sglang_requirement,
+    sglang_version,
 )
-from dynspec.launcher.probe import list_gpus, sglang_requirement, sglang_version
 
 
 def test_pin_is_read_from_the_requirements_file() -> None:
@@ -51,15 +53,19 @@ def test_gpu_check() -> None:
         check_gpus(config, range(4))
 
 
+def check_path(value: str, flag: str) -> None:
+    check_model_path(value, flag, path_kind(value))
+
+
 def test_model_paths(tmp_path: Path) -> None:
-    check_model_path(str(tmp_path), "--model-path")
-    check_model_path("meta-llama/Llama-3.1-8B-Instruct", "--model-path")
+    check_path(str(tmp_path), "--model-path")
+    check_path("meta-llama/Llama-3.1-8B-Instruct", "--model-path")
     for bad in ("/no/such/model", "./model", "a/b/c", "just-a-name", "org/"):
         with pytest.raises(UsageError, match="not a hub id"):
-            check_model_path(bad, "--model-path")
+            check_path(bad, "--model-path")
     (tmp_path / "f").write_text("x")
     with pytest.raises(UsageError, match="is a file"):
-        check_model_path(str(tmp_path / "f"), "--draft-model-path")
+        check_path(str(tmp_path / "f"), "--draft-model-path")
 
 
 def test_port_in_use() -> None:
@@ -67,21 +73,26 @@ def test_port_in_use() -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        with pytest.raises(UsageError, match=f"port {port} \\(EAGLE server\\) is already in use"):
-            check_port_free("127.0.0.1", port, "EAGLE server")
-    check_port_free("127.0.0.1", port, "EAGLE server")
+        said = port_problem("127.0.0.1", port, "EAGLE server")
+        assert said == f"port {port} (EAGLE server) is already in use on 127.0.0.1"
+    assert port_problem("127.0.0.1", port, "EAGLE server") is None
 
 
 def test_simulate_checks_ports_but_no_gpu() -> None:
     ports = [free_port() for _ in range(3)]
     argv = ["--simulate", "--host", "127.0.0.1", "--port", str(ports[0])]
     argv += ["--eagle-port", str(ports[1]), "--baseline-port", str(ports[2])]
-    run_preflight(load_config(argv, {}), available_gpus=())
+    config = load_config(argv, {})
+    assert run_preflight(config, discover(config)) == ((), None)
     with socket.socket() as s:
         s.bind(("127.0.0.1", ports[2]))
         s.listen()
-        with pytest.raises(UsageError, match="baseline server"):
-            run_preflight(load_config(argv, {}), available_gpus=())
+        _, refusal = run_preflight(config, discover(config))
+        assert refusal is not None and "baseline server" in refusal
+    # Not looked at for --dry-run or --no-preflight.
+    for off in ("--dry-run", "--no-preflight"):
+        quiet = load_config([*argv, off], {})
+        assert run_preflight(quiet, discover(quiet)) == ((), None)
 
 
 def launch(tmp_path: Path, smi: str | None, *argv: str) -> subprocess.CompletedProcess[str]:
@@ -146,17 +157,17 @@ def _model(tmp_path: Path, config: object) -> Path:
 
 def test_model_heads_from_a_local_config(tmp_path: Path) -> None:
     plain = _model(tmp_path, {"num_attention_heads": 32, "num_key_value_heads": 8})
-    assert model_heads(str(plain)) == (32, 8)
-    assert model_heads("org/model") == (None, None)  # a hub id: nothing to read here
-    assert model_heads(str(tmp_path)) == (None, None)  # no config.json
+    assert model_heads(model_config(str(plain))) == (32, 8)
+    assert model_heads(model_config("org/model")) == (None, None)  # a hub id: nothing to read
+    assert model_heads(model_config(str(tmp_path))) == (None, None)  # no config.json
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "config.json").write_text("{not json")
-    assert model_heads(str(tmp_path / "bad")) == (None, None)
+    assert model_heads(model_config(str(tmp_path / "bad"))) == (None, None)
 
 
 def test_model_heads_of_a_multimodal_config(tmp_path: Path) -> None:
     folder = _model(tmp_path, {"text_config": {"num_attention_heads": 40}})
-    assert model_heads(str(folder)) == (40, None)
+    assert model_heads(model_config(str(folder))) == (40, None)
 
 
 def test_odd_tp_is_one_warning_line_in_dry_run(tmp_path: Path) -> None:

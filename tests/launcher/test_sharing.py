@@ -10,12 +10,13 @@ import pytest
 
 from dynspec.launcher.config import load_config
 from dynspec.launcher.facts import flag_facts
+from dynspec.launcher.probe import model_config
 from dynspec.launcher.sharing import (
     GIB,
     ModelShape,
     plan_shared_gpu,
-    read_model_shape,
     shape_from_config,
+    shape_of,
 )
 from dynspec.launcher.spec import build_specs, shares_gpu
 
@@ -82,10 +83,16 @@ def test_plan_when_the_model_cannot_fit_twice() -> None:
     assert "does not fit" in plan.note
 
 
+def read_model_shape(path: str | None) -> ModelShape | None:
+    return shape_of(model_config(path))
+
+
 def test_read_model_shape_only_from_a_local_readable_config(tmp_path: Path) -> None:
     assert read_model_shape(None) is None
     assert read_model_shape("meta-llama/Llama-3.1-8B-Instruct") is None
     (tmp_path / "config.json").write_text("{not json")
+    assert read_model_shape(str(tmp_path)) is None
+    (tmp_path / "config.json").write_text("[1, 2]")
     assert read_model_shape(str(tmp_path)) is None
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA_8B, "hidden_size": "big"}))
     assert read_model_shape(str(tmp_path)) is None
@@ -129,7 +136,7 @@ def test_one_gpu_sizes_the_kv_cache_from_a_local_model(tmp_path: Path) -> None:
     sized = dataclasses.replace(
         flag_facts(config),
         gpu_memory_gib=140.0,
-        target_shape=read_model_shape(str(tmp_path / "m")),
+        target_config=model_config(str(tmp_path / "m")),
     )
     eagle, baseline, _ = build_specs(config, sized)
     tokens = flags(eagle.argv)["--max-total-tokens"]

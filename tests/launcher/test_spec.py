@@ -10,14 +10,13 @@ import pytest
 from launch_cases import CASES, DEMO_PROFILE, Case
 
 from dynspec.common.cli import UsageError
-from dynspec.launcher.config import build_parser, load_config
+from dynspec.launcher.config import build_parser, connect_host, load_config
 from dynspec.launcher.facts import discover
 from dynspec.launcher.sim.profile import load_profile
 from dynspec.launcher.spec import (
     ProcessSpec,
     balance_eagle_limit,
     build_specs,
-    connect_host,
     eagle_max_running_requests,
 )
 
