@@ -91,6 +91,12 @@ def add_arguments(p: FlagParser) -> None:
         "--calibrate gives it: a measurement of each server alone)",
     )
     p.add_argument(
+        "--return-delay",
+        type=non_negative_float,
+        default=None,
+        help="the routed router's --return-delay (default: the router's)",
+    )
+    p.add_argument(
         "--max-concurrency",
         type=positive_int,
         default=None,
@@ -248,6 +254,8 @@ def run(args: argparse.Namespace) -> int:
     settings = ["--threshold", args.threshold]
     if args.hysteresis is not None:
         settings += ["--hysteresis", str(args.hysteresis)]
+    if args.return_delay is not None:
+        settings += ["--return-delay", repr(args.return_delay)]
     if args.max_concurrency is not None:
         settings += ["--max-concurrency", str(args.max_concurrency)]
     sim = traffic.SimTraffic(

@@ -42,6 +42,13 @@ ROUTER_SETTINGS = (
         "key the router sends to the servers; both SGLang servers get it as their --api-key",
     ),
     RouterSetting(
+        "--return-delay",
+        non_negative_float,
+        0.0,
+        "seconds the load must stay at or below threshold - hysteresis before new requests go "
+        "back to the EAGLE pool (0: at once)",
+    ),
+    RouterSetting(
         "--max-concurrency",
         non_negative_int,
         0,

@@ -108,6 +108,7 @@ def create_app(
         threshold=config.threshold,
         hysteresis=config.hysteresis,
         max_concurrency=config.max_concurrency,
+        return_delay=config.return_delay,
         pairs=config.pairs,
         auto=config.threshold_auto,
         signal=load_signal(config, registry),

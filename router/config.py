@@ -38,6 +38,9 @@ class RouterConfig:
     policy: str = "threshold"
     threshold: int = 8
     hysteresis: int = 2
+    # Seconds a group's load must stay at or below threshold - hysteresis before its new
+    # requests go back to EAGLE (0: at once).
+    return_delay: float = 0.0
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
@@ -117,7 +120,8 @@ class RouterConfig:
         return (
             f"RouterConfig(eagle_urls={self.eagle_urls!r}, baseline_urls={self.baseline_urls!r}, "
             f"policy={self.policy!r}, threshold={self.threshold}, hysteresis={self.hysteresis}, "
-            f"host={self.host!r}, port={self.port}, api_key={mask(self.api_key)}, "
+            f"return_delay={self.return_delay}, host={self.host!r}, port={self.port}, "
+            f"api_key={mask(self.api_key)}, "
             f"backend_api_key={mask(self.backend_api_key)}, "
             f"admin_api_key={mask(self.admin_api_key)}, max_body_bytes={self.max_body_bytes}, "
             f"request_timeout={self.request_timeout}, connect_timeout={self.connect_timeout}, "
@@ -287,6 +291,15 @@ def build_parser() -> FlagParser:
         default=2,
         help="in baseline mode, a request whose load is at or below threshold - hysteresis "
         "switches back to the eagle pool",
+    )
+    p.add_argument(
+        "--return-delay",
+        type=non_negative_float,
+        default=0.0,
+        help="seconds the load must stay at or below threshold - hysteresis, at every request "
+        "routed, before new requests go back to the eagle pool (0: at once); leaving it is never "
+        "delayed. Stops a load that hovers near the threshold, or a learned threshold that "
+        "moves, from switching the mode back and forth",
     )
     p.add_argument(
         "--host",
@@ -485,6 +498,7 @@ def config_from_args(ns: argparse.Namespace) -> RouterConfig:
         policy=ns.policy,
         threshold=threshold,
         hysteresis=ns.hysteresis,
+        return_delay=ns.return_delay,
         host=ns.host,
         port=ns.port,
         api_key=_key(ns.api_key),

@@ -185,6 +185,7 @@ def status_of(pools: Pools, learner: SpeedLearner | None = None) -> dict[str, An
         "policy": pools.policy.name,
         "threshold": settings.threshold,
         "hysteresis": settings.hysteresis,
+        "return_delay": pools.return_delay,
         "threshold_auto": pools.auto,
         "mode": pools.mode,
         "active_pool": active,

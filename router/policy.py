@@ -52,6 +52,9 @@ class Snapshot:
     hysteresis: int
     # Requests routed so far, this one included: what deterministic exploration counts.
     seq: int = 0
+    # Whether a group in baseline mode may go back to EAGLE now: its load has stayed low for the
+    # router's --return-delay (``pool.Pools`` keeps the clock; always True without a delay).
+    may_return: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +112,9 @@ class ThresholdPolicy(Policy):
     """Two modes with hysteresis: EAGLE while the load is light, baseline while it is heavy.
 
     In ``eagle`` mode a request whose load exceeds ``threshold`` switches to ``baseline``; in
-    ``baseline`` mode a request whose load is at or below ``threshold - hysteresis`` switches back.
+    ``baseline`` mode a request whose load is at or below ``threshold - hysteresis`` switches back,
+    once the snapshot says it may (``may_return``: the load has stayed that low for the router's
+    ``--return-delay``). Leaving EAGLE is never delayed: a rising load is what overloads it.
     The request goes to the least in-flight server of the mode's pool; a pool with no server that
     can take it is skipped, whatever the load. At light load (``probe_load``) a stale server of
     the other pool (``ServerView.stale``) gets the request instead, reason ``probe``.
@@ -122,7 +127,11 @@ class ThresholdPolicy(Policy):
         mode = snapshot.mode
         if mode == "eagle" and snapshot.load > snapshot.threshold:
             mode = "baseline"
-        elif mode == "baseline" and snapshot.load <= snapshot.threshold - snapshot.hysteresis:
+        elif (
+            mode == "baseline"
+            and snapshot.load <= snapshot.threshold - snapshot.hysteresis
+            and snapshot.may_return
+        ):
             mode = "eagle"
         if snapshot.load <= probe_load(snapshot.threshold):
             other = other_pool(mode)

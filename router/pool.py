@@ -104,6 +104,7 @@ class Pools:
         on_route: Callable[[PoolName, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         signal: LoadSignal | None = None,
+        return_delay: float = 0.0,
     ) -> None:
         now = clock()
         self.servers: tuple[Server, ...] = tuple(Server(url, pool, now) for url, pool in servers)
@@ -115,6 +116,9 @@ class Pools:
         self.auto = auto
         self.derived_at = float("-inf")
         self.max_concurrency = max_concurrency
+        # --return-delay: seconds a group's load must stay at or below its return bound before
+        # its new requests go back to EAGLE (0: at once).
+        self.return_delay = return_delay
         self.load = 0
         self.drained: set[PoolName] = set()
         self.on_switch = on_switch
@@ -139,6 +143,8 @@ class Pools:
         now = self.clock()
         if self.auto:
             self.derive(now, force=any(past_held(g, self.group_load(g)) for g in self.groups))
+        for g in self.groups:
+            self._calm(g, now)
         snapshots = [self._snapshot(g, now) for g in self.groups]
         i = least_loaded(snapshots, exclude)
         if i is None:
@@ -164,6 +170,7 @@ class Pools:
                 if self.on_switch is not None:
                     self.on_switch(choice.mode, group)
             group.mode = choice.mode
+            group.calm_since = None
         if choice.server is None:
             raise NoServer("no healthy server can take the request")
         url = choice.server.url
@@ -201,7 +208,27 @@ class Pools:
             threshold=settings.threshold,
             hysteresis=settings.hysteresis,
             seq=self.seq,
+            may_return=self._may_return(group, now),
         )
+
+    def _calm(self, group: Group, now: float) -> None:
+        """Start or stop the clock of a group in baseline mode whose load (the request being
+        routed counted) is at or below its return bound."""
+        if group.mode != "baseline" or not self.return_delay:
+            group.calm_since = None
+            return
+        settings = group.settings
+        low = self.group_load(group) + 1 <= settings.threshold - settings.hysteresis
+        if not low:
+            group.calm_since = None
+        elif group.calm_since is None:
+            group.calm_since = now
+
+    def _may_return(self, group: Group, now: float) -> bool:
+        if not self.return_delay:
+            return True
+        since = group.calm_since
+        return since is not None and now - since >= self.return_delay
 
     def _view(self, s: Server, now: float, probes: bool) -> ServerView:
         due = probes and stale(s, now, self.seq)

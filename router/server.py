@@ -200,6 +200,7 @@ class Server:
 class Group:
     __slots__ = (
         "_by_pool",
+        "calm_since",
         "held",
         "index",
         "label",
@@ -231,6 +232,10 @@ class Group:
         # --threshold auto: the last derived threshold was held down by its bound (the curves
         # allowed more), so a load past it derives again at once (``autothreshold.past_held``).
         self.held = False
+        # In baseline mode: since when every routing decision saw its load at or below the
+        # return bound (threshold - hysteresis); None while it is above, or in eagle mode.
+        # ``pool.Pools`` writes it, and a group returns to EAGLE once it is --return-delay old.
+        self.calm_since: float | None = None
 
     @property
     def name(self) -> str:

@@ -106,3 +106,19 @@ def test_ramp_up_and_down_switches_once_each_way() -> None:
         trace.append((load, mode))
     switches = [(a, b) for a, b in itertools.pairwise(trace) if a[1] != b[1]]
     assert switches == [((8, "eagle"), (9, "baseline")), ((7, "baseline"), (6, "eagle"))]
+
+
+@pytest.mark.parametrize(
+    ("mode", "load", "may_return", "want"),
+    [
+        ("baseline", 6, False, "baseline"),  # low enough, but not for long enough
+        ("baseline", 6, True, "eagle"),
+        ("baseline", 7, True, "baseline"),  # above 8 - 2
+        ("eagle", 9, False, "baseline"),  # leaving EAGLE is never held
+    ],
+)
+def test_going_back_to_eagle_waits_for_may_return(
+    mode: str, load: int, may_return: bool, want: str
+) -> None:
+    snap = Snapshot(ONE_EACH, load, mode, 8, 2, may_return=may_return)  # type: ignore[arg-type]
+    assert ThresholdPolicy().choose(snap).mode == want

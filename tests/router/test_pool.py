@@ -163,3 +163,66 @@ def test_balance_records_the_last_pool_without_switches() -> None:
     assert [s.url for s in pools.active_servers()] == ["http://e1"]
     for lease in leases:
         lease.release()
+
+
+def test_return_delay_holds_baseline_until_the_load_stayed_low_that_long() -> None:
+    """--return-delay 5: leaving EAGLE at once, going back only after every routing decision
+    for 5 s saw the load at or below threshold - hysteresis; a request above it restarts the
+    wait."""
+    now = [0.0]
+    pools = Pools(
+        [("http://e1", "eagle"), ("http://b1", "baseline")],
+        ThresholdPolicy(),
+        threshold=2,
+        hysteresis=1,
+        clock=lambda: now[0],
+        return_delay=5.0,
+    )
+    for s in pools.servers:
+        pools.set_healthy(s.url, True)
+    held = [pools.acquire(), pools.acquire(), pools.acquire()]  # the third: load 3 > 2
+    assert pools.mode == "baseline"
+    for lease in held:
+        lease.release()
+    routed = []
+    for t in (1.0, 3.0, 5.9):  # load 1 <= 1 from t=1: the wait started then
+        now[0] = t
+        lease = pools.acquire()
+        routed.append(lease.pool)
+        lease.release()
+    assert routed == ["baseline"] * 3 and pools.mode == "baseline"
+    now[0] = 6.0
+    lease = pools.acquire()
+    assert lease.pool == "eagle" and pools.mode == "eagle"
+    lease.release()
+    # Out again at once; then a load above the bound at t=9 restarts the wait.
+    held = [pools.acquire(), pools.acquire(), pools.acquire()]
+    assert pools.mode == "baseline"
+    for lease in held[1:]:
+        lease.release()
+    now[0] = 7.0
+    first = pools.acquire()  # load 2: above the bound of 1
+    first.release()
+    now[0] = 8.0
+    pools.acquire().release()  # load 2 with held[0]: still above
+    held[0].release()
+    now[0] = 9.0
+    pools.acquire().release()  # load 1: the wait starts now
+    for t, pool in ((13.9, "baseline"), (14.0, "eagle")):
+        now[0] = t
+        lease = pools.acquire()
+        assert lease.pool == pool, t
+        lease.release()
+    assert pools.load == 0
+
+
+def test_without_a_return_delay_the_mode_goes_back_at_once() -> None:
+    pools = make()
+    assert pools.return_delay == 0.0
+    a, b, c = pools.acquire(), pools.acquire(), pools.acquire()
+    assert pools.mode == "baseline"
+    for lease in (a, b, c):
+        lease.release()
+    d = pools.acquire()
+    assert d.pool == "eagle"
+    d.release()
