@@ -94,7 +94,8 @@ def add_arguments(p: FlagParser) -> None:
         "--return-delay",
         type=non_negative_float,
         default=None,
-        help="the routed router's --return-delay (default: the router's)",
+        help="the routed router's --return-delay, in model seconds (given to the router / "
+        "--speed; default: the router's)",
     )
     p.add_argument(
         "--max-concurrency",
@@ -255,7 +256,8 @@ def run(args: argparse.Namespace) -> int:
     if args.hysteresis is not None:
         settings += ["--hysteresis", str(args.hysteresis)]
     if args.return_delay is not None:
-        settings += ["--return-delay", repr(args.return_delay)]
+        # The router's clock is the wall clock: a model-time delay runs --speed times faster.
+        settings += ["--return-delay", repr(args.return_delay / args.speed)]
     if args.max_concurrency is not None:
         settings += ["--max-concurrency", str(args.max_concurrency)]
     sim = traffic.SimTraffic(

@@ -273,9 +273,32 @@ def header(records: Sequence[Record]) -> list[str]:
             "had simulators (and, routed, a router) started fresh for it alone."
         )
         lines.append(simreport.machine_line(records, "the client, routers and simulators"))
+    else:
+        lines.append(measured_line(records))
     lines += simreport.code_lines(records)
     lines += [x for x in (run_time_line(records),) if x]
     return [*lines, ""]
+
+
+def measured_line(records: Sequence[Record]) -> str:
+    """What a real run ran on: the GPU plan's fields where it wrote them."""
+    r0 = records[0]
+    facts = [f"GPU {r0['gpu']}" if r0.get("gpu") else "GPU not recorded"]
+    if r0.get("plan"):
+        facts.append(f"`dynspec-bench gpu run --plan {r0['plan']}`")
+    if r0.get("draft"):
+        facts.append(f"EAGLE draft `{r0['draft']}`")
+    if r0.get("mps") is not None:
+        facts.append("under MPS" if r0["mps"] else "without MPS")
+    if r0.get("peak_rps"):
+        facts.append(f"the day's peak {float(r0['peak_rps']):.1f} req/s")
+    commits = sorted({str(r["commit"]) for r in records if r.get("commit")})
+    if commits:
+        facts.append(f"code {', '.join(commits)}")
+    launches = sorted({int(r["launch"]) for r in records if r.get("launch")})
+    if launches:
+        facts.append(f"{len(launches)} launch{'es' if len(launches) > 1 else ''}")
+    return "- Ran on: " + ", ".join(facts) + "."
 
 
 def render(records: Sequence[Record]) -> str:
@@ -319,9 +342,11 @@ def _series(
 
 
 def plot_series(records: Sequence[Record], name: str, path: Path) -> None:
-    """Rate and the routed pool share on top; TPOT p50 and p99 of every target below."""
+    """Rate and the routed pool share on top; TPOT p50 and p99 of every target below, then
+    every target's SLO attainment."""
     title = f"{_label(records)}: open-loop `{name}`, medians of repeats"
-    with simreport.figure(path, title, 2, 1, figsize=(10, 7), sharex=True) as (_, (top, bottom)):
+    with simreport.figure(path, title, 3, 1, figsize=(10, 9), sharex=True) as (_, axes):
+        top, bottom, slo = axes
         xs, ys = _series(records, name, targets(records)[0], "scheduled_rate")
         top.plot(xs, ys, color="gray", label="scheduled rate")
         xs, ys = _series(records, name, ROUTED, "offered_rate")
@@ -341,9 +366,15 @@ def plot_series(records: Sequence[Record], name: str, path: Path) -> None:
             xs, ys = _series(records, name, t, "p99_tpot_ms")
             bottom.plot(xs, ys, color=color, linestyle="--", label=f"{t} p99")
         bottom.set_ylabel("TPOT ms")
-        bottom.set_xlabel("time (s)")
         bottom.set_yscale("log")
         bottom.legend(ncol=3, fontsize="small")
+        for t in targets(records):
+            xs, ys = _series(records, name, t, "slo_attainment")
+            slo.plot(xs, ys, color=COLORS.get(t), marker="o", markersize=3, label=t)
+        slo.set_ylim(-0.05, 1.05)
+        slo.set_ylabel("SLO attainment")
+        slo.set_xlabel("time (s)")
+        slo.legend(ncol=3, fontsize="small")
 
 
 def plot_sweep(records: Sequence[Record], path: Path) -> None:
