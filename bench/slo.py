@@ -186,8 +186,11 @@ def _run_only(run: OpenLoopRun, reqs: Sequence[_Request], duration: float) -> Re
         rec["switches_per_min"] = round((last - first) / (duration / 60.0), 2)
     rss = [v["rss_mib"] for _, v in run.samples if "rss_mib" in v]
     if rss:
+        # Where it stood at each quarter of the run too: memory that keeps growing shows there.
+        quarters = [rss[min(len(rss) - 1, (len(rss) * k) // 4)] for k in (1, 2, 3)]
         rec["router_rss_mib"] = {
             "first": round(rss[0], 1),
+            "quarters": [round(x, 1) for x in quarters],
             "last": round(rss[-1], 1),
             "max": round(max(rss), 1),
         }

@@ -228,7 +228,10 @@ def overload_lines(records: Sequence[Record]) -> list[str]:
         if r.get("scope") != "run" or not (r.get("shed") or r.get("cut")):
             continue
         rss = r.get("router_rss_mib") or {}
-        mem = f"router RSS {rss['first']}-{rss['last']} MiB (max {rss['max']})" if rss else "no RSS"
+        mem = "no RSS"
+        if rss:
+            steps = " -> ".join(map(str, [rss["first"], *rss.get("quarters", []), rss["last"]]))
+            mem = f"router RSS {steps} MiB (max {rss['max']})"
         lines.append(
             f"- {r['schedule']} #{r['repeat']} {r['target']}: {r['requests']} requests, statuses "
             f"{r.get('statuses')}, {r.get('shed_without_retry_after')} shed without Retry-After, "

@@ -242,7 +242,8 @@ def test_a_tiny_simulated_run_with_a_router_that_sheds(tmp_path: Path) -> None:
     assert routed["completed"] + routed["shed"] + routed["failed"] == routed["requests"]
     assert routed["failed"] == 0 and routed["cut"] == 0
     assert whole["baseline"]["completed"] == whole["baseline"]["requests"]
-    assert routed["router_rss_mib"]["max"] > 0
+    rss = routed["router_rss_mib"]
+    assert rss["max"] > 0 and len(rss["quarters"]) == 3 and rss["first"] <= rss["max"]
     md = stem.with_suffix(".md").read_text()
     assert md.startswith("# SIMULATED") and "## Shed and cut requests" in md
     assert (tmp_path / "t-burst.png").read_bytes().startswith(PNG_MAGIC)
