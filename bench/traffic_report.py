@@ -123,6 +123,8 @@ def goals(records: Sequence[Record]) -> list[tuple[str, bool | None, str]]:
     for name in [n for n in names if not is_sweep(n)]:
         ok, misses = window_goal(records, name)
         detail = "; ".join(misses[:4]) + (f" (+{len(misses) - 4} more)" if len(misses) > 4 else "")
+        if ok is None:
+            detail = "not judged: no window had routed and a single server both"
         out.append((f"`{name}`: routed SLO attainment >= better single - 0.02, every window",
                     ok, detail or "every window"))  # fmt: skip
         mine = _mid(runs(records, name, ROUTED), "goodput")

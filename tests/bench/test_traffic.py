@@ -249,3 +249,10 @@ def test_a_tiny_simulated_run_with_a_router_that_sheds(tmp_path: Path) -> None:
     assert (tmp_path / "t-burst.png").read_bytes().startswith(PNG_MAGIC)
     again = bench("traffic", "--from-jsonl", str(stem.with_suffix(".jsonl")))
     assert again.returncode == 0, again.stderr
+
+
+def test_a_schedule_without_single_servers_is_not_judged() -> None:
+    recs = [_win("overload", "routed", 1, 0, 0.5), _run("overload", "routed", 1, goodput=1.0)]
+    got = {g: (ok, detail) for g, ok, detail in traffic_report.goals(recs)}
+    ok, detail = next(v for k, v in got.items() if "every window" in k)
+    assert ok is None and detail.startswith("not judged")
