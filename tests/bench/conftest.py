@@ -6,8 +6,11 @@ from __future__ import annotations
 import functools
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from utils import free_port, running
 
 
 @functools.cache
@@ -35,3 +38,14 @@ def needs_pairs() -> None:
     ]
     if missing:
         pytest.skip(f"{' and '.join(missing)} --help lists no --pair (shared-GPU pairs not merged)")
+
+
+@pytest.fixture
+def eagle_sim(tmp_path: Path) -> Iterator[str]:
+    """One ``dynspec-sim`` EAGLE server (``demo``, ten times real time), its URL."""
+    port = free_port()
+    argv = [sys.executable, "-m", "dynspec.launcher.sim", "--port", str(port), "--mode", "eagle"]
+    argv += ["--profile", "demo", "--speed", "10", "--log-level", "warning"]
+    url = f"http://127.0.0.1:{port}"
+    with running(argv, url + "/health_generate", timeout=30, log=tmp_path / "sim.log"):
+        yield url

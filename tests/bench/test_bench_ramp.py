@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from utils import bench, free_port, running
+from utils import bench
 
 from dynspec.bench import load, ramp, ramp_report, ways
 from dynspec.bench.load import Target
@@ -213,16 +211,6 @@ def test_bad_usage_is_one_line_and_exit_2(args: tuple[str, ...], needle: str) ->
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert needle in r.stderr
-
-
-@pytest.fixture
-def eagle_sim(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    argv = [sys.executable, "-m", "dynspec.launcher.sim", "--port", str(port), "--mode", "eagle"]
-    argv += ["--profile", "demo", "--speed", "10", "--log-level", "warning"]
-    url = f"http://127.0.0.1:{port}"
-    with running(argv, url + "/health_generate", timeout=30, log=tmp_path / "sim.log"):
-        yield url
 
 
 def test_clients_follow_the_steps_and_the_run_ends_on_time(eagle_sim: str) -> None:

@@ -7,13 +7,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from utils import bench, free_port, running, usage_error
+from utils import bench, usage_error
 
 from dynspec.bench import arrivals, load, openloop, slo, traffic, traffic_report
 from dynspec.bench.arrivals import Arrival
@@ -102,24 +100,14 @@ def test_prompts_differ_between_targets_but_not_their_lengths() -> None:
     assert len(p.text.split()) == len(q.text.split()) == 40 and p.output_tokens == 7
 
 
-@pytest.fixture
-def sim(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    argv = [sys.executable, "-m", "dynspec.launcher.sim", "--port", str(port), "--mode", "eagle"]
-    argv += ["--profile", "demo", "--speed", "10", "--log-level", "warning"]
-    url = f"http://127.0.0.1:{port}"
-    with running(argv, url + "/health_generate", timeout=30, log=tmp_path / "sim.log"):
-        yield url
-
-
-def test_replay_sends_on_time_whatever_is_in_flight_and_cuts_at_the_drain(sim: str) -> None:
+def test_replay_sends_on_time_whatever_is_in_flight_and_cuts_at_the_drain(eagle_sim: str) -> None:
     """Ten requests in the first 0.45 s, open loop: all are sent before any long one ends; then
     the long ones outlive a short drain and are cut, counted, never left running."""
     got = [Arrival(0.05 * i, 16, 4000 if i % 2 else 4) for i in range(10)]
 
     async def go() -> openloop.OpenLoopRun:
         async with load.make_session(30) as session:
-            target = Target("sim", sim)
+            target = Target("sim", eagle_sim)
             model = await load.model_name(session, target)
             return await openloop.replay(session, target, model, got, key="k", drain_s=0.5)
 
@@ -133,7 +121,7 @@ def test_replay_sends_on_time_whatever_is_in_flight_and_cuts_at_the_drain(sim: s
     assert run.end - run.start < 10.0
 
 
-def test_run_live_appends_as_it_goes_and_resumes(sim: str, tmp_path: Path) -> None:
+def test_run_live_appends_as_it_goes_and_resumes(eagle_sim: str, tmp_path: Path) -> None:
     cfg = traffic.TrafficConfig(
         schedules=(("rate-5", arrivals.constant(5.0, 1.0)),),
         input_len=16,
@@ -143,12 +131,12 @@ def test_run_live_appends_as_it_goes_and_resumes(sim: str, tmp_path: Path) -> No
         drain_s=10.0,
     )
     out = tmp_path / "t.jsonl"
-    first = traffic.run_live([Target("eagle", sim)], cfg, out, extra={"plan": "test"})
+    first = traffic.run_live([Target("eagle", eagle_sim)], cfg, out, extra={"plan": "test"})
     assert [r["scope"] for r in first] == ["window", "window", "run"]
     assert first[-1]["plan"] == "test" and first[-1]["completed"] == first[-1]["requests"]
-    again = traffic.run_live([Target("eagle", sim)], cfg, out)
+    again = traffic.run_live([Target("eagle", eagle_sim)], cfg, out)
     assert again == []  # the run is in the file already
-    more = traffic.run_live([Target("eagle", sim)], dataclasses.replace(cfg, repeats=2), out)
+    more = traffic.run_live([Target("eagle", eagle_sim)], dataclasses.replace(cfg, repeats=2), out)
     assert {r["repeat"] for r in more} == {2}
     lines = out.read_text().splitlines()
     assert len(lines) == 6 and {json.loads(x)["repeat"] for x in lines} == {1, 2}
