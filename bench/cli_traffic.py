@@ -208,6 +208,10 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             raise UsageError(f"--trace: {exc}") from None
     schedules = _schedules(args)
+    if trace is not None and schedules:
+        raise UsageError(
+            "--trace: the trace is the load; not with --request-rate, --schedule or --rates"
+        )
     if trace is not None:
         span = max(a.at for a in trace.arrivals) + 1e-3
         schedules = [("trace", arrivals.constant(len(trace.arrivals) / span, span))]

@@ -27,7 +27,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -281,7 +281,7 @@ class SimTraffic:
     calibrated: bool = False
     sharing: str = "timeslice"
     startup_timeout: float = 60.0
-    # SimSettings (harness.start_servers) reads these from the object it is given.
+    # What harness.start_servers reads (SimSettings), with the fields above.
     speed: float = 1.0
     seed: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -291,7 +291,7 @@ def _sim_target(
     procs: Children, sim: SimTraffic, label: str, seed: int
 ) -> tuple[Target, ProbeMaker | None, Record]:
     """Start what ``label`` runs on, fresh: a server alone, or servers and a router in front."""
-    settings = _Settings(sim, seed)
+    settings = replace(sim, seed=seed)  # harness.SimSettings, with the run's own seed
     if label in ("eagle", "baseline"):
         servers = harness.start_servers(
             procs, {label: 1}, settings, owner=label, launch_intervals=True
@@ -315,30 +315,6 @@ def _sim_target(
     router = Router(flags, settings_flags, healthy=2, log_level="info")
     url, proc = harness.start_router(procs, f"router-{label}", router, sim.startup_timeout)
     return Target(label, url), router_probe(url, proc.pid), {"router": " ".join(settings_flags)}
-
-
-@dataclass(frozen=True)
-class _Settings:
-    """``harness.SimSettings`` of one run: the run's own seed."""
-
-    sim: SimTraffic
-    seed: int
-
-    @property
-    def profile(self) -> str:
-        return self.sim.profile
-
-    @property
-    def speed(self) -> float:
-        return self.sim.speed
-
-    @property
-    def startup_timeout(self) -> float:
-        return self.sim.startup_timeout
-
-    @property
-    def sharing(self) -> str:
-        return self.sim.sharing
 
 
 def run_simulated(cfg: TrafficConfig, sim: SimTraffic, out: Path) -> list[Record]:

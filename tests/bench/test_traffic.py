@@ -209,6 +209,9 @@ def test_a_bad_trace_row_is_named_by_its_line(tmp_path: Path) -> None:
     trace.write_text("timestamp,input_tokens,output_tokens\n0,10,5\n1,ten,5\n")
     line = usage_error("traffic", "--simulate", "--trace", str(trace))
     assert "--trace" in line and ":3:" in line
+    trace.write_text("timestamp,input_tokens,output_tokens\n0,10,5\n")
+    line = usage_error("traffic", "--simulate", "--trace", str(trace), "--request-rate", "2")
+    assert line.endswith("not with --request-rate, --schedule or --rates")
 
 
 def test_a_tiny_simulated_run_with_a_router_that_sheds(tmp_path: Path) -> None:
