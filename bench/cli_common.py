@@ -83,16 +83,20 @@ def add_load_flags(p: FlagParser | argparse.ArgumentParser) -> None:
         help="a ShareGPT-format JSON file to take prompts from (instead of random prompts)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed for prompt sampling")
+    add_request_timeout(p)
+    p.add_argument(
+        "--pause", type=float, default=1.0, help="seconds between levels (lets in-flight drain)"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress output on stderr")
+
+
+def add_request_timeout(p: FlagParser | argparse.ArgumentParser) -> None:
     p.add_argument(
         "--request-timeout",
         type=positive_float,
         default=600.0,
         help="seconds a stream may stay silent before the request counts as failed",
     )
-    p.add_argument(
-        "--pause", type=float, default=1.0, help="seconds between levels (lets in-flight drain)"
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress output on stderr")
 
 
 def add_length_flags(p: FlagParser | argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from dynspec.bench.cli_common import (
+    add_request_timeout,
     add_sharing_flag,
     add_simulate_flags,
     out_path,
@@ -164,12 +165,7 @@ def add_arguments(p: FlagParser) -> None:
         default=30.0,
         help="wall seconds the open requests get after the last arrival; then they are cut",
     )
-    p.add_argument(
-        "--request-timeout",
-        type=positive_float,
-        default=600.0,
-        help="seconds a stream may stay silent before the request counts as failed",
-    )
+    add_request_timeout(p)
 
 
 def _schedules(args: argparse.Namespace) -> list[tuple[str, object]]:

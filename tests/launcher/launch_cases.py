@@ -6,6 +6,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEMO_PROFILE = str(Path(__file__).resolve().parents[2] / "launcher/sim/profiles/demo.json")
+# A Llama-3.1-8B config.json's shape fields (what launcher/sharing.py reads).
+LLAMA_8B = {
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "tie_word_embeddings": False,
+}
 BASE = ["--gpus", "0-7", "--model-path", "org/model", "--draft-model-path", "org/draft"]
 
 

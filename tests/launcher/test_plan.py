@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from launch_cases import LLAMA_8B
 
 from dynspec.common.cli import UsageError
 from dynspec.launcher.config import load_config
@@ -21,14 +22,6 @@ from dynspec.launcher.sim.profile import load_profile
 from dynspec.launcher.spec import ProcessSpec
 
 MODEL = ["--model-path", "org/m", "--draft-model-path", "org/d"]
-LLAMA_8B = {
-    "vocab_size": 128256,
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-}
 H200 = {"gpu_memory_gib": 140.0, "target_config": LLAMA_8B, "target_weight_bytes": 16 << 30}
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from launch_cases import LLAMA_8B
 
 from dynspec.launcher.config import load_config
 from dynspec.launcher.facts import flag_facts
@@ -19,17 +20,6 @@ from dynspec.launcher.sharing import (
     shape_of,
 )
 from dynspec.launcher.spec import build_specs, shares_gpu
-
-LLAMA_8B = {
-    "vocab_size": 128256,
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "tie_word_embeddings": False,
-}
 
 
 def test_llama_8b_shape_matches_its_published_size() -> None:
