@@ -469,6 +469,15 @@ def mode_switches(metrics_text: str) -> int | None:
     return round(total)
 
 
+def thresholds(metrics_text: str) -> list[float]:
+    """Every ``dynspec_threshold`` sample (one per routing group); empty for another server."""
+    return [
+        float(line.rsplit(" ", 1)[-1])
+        for line in metrics_text.splitlines()
+        if line.startswith(("dynspec_threshold{", "dynspec_threshold "))
+    ]
+
+
 async def model_name(
     session: aiohttp.ClientSession, target: Target, headers: dict[str, str] | None = None
 ) -> str:

@@ -123,6 +123,10 @@ def _figures(
     held = _readings(run.samples, "in_flight", w0, w1)
     if held:
         rec["router_in_flight"] = round(sum(held) / len(held), 2)
+    # The router's threshold as sampled (a learned one moves): its range over the window.
+    thresholds = _readings(run.samples, "threshold", w0, w1)
+    if thresholds:
+        rec["threshold_min"], rec["threshold_max"] = min(thresholds), max(thresholds)
     return rec
 
 

@@ -208,8 +208,9 @@ async def _drive(
 def router_probe(
     url: str, pid: int | None = None
 ) -> Callable[[aiohttp.ClientSession], openloop.Probe]:
-    """A probe of a router: its mode switches so far and the requests it holds in flight (from
-    ``/metrics`` and ``/status``), and with ``pid`` its process's resident memory in MiB."""
+    """A probe of a router: its mode switches so far, its threshold (the lowest group's) and the
+    requests it holds in flight (from ``/metrics`` and ``/status``), and with ``pid`` its
+    process's resident memory in MiB."""
 
     def make(session: aiohttp.ClientSession) -> openloop.Probe:
         async def probe() -> dict[str, float]:
@@ -218,6 +219,9 @@ def router_probe(
             switches = load.mode_switches(text or "")
             if switches is not None:
                 got["switches"] = float(switches)
+            levels = load.thresholds(text or "")
+            if levels:
+                got["threshold"] = min(levels)
             status = await load.fetch_text(session, url + "/status", timeout=2.0)
             if status:
                 got["in_flight"] = float(slo.status_load(status))

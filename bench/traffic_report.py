@@ -197,6 +197,9 @@ def window_table(records: Sequence[Record], name: str) -> list[str]:
     ts = targets(records)
     by = {t: windows(records, name, t) for t in ts}
     cols = ["window (s)", "rate sched / offered", "routed on EAGLE", "switches"]
+    # A learned threshold moves: its range over the window in every repeat (sampled runs only).
+    learned = any("threshold_min" in r for w in by.get(ROUTED, {}).values() for r in w)
+    cols += ["threshold (all repeats)"] if learned else []
     cols += [f"{t} attained" for t in ts] + [f"{t} TPOT p50/p99" for t in ts]
     lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     first = by[ts[0]] if ts else {}
@@ -209,6 +212,8 @@ def window_table(records: Sequence[Record], name: str) -> list[str]:
             _num(_mid(routed, "eagle_share"), 2),
             _num(_mid(routed, "mode_switches"), 0),
         ]
+        if learned:
+            row.append(_range(routed))
         row += [_num(_mid(by[t].get(k, []), "slo_attainment"), 3) for t in ts]
         row += [
             f"{_num(_mid(by[t].get(k, []), 'median_tpot_ms'), 1)} / "
@@ -217,6 +222,16 @@ def window_table(records: Sequence[Record], name: str) -> list[str]:
         ]
         lines.append("| " + " | ".join(row) + " |")
     return lines
+
+
+def _range(recs: Sequence[Record]) -> str:
+    """The threshold's lowest and highest reading in these windows, ``-`` where none."""
+    lo = [r["threshold_min"] for r in recs if "threshold_min" in r]
+    hi = [r["threshold_max"] for r in recs if "threshold_max" in r]
+    if not lo or not hi:
+        return "-"
+    a, b = min(lo), max(hi)
+    return f"{a:g}" if a == b else f"{a:g}-{b:g}"
 
 
 def _num(v: float | None, digits: int) -> str:

@@ -456,6 +456,7 @@ def launch_argv(
     baseline_limit: int | None = None,
     baseline_args: str = "",
     draft: str = "hi",
+    more: Sequence[str] = (),
 ) -> list[str]:
     """``dynspec-launch --gpus 0``: the EAGLE-3 server (draft ``hi``: every draft accepted) and
     the baseline on one GPU, the router in front (the plans ``pair-*``, ``router-cost`` and
@@ -463,7 +464,8 @@ def launch_argv(
     ``after_s`` is all that is left of the budget (what the plan needs once both run).
     ``baseline_limit``: the baseline's ``--max-running-requests`` too (None: SGLang's own);
     ``baseline_args``: more SGLang flags for the baseline, after those; ``draft``: the EAGLE
-    draft (``traffic`` may run ``p54``, accept length about 2.4)."""
+    draft (``traffic`` may run ``p54``, accept length about 2.4); ``more``: more launcher flags,
+    last (``traffic``: the router's return delay, the log level)."""
     baseline = "--cuda-graph-max-bs-decode 256"
     if baseline_limit is not None:
         baseline += f" --max-running-requests {baseline_limit}"
@@ -487,4 +489,4 @@ def launch_argv(
     ]  # fmt: skip
     if mps:
         argv.append("--mps")
-    return argv
+    return [*argv, *more]

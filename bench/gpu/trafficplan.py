@@ -49,7 +49,7 @@ from dynspec.bench.gpu.toolkit import (
     start_launcher,
     warm,
 )
-from dynspec.common.cli import positive_float
+from dynspec.common.cli import non_negative_float, positive_float
 
 if TYPE_CHECKING:
     from dynspec.bench.load import Target
@@ -105,6 +105,11 @@ class TrafficPlan:
     baseline_limit: int | None = BASELINE_LIMIT
     baseline_args: str = ""
     drain_s: float = DRAIN_S
+    # The router's --return-delay (0: off, the router's default) and the launch's --log-level
+    # (debug: the router logs every observation its learner takes and each derivation's curves,
+    # so a run's learned threshold can be replayed from its log).
+    return_delay: float = 0.0
+    log_level: str = "info"
 
     def schedule_seconds(self) -> list[tuple[str, float]]:
         """Each schedule's name and length, in the order ``run_live`` runs them."""
@@ -284,6 +289,14 @@ def begin_launch(run: Run, out: Path, launch: Sequence[str]) -> int:
     return len(launches)
 
 
+def plan_launch(run: Run, models: Path, plan: TrafficPlan) -> list[str]:
+    """The plan's ``dynspec-launch`` command line (``launch_argv``, MPS, the plan's settings)."""
+    router = ["--return-delay", f"{plan.return_delay:g}"] if plan.return_delay else []
+    return launch_argv(run, models, threshold=plan.threshold, mps=True, draft=plan.draft,
+                       baseline_limit=plan.baseline_limit, baseline_args=plan.baseline_args,
+                       more=[*router, "--log-level", plan.log_level])  # fmt: skip
+
+
 def plan_traffic(
     run: Run,
     models: Path,
@@ -305,9 +318,7 @@ def plan_traffic(
     out = run.results / RESULTS
     procs: dict[str, subprocess.Popen[bytes]] = {}
     if session is None:
-        launch = launch_argv(run, models, threshold=plan.threshold, mps=True, draft=plan.draft,
-                             baseline_limit=plan.baseline_limit,
-                             baseline_args=plan.baseline_args)  # fmt: skip
+        launch = plan_launch(run, models, plan)
         # Going on from an earlier command (--resume-from): its plan checked before anything
         # starts (the launch's own check leaves out where the models are, the draft included).
         peak = settle_peak(run, plan) if "traffic" in run.meta else None
@@ -411,9 +422,7 @@ def example_capacity(output_len: int) -> Capacity | None:
 def dry_run(run: Run, models: Path, plan: TrafficPlan, *, budget: float) -> str:
     """The launch's command line, the schedules, the peak's rule and the commands it takes."""
     st = run.steady
-    launch = launch_argv(run, models, threshold=plan.threshold, mps=True, draft=plan.draft,
-                         baseline_limit=plan.baseline_limit,
-                         baseline_args=plan.baseline_args)  # fmt: skip
+    launch = plan_launch(run, models, plan)
     ex = example_capacity(st.output_len)
     if plan.peak is not None:
         peak = f"{plan.peak:g} req/s (--traffic-peak)"
@@ -423,7 +432,8 @@ def dry_run(run: Run, models: Path, plan: TrafficPlan, *, budget: float) -> str:
                 f"{st.output_len} output tokens, at least {EAGLE_OVERLOAD:g}x EAGLE's")  # fmt: skip
         peak += f"; with {EXAMPLE_CALIBRATION}'s (draft hi): {ex.line()}" if ex else ""
     lines = [
-        f"# traffic plan: one launch (MPS, draft {plan.draft}, threshold {plan.threshold}), a warm "
+        f"# traffic plan: one launch (MPS, draft {plan.draft}, threshold {plan.threshold}, return "
+        f"delay {plan.return_delay:g} s, log level {plan.log_level}), a warm "
         f"pass at C={','.join(map(str, WARM_LEVELS))}, then {st.repeats} repeats x each schedule "
         f"x {', '.join(TARGETS)} (order rotated each repeat, the same arrivals within a repeat), "
         f"{st.input_len} tokens in, {st.output_len} out, drain {plan.drain_s:g} s",
@@ -438,7 +448,10 @@ def dry_run(run: Run, models: Path, plan: TrafficPlan, *, budget: float) -> str:
 
 # -- flags ---------------------------------------------------------------------------------------
 
-TRAFFIC_FLAGS = ("traffic_day_seconds", "traffic_peak", "traffic_rates", "traffic_rate_seconds")
+TRAFFIC_FLAGS = (
+    "traffic_day_seconds", "traffic_peak", "traffic_rates", "traffic_rate_seconds",
+    "traffic_return_delay", "traffic_log_level",
+)  # fmt: skip
 
 
 def _peak(text: str) -> float | None:
@@ -487,6 +500,19 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="traffic: each constant rate's length (default 30)",
     )
+    p.add_argument(
+        "--traffic-return-delay",
+        type=non_negative_float,
+        default=None,
+        help="traffic: the router's --return-delay, seconds (default 0: off)",
+    )
+    p.add_argument(
+        "--traffic-log-level",
+        choices=("info", "debug"),
+        default=None,
+        help="traffic: the launch's --log-level (default info; debug: the router logs each "
+        "observation its learner takes, to replay the learned threshold)",
+    )
 
 
 def check_flags(args: argparse.Namespace) -> str | None:
@@ -523,6 +549,8 @@ def plan_of(args: argparse.Namespace) -> TrafficPlan:
         threshold=args.threshold or "auto",
         baseline_limit=BASELINE_LIMIT if args.baseline_limit is None else args.baseline_limit,
         baseline_args=args.baseline_args or "",
+        return_delay=args.traffic_return_delay or d.return_delay,
+        log_level=args.traffic_log_level or d.log_level,
     )
 
 

@@ -126,6 +126,7 @@ def test_bad_flags_are_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path
         (["--plan", "traffic", "--traffic-day-seconds", "600", "--budget", "565"],
          "a run takes up to 645 s, more than --budget 565 holds"),
         (["--plan", "traffic", "--resume-from", str(tmp_path)], "holds no traffic.jsonl"),
+        (["--plan", "pair-b", "--traffic-return-delay", "5"], "only the traffic plan"),
         (["--plan", "router-cost", "--baseline-limit", "128"],
          "only the pair-a, pair-b and traffic plans"),
     ]  # fmt: skip
@@ -149,8 +150,14 @@ def test_dry_run_prints_the_launch_the_schedules_and_the_commands(
     assert notes[2:4] == ["# rate-2: 2 req/s for 30 s", "# rate-8: 8 req/s for 30 s"]
     assert notes[4].startswith("# 27 runs; device commands of --budget 565")
     (launch,) = [ln for ln in text.splitlines() if not ln.startswith("#")]
-    assert "--draft-model-path /w/models/eagle3-p54" in launch and launch.endswith("--mps")
+    assert "--draft-model-path /w/models/eagle3-p54" in launch
+    assert launch.endswith("--mps --log-level info")  # no return delay unless asked for
     assert "--max-running-requests 128' --log-dir" in launch  # the baseline capped, as pair-b's
+    with pytest.raises(SystemExit):
+        cli.cmd_run([*argv, "--traffic-return-delay", "5", "--traffic-log-level", "debug"])
+    text = capsys.readouterr().out
+    assert "return delay 5 s, log level debug" in text
+    assert text.rstrip().endswith("--mps --return-delay 5 --log-level debug")
     given = ["--plan", "traffic", "--traffic-peak", "40"]
     assert cli.drafts(cli.run_parser().parse_args([*given, "--out", "o", "--draft", "p54"])) == (
         "p54",
@@ -302,9 +309,7 @@ def test_a_fresh_machine_goes_on_from_an_earlier_commands_results(
     (carried / "calibration-llama8b-random-x.json").write_text("{}")
     m = models(tmp_path, "hi", "p54")
     earlier = make_run(tmp_path / "earlier")
-    earlier_argv = trafficplan.launch_argv(
-        earlier, m, threshold="auto", mps=True, baseline_limit=128
-    )
+    earlier_argv = trafficplan.plan_launch(earlier, m, TrafficPlan())
     meta = {"plan": "traffic", "commit": "abc1234", "launch_argv": earlier_argv[1:],
             "launches": [{"tag": "t1", "records_kept": 0}],
             "traffic": {"settings": TrafficPlan().settings(), "peak_rps": 50.0}}  # fmt: skip

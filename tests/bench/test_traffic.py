@@ -70,6 +70,37 @@ def test_windows_count_requests_where_they_arrived_and_judge_both_slos() -> None
     assert whole["switches_per_min"] == pytest.approx(2 / (20 / 60))
 
 
+def test_a_window_reports_the_range_of_the_thresholds_sampled_in_it() -> None:
+    """A learned threshold moves: each window keeps the lowest and highest reading taken in it
+    (model time at speed 1), and a run sampled without one has no such keys."""
+    arr = [Arrival(1.0, 8, 2), Arrival(12.0, 8, 2)]
+    reqs = [served(1.0, 1.1, 1.2, 2), served(12.0, 12.1, 12.2, 2)]
+    run = openloop.OpenLoopRun(arr, reqs, 0.0, 13.0)
+    run.samples = [(0.5, {"threshold": 512.0}), (3.0, {"threshold": 69.0}),
+                   (9.0, {"threshold": 84.0}), (11.0, {"threshold": 40.0})]  # fmt: skip
+    w0, w1, _ = slo.records(
+        run, arrivals.constant(0.1, 20.0), window_s=10.0, slo_ttft_ms=1e3, slo_tpot_ms=1e3,
+        head={},
+    )  # fmt: skip
+    assert (w0["threshold_min"], w0["threshold_max"]) == (69.0, 512.0)
+    assert (w1["threshold_min"], w1["threshold_max"]) == (40.0, 40.0)
+    run.samples = []
+    assert "threshold_min" not in slo.records(
+        run, arrivals.constant(0.1, 20.0), window_s=10.0, slo_ttft_ms=1e3, slo_tpot_ms=1e3,
+        head={},
+    )[0]  # fmt: skip
+
+
+def test_thresholds_read_every_group_from_a_routers_metrics() -> None:
+    text = (
+        "# HELP dynspec_threshold Current threshold\n# TYPE dynspec_threshold gauge\n"
+        'dynspec_threshold{pair="0"} 69.0\ndynspec_threshold{pair="1"} 128.0\n'
+        "dynspec_thresholds_other 3\n"
+    )
+    assert load.thresholds(text) == [69.0, 128.0]
+    assert load.thresholds("sglang:num_running_reqs 3\n") == []
+
+
 def test_a_shed_request_without_retry_after_is_counted() -> None:
     shed = RequestTrace(send=1.0, end=1.01, status=429)
     run = openloop.OpenLoopRun([Arrival(0.0, 1, 1)], [shed], 1.0, 1.1)
