@@ -597,3 +597,19 @@ def test_each_repeat_starts_every_server_and_router_afresh(
     assert [json.loads(line)["repeat"] for line in cfg.out.read_text().splitlines()] == [
         x["repeat"] for x in recs
     ]
+
+
+def test_the_repeats_flag_reaches_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dynspec.bench import cli
+
+    got: list[envelope8.EightGpusConfig] = []
+
+    def capture(cfg: envelope8.EightGpusConfig, progress: object = None) -> None:
+        got.append(cfg)
+        raise KeyboardInterrupt  # run_then_report keeps what finished (nothing), exits 130
+
+    monkeypatch.setattr(envelope8, "run", capture)
+    for flags, want in (([], 1), (["--repeats", "3"], 3)):
+        with pytest.raises(SystemExit):
+            cli.main(["envelope", "--simulate", "--eight-gpus", "--no-progress", *flags])
+        assert got[-1].repeats == want
