@@ -25,6 +25,7 @@ from dynspec.common.cli import (
     UsageError,
     non_negative_int,
     positive_float,
+    positive_int,
 )
 
 if TYPE_CHECKING:
@@ -72,6 +73,14 @@ def add_arguments(p: FlagParser) -> None:
     )
     add_sharing_flag(p, "--eight-gpus: ")
     p.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=1,
+        help="--eight-gpus: runs of the whole comparison, each on servers and routers started "
+        "afresh (repeat r seeds the simulators and the prompts with --seed + r - 1); the report "
+        "judges the medians and gives their min-max",
+    )
+    p.add_argument(
         "--adaptive-profile",
         default=None,
         help="--eight-gpus: the profile whose eagle mode 2x-adaptive runs (default: the "
@@ -116,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
     progress = ProgressLine(enabled=not args.no_progress)
     if args.eight_gpus:
         return _eight_gpus(args, prof.name, progress)
+    if args.repeats != 1:
+        raise UsageError("--repeats: only with --eight-gpus")
     from dynspec.bench import envelope
 
     out = out_path(args, f"envelope-{prof.name}")
@@ -139,7 +150,7 @@ def _eight_gpus(args: argparse.Namespace, name: str, progress: Any) -> int:
     if args.append and not (out.exists() and out.stat().st_size > 0):
         raise UsageError(f"--append: {out} does not exist or is empty")
     cfg = envelope8.EightGpusConfig(
-        **_same(args, "ways metrics_interval sharing adaptive_profile append"),
+        **_same(args, "ways metrics_interval sharing adaptive_profile append repeats"),
         sweep=sweep_config(args),
         out=out,
         command=args.command_line,

@@ -9,6 +9,9 @@ runs where the profile has an adaptive-EAGLE counterpart measured at its accepta
 records say why.
 
 Every level runs each way in turn (``sweep``'s order), so a drift of the machine spreads over all.
+``--repeats N`` runs the whole comparison N times, each on servers and routers started afresh
+(repeat r seeds the simulators and the prompts with seed + r - 1), so nothing a router learnt
+or a server held carries over; ``envelope8_report`` judges the medians.
 A way whose router learns from its servers (``ways.LEARNING``: ``split-balance``, ``paired-auto``)
 runs on simulators of its own (``ways.server_set``), seeded as the others are: with one set of
 servers for all, ``paired-auto``'s router learnt from the ``/metrics`` of the pairs that
@@ -80,6 +83,7 @@ class EightGpusConfig:
     router_log_level: str = "warning"  # the routers' --log-level
     append: bool = False
     command: str = ""
+    repeats: int = 1  # runs of the whole comparison, each on servers and routers started afresh
 
 
 def plan_ways(cfg: EightGpusConfig) -> tuple[list[str], str | None, list[str]]:
@@ -96,20 +100,29 @@ def plan_ways(cfg: EightGpusConfig) -> tuple[list[str], str | None, list[str]]:
 
 
 def _sweep_levels(
-    targets: Sequence[Target], scfg: SweepConfig, out: Path, progress: ProgressLine | None
+    targets: Sequence[Target],
+    scfg: SweepConfig,
+    out: Path,
+    progress: ProgressLine | None,
+    repeat: int = 1,
 ) -> list[Record]:
-    """``sweep`` one level at a time, so each level's records carry the machine's load then."""
+    """``sweep`` one level at a time, so each level's records carry the machine's load then
+    (and ``repeat``, which run of the servers they came from)."""
     records: list[Record] = []
+
+    def mark(rec: Record) -> None:
+        rec["repeat"] = repeat
+
     for c in scfg.concurrencies:
         extra = {**scfg.extra, "loadavg_1m": harness.load_average()}
         level = dataclasses.replace(scfg, concurrencies=[c], extra=extra)
-        records += asyncio.run(sweep(targets, level, out, progress))
+        records += asyncio.run(sweep(targets, level, out, progress, on_record=mark))
     return records
 
 
 def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Record]:
-    """Run the comparison; each finished level is appended to ``cfg.out`` as it ends."""
-    prof = load_profile(cfg.profile)
+    """Run the comparison ``cfg.repeats`` times, each on servers and routers started afresh;
+    each finished level is appended to ``cfg.out`` as it ends."""
     run_ways, adaptive, notes = plan_ways(cfg)
     for note in notes:
         logger.warning("not run: %s", note)
@@ -119,14 +132,36 @@ def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Reco
         "min_requests": cfg.sweep.min_requests,
         "sharing": cfg.sharing,
         "not_run": notes,
+        "repeats": cfg.repeats,
     }
     if adaptive is not None:
         extra["adaptive_profile"] = adaptive
         if cfg.adaptive_profile is not None:
             extra["adaptive_by_hand"] = True
-    scfg = dataclasses.replace(cfg.sweep, extra={**cfg.sweep.extra, **extra})
     if not cfg.append:
         cfg.out.write_text("", encoding="utf-8")
+    records: list[Record] = []
+    for rep in range(1, cfg.repeats + 1):
+        # Repeat r: the simulators' and the prompts' seeds + r - 1 (repeat 1 is a run without
+        # repeats), and nothing left of the repeat before: no server's load, no learned curve.
+        sweep_cfg = dataclasses.replace(
+            cfg.sweep, seed=cfg.sweep.seed + rep - 1, extra={**cfg.sweep.extra, **extra}
+        )
+        rcfg = dataclasses.replace(cfg, seed=cfg.seed + rep - 1, sweep=sweep_cfg)
+        records += _one_run(rcfg, run_ways, adaptive, rep, progress)
+    return records
+
+
+def _one_run(
+    cfg: EightGpusConfig,
+    run_ways: Sequence[str],
+    adaptive: str | None,
+    repeat: int,
+    progress: ProgressLine | None,
+) -> list[Record]:
+    """One repeat: every server and router started fresh, each level's ways in turn."""
+    prof = load_profile(cfg.profile)
+    scfg = cfg.sweep
     records: list[Record] = []
     thr, hyst = cfg.threshold, cfg.hysteresis
     singles = thr is None or hyst is None
@@ -143,7 +178,7 @@ def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Reco
             # As the envelope does: each server alone, then suggest-threshold on those sweeps.
             shared = sets[ways.SHARED]
             alone = [Target("eagle", shared.eagle[0]), Target("baseline", shared.baseline[0])]
-            records += _sweep_levels(alone, scfg, cfg.out, progress)
+            records += _sweep_levels(alone, scfg, cfg.out, progress, repeat)
             s = threshold.suggest(
                 [r for r in records if r["target"] == "eagle"],
                 [r for r in records if r["target"] == "baseline"],
@@ -172,5 +207,5 @@ def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Reco
         if not singles:
             rextra["threshold_by_hand"] = True
         rcfg = dataclasses.replace(scfg, extra=rextra)
-        records += _sweep_levels(targets, rcfg, cfg.out, progress)
+        records += _sweep_levels(targets, rcfg, cfg.out, progress, repeat)
     return records

@@ -10,7 +10,9 @@ learning each pair's threshold):
 - ``split``: tok/s >= 1.3x ``split-threshold``'s, at every C >= 2 x the threshold.
 
 Each goal is PASS (met at every C where it applies), MISS (with the Cs and figures), or not
-evaluated. A ``2x-adaptive`` that ran another profile's adaptive curve than the one measured at
+evaluated. A run of several repeats (``--repeats``, a record's ``repeat``; a record without one is
+repeat 1) is judged on the medians over its repeats, and the tables give each median with its
+min-max. A ``2x-adaptive`` that ran another profile's adaptive curve than the one measured at
 this profile's acceptance (records of runs before that rule) is no ceiling for this profile: it
 is left out of the goals and the tables, and the report says why. Everything is SIMULATED.
 """
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from dynspec.bench import report, simreport
 from dynspec.bench.envelope8 import EXPERIMENT, adaptive_counterpart
+from dynspec.bench.gpu.steadyreport import Spread, stats
 from dynspec.bench.report import Record
 from dynspec.bench.simreport import cell
 from dynspec.bench.ways import EIGHT_WAYS, HOMOGENEOUS, SHARED
@@ -74,33 +77,36 @@ def _ratio(a: float, b: float) -> float:
 
 @dataclass(frozen=True)
 class GoalRow:
-    """paired-auto against the best homogeneous pair and split-threshold at one C."""
+    """paired-auto against the best homogeneous pair and split-threshold at one C, on the
+    medians over the repeats."""
 
     c: int
-    tput: Mapping[str, float]  # way -> output tok/s
-    tpot: Mapping[str, float]  # way -> p50 TPOT ms
+    tput: Mapping[str, float]  # way -> output tok/s (median)
+    tpot: Mapping[str, float]  # way -> p50 TPOT ms (median)
     best_pair: str
     vs_best_tput: float
     vs_best_tpot: float
     vs_split_tput: float
     # Goal -> met (True/False), or None where the goal does not apply at this C.
     checks: Mapping[str, bool | None] = field(default_factory=dict)
+    spread: Mapping[str, Spread] = field(default_factory=dict)  # way -> tok/s over the repeats
 
 
 def evaluate(records: Sequence[Record], thr: int, crossover: float | None = None) -> list[GoalRow]:
-    """Per C where paired-auto and at least one homogeneous pair ran (records in model time;
-    ratios do not depend on it). ``thr``: the threshold split-threshold ran with; ``crossover``:
-    where EAGLE stops paying (None: ``thr``)."""
-    by = {(str(r["target"]), int(r["max_concurrency"])): r for r in records}
+    """Per C where paired-auto and at least one homogeneous pair ran, on each way's medians
+    over its repeats (records in model time; ratios do not depend on it). ``thr``: the threshold
+    split-threshold ran with; ``crossover``: where EAGLE stops paying (None: ``thr``)."""
+    tok, tpot_of = stats(records, "output_throughput"), stats(records, "median_tpot_ms")
     below = float(thr) if crossover is None else float(crossover)
     rows: list[GoalRow] = []
-    for c in sorted({c for _, c in by}):
-        homo = [w for w in HOMOGENEOUS if (w, c) in by]
-        if (SUBJECT, c) not in by or not homo:
+    for c in sorted({c for w in WAYS for c in tok.get(w, {})}):
+        ran = [w for w in WAYS if c in tok.get(w, {})]
+        homo = [w for w in HOMOGENEOUS if w in ran]
+        if SUBJECT not in ran or not homo:
             continue
-        ran = [w for w in WAYS if (w, c) in by]
-        tput = {w: float(by[(w, c)]["output_throughput"]) for w in ran}
-        tpot = {w: float(by[(w, c)]["median_tpot_ms"]) for w in ran}
+        spread = {w: tok[w][c] for w in ran}
+        tput = {w: s.median for w, s in spread.items()}
+        tpot = {w: tpot_of[w][c].median for w in ran}
         best = max(homo, key=lambda w: tput[w])
         auto = tput[SUBJECT]
         vs_split = _ratio(auto, tput["split-threshold"]) if "split-threshold" in tput else math.nan
@@ -112,7 +118,9 @@ def evaluate(records: Sequence[Record], thr: int, crossover: float | None = None
             "split": vs_split >= VS_SPLIT_GAIN if split_applies else None,
         }
         rows.append(
-            GoalRow(c, tput, tpot, best, _ratio(auto, tput[best]), vs_tpot, vs_split, checks)
+            GoalRow(
+                c, tput, tpot, best, _ratio(auto, tput[best]), vs_tpot, vs_split, checks, spread
+            )
         )
     return rows
 
@@ -166,6 +174,11 @@ def _mark(ok: bool | None) -> str:
     return "-" if ok is None else ("PASS" if ok else "MISS")
 
 
+def _tok(r: GoalRow, way: str) -> str:
+    """A way's tok/s: the median, and the min-max over the repeats where there are several."""
+    return r.spread[way].cell(1) if way in r.spread else f"{r.tput[way]:.1f}"
+
+
 def goal_table(rows: Sequence[GoalRow]) -> str:
     head = (
         f"| C | {SUBJECT} tok/s | best pair | best pair tok/s | {SUBJECT} / best tok/s"
@@ -175,7 +188,7 @@ def goal_table(rows: Sequence[GoalRow]) -> str:
     lines = [head, "|" + " --- |" * 11]
     for r in rows:
         lines.append(
-            f"| {r.c} | {r.tput[SUBJECT]:.1f} | {r.best_pair} | {r.tput[r.best_pair]:.1f}"
+            f"| {r.c} | {_tok(r, SUBJECT)} | {r.best_pair} | {_tok(r, r.best_pair)}"
             f" | {r.vs_best_tput:.3f} | {r.vs_best_tpot:.3f}"
             f" | {cell(r.tput.get('split-threshold', math.nan))}"
             f" | {cell(r.vs_split_tput, 3)} | {_mark(r.checks['best'])}"
@@ -185,13 +198,14 @@ def goal_table(rows: Sequence[GoalRow]) -> str:
 
 
 def way_table(records: Sequence[Record], ways: Sequence[str], key: str, unit: str) -> str:
-    """One column per way: ``key`` of each way's record at each C ("-" where it has none)."""
-    by = {(str(r["target"]), int(r["max_concurrency"])): r for r in records}
+    """One column per way: ``key`` of each way at each C, the median over the repeats with
+    their min-max where there are several ("-" where it has none)."""
+    by = stats(records, key)
     digits = 2 if key.endswith("_ms") else 1
     lines = ["| C | " + " | ".join(f"{w} {unit}" for w in ways) + " |"]
     lines.append("|" + " --- |" * (len(ways) + 1))
-    for c in sorted({c for _, c in by}):
-        cells = [f"{float(by[(w, c)][key]):.{digits}f}" if (w, c) in by else "-" for w in ways]
+    for c in sorted({c for per_c in by.values() for c in per_c}):
+        cells = [by[w][c].cell(digits) if c in by.get(w, {}) else "-" for w in ways]
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -214,7 +228,22 @@ def _runs_line(records: Sequence[Record]) -> str:
     )
 
 
-def _threshold_line(thr_rec: Record | None, thr: int) -> str:
+def _repeats(records: Sequence[Record]) -> int:
+    return max((int(r.get("repeat") or 1) for r in records), default=1)
+
+
+def _repeats_lines(records: Sequence[Record]) -> list[str]:
+    n = _repeats(records)
+    if n == 1:
+        return []
+    return [
+        f"- {n} repeats, each on simulators and routers started afresh (repeat r seeded the "
+        "simulators and the prompts with `--seed` + r - 1), each level's ways in turn within a "
+        "repeat. Cells are the median over the repeats (min-max); the goals judge the medians."
+    ]
+
+
+def _threshold_line(thr_rec: Record | None, thr: int, records: Sequence[Record] = ()) -> str:
     if thr_rec is None:
         return "- split-threshold / paired-threshold: not run."
     if thr <= 0:
@@ -230,9 +259,19 @@ def _threshold_line(thr_rec: Record | None, thr: int) -> str:
     )
     cross = thr_rec.get("crossover")
     at = f"; crossover C={float(cross):.1f}" if cross is not None else ""
+    # Each repeat suggests its own: say so where they differ (the goals use the first's).
+    each = {
+        int(r.get("repeat") or 1): (r.get("threshold"), r.get("hysteresis"), r.get("crossover"))
+        for r in records
+        if r.get("threshold") is not None
+    }
+    differ = len(set(each.values())) > 1
+    per = "; per repeat (threshold, hysteresis, crossover): " + ", ".join(
+        f"#{k} {t}/{h}/{cell(x)}" for k, (t, h, x) in sorted(each.items())
+    )
     return (
         f"- split-threshold / paired-threshold: `--threshold {thr} --hysteresis "
-        f"{thr_rec.get('hysteresis')}`, {how}{at}."
+        f"{thr_rec.get('hysteresis')}`, {how}{at}{per if differ else ''}."
     )
 
 
@@ -288,7 +327,8 @@ def _header(records: Sequence[Record], ran: Sequence[str], notes: Sequence[str])
         + WAY_TEXT.format(speed=speed)
         + (f" `2x-adaptive` ran profile `{adaptive}`'s eagle mode." if adaptive else ""),
         *_servers_lines(records, ran),
-        _threshold_line(thr_rec, thr),
+        *_repeats_lines(records),
+        _threshold_line(thr_rec, thr, records),
         *[f"- {n}." for n in notes],
         *([runs] if runs else []),
         *([run_time] if run_time else []),
@@ -313,7 +353,9 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
     md, png = out.with_suffix(".md"), out.with_suffix(".png")
     sharing = meta.get("sharing", "timeslice")
     title = f"SIMULATED: eight GPUs, {len(ran)} ways, profile {profile.name}, pairs {sharing}"
-    report.plot(routed, png, f"{title} (dynspec-sim, model time, speed {speed:g})")
+    n = _repeats(records)
+    each = f", medians of {n} repeats (min-max)" if n > 1 else ""
+    report.plot(routed, png, f"{title} (dynspec-sim, model time, speed {speed:g}{each})")
     goals = (
         verdict_lines(rows)
         if rows
@@ -349,7 +391,9 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
         "",
         simreport.schedule_table(model, profile),
         report.markdown_table(
-            simreport.in_model_time(records), "SIMULATED: all levels (model time)"
+            simreport.in_model_time(records),
+            "SIMULATED: all levels (model time"
+            + ("; every repeat, in the order run)" if n > 1 else ")"),
         ),
     ]
     md.write_text("\n".join(text), encoding="utf-8")
