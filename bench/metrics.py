@@ -207,10 +207,3 @@ def compute(
     )
     result.update(_summary("e2e_latency", latencies))
     return result
-
-
-def level_window(traces: Sequence[RequestTrace]) -> float:
-    """A level's duration: first send to last end among the traces (0 for none)."""
-    if not traces:
-        return 0.0
-    return max(t.end for t in traces) - min(t.send for t in traces)

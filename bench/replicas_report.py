@@ -227,14 +227,14 @@ def level_table(rows: Sequence[LevelRow], ran: Sequence[str]) -> str:
         *(f"{v} on baseline" for v in ran),
         *(f"{v} switches" for v in ran),
     ]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    body = []
     for w in rows:
         cells = [str(w.c), *(cell(w.tput.get(v), thousands=True) for v in ran)]
         cells += [cell(w.ratio(v), 3, thousands=True) for v in others]
         cells += ["-" if v not in w.baseline else f"{100 * w.baseline[v]:.0f}%" for v in ran]
         cells += ["-" if w.switches.get(v) is None else str(w.switches[v]) for v in ran]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        body.append(cells)
+    return "\n".join(report.table(head, body)) + "\n"
 
 
 def run_table(runs: Mapping[str, RunRow]) -> str:
@@ -263,7 +263,7 @@ def ramp_table(records: Sequence[Record], layout: str, ran: Sequence[str]) -> st
         if r.get("scope") == "step" and r.get("layout") == layout:
             by.setdefault(int(r["step"]), {})[str(r["target"])] = r
     head = ["step", "C", *(f"{v} tok/s" for v in ran), *(f"{v} on baseline" for v in ran)]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    body = []
     for k, got in sorted(by.items()):
         c = next(iter(got.values()))["max_concurrency"]
         cells = [str(k), str(c)]
@@ -272,8 +272,8 @@ def ramp_table(records: Sequence[Record], layout: str, ran: Sequence[str]) -> st
             for v in ran
         ]
         cells += [f"{100 * _baseline(got[v]):.0f}%" if v in got else "-" for v in ran]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        body.append(cells)
+    return "\n".join(report.table(head, body)) + "\n"
 
 
 def _labels(records: Sequence[Record], layout: str) -> list[str]:

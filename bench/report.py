@@ -121,22 +121,26 @@ COLUMNS: Sequence[tuple[str, str, int]] = (
 )
 
 
+def table(head: Sequence[str], body: Iterable[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines: every report's tables are written by this one function."""
+    return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)] + [
+        "| " + " | ".join(row) + " |" for row in body
+    ]
+
+
 def markdown_table(records: Sequence[Record], title: str | None = None) -> str:
     routed = any("backend_share" in r for r in records)
     head = ["target", *(c[1] for c in COLUMNS)]
     if routed:
         head += ["pools", "switches"]
-    lines = []
-    if title:
-        lines += [f"### {title}", ""]
-    lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    body = []
     for r in records:
         cells = [str(r.get("target", "?"))]
         cells += [_fmt(r.get(key), digits) for key, _, digits in COLUMNS]
         if routed:
             cells += [_share(r), _fmt(r.get("mode_switches"))]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        body.append(cells)
+    return "\n".join([*([f"### {title}", ""] if title else []), *table(head, body)]) + "\n"
 
 
 def plot(records: Sequence[Record], path: Path, title: str) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from dynspec.bench.cli_common import add_prompt_pool_flag
+from dynspec.bench.cli_common import levels as parse_levels
 from dynspec.common.cli import (
     FlagParser,
     UsageError,
@@ -90,6 +90,7 @@ def cmd_models(argv: Sequence[str]) -> NoReturn:
 def cmd_run(argv: Sequence[str]) -> NoReturn:
     """``dynspec-bench gpu run``: one bounded attempt of one plan (``attempt.attempt``)."""
     from dynspec.bench.gpu import attempt, toolkit
+    from dynspec.bench.harness import code_commit
 
     p = run_parser()
     args = p.parse_args(argv)
@@ -131,7 +132,8 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
         sys.exit(0)
     a = attempt.Attempt(
         plan=args.plan, out=args.out, work=args.work, budget=args.budget, ports=args.ports,
-        bundle=args.bundle, models=args.models, drafts=drafts(args), commit=commit(args.commit),
+        bundle=args.bundle, models=args.models, drafts=drafts(args),
+        commit=args.commit or code_commit(),
         steady=toolkit.Steady(repeats=args.repeats, min_seconds=args.min_seconds,
                               per_c=args.requests_per_c, output_len=args.output_len,
                               prompt_pool=args.prompt_pool),
@@ -144,7 +146,7 @@ def plan_body(args: argparse.Namespace) -> Body:
     """The plan's part of the attempt: ``body(run, models, session) -> exit code``."""
     from dynspec.bench.gpu.toolkit import LEVELS, PAIR_LEVELS
 
-    levels = args.levels or (LEVELS if args.plan in ("main", "levels") else PAIR_LEVELS)
+    levels = args.levels or parse_levels(LEVELS if args.plan in ("main", "levels") else PAIR_LEVELS)
     if args.plan == "traffic":
         from dynspec.bench.gpu import trafficplan
 
@@ -159,10 +161,8 @@ def plan_body(args: argparse.Namespace) -> Body:
         study = steady.STUDIES[args.plan]
         if args.threshold is not None and args.plan != "router-cost":
             study = dataclasses.replace(study, threshold=args.threshold)
-        if args.plan == "router-cost":
-            wanted = parse_levels(args.levels) if args.levels else list(steady.COST_LEVELS)
-        else:
-            wanted = parse_levels(levels)
+        cost_default = args.plan == "router-cost" and not args.levels
+        wanted = list(steady.COST_LEVELS) if cost_default else levels
         if args.router_cost:
             study = steady.with_router_cost(study, wanted)
         if args.baseline_from is not None:
@@ -185,20 +185,20 @@ def plan_body(args: argparse.Namespace) -> Body:
         from dynspec.bench.gpu.eight import plan_eight
 
         return lambda run, models, _s: plan_eight(
-            run, models, args.layout, levels=parse_levels(levels), draft=args.draft,
+            run, models, args.layout, levels=levels, draft=args.draft,
             start_timeout=args.start_timeout,
         )  # fmt: skip
     if args.plan == "main":
         from dynspec.bench.gpu.mainplan import plan_main
 
         return lambda run, models, _s: plan_main(
-            run, models, args.deploy, levels=parse_levels(levels),
+            run, models, args.deploy, levels=levels,
             threshold=int(args.threshold or 32), hysteresis=args.hysteresis,
         )  # fmt: skip
     from dynspec.bench.gpu.levels import plan_levels
 
     return lambda run, models, _s: plan_levels(
-        run, models, parse_levels(levels), args.start_timeout, args.servers
+        run, models, levels, args.start_timeout, args.servers
     )
 
 
@@ -235,32 +235,6 @@ def drafts(args: argparse.Namespace) -> tuple[str, ...]:
         sys.exit(1)
 
 
-def commit(given: str | None) -> str:
-    """The commit the code came from: given (the device copy has no .git), else git's, with
-    ``+dirty`` for uncommitted changes, else "unknown"."""
-    if given:
-        return given
-    here = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-        dirty = subprocess.run(
-            ["git", "-C", str(here), "status", "--porcelain", "--", "."],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head.strip() + ("+dirty" if dirty.strip() else "")  # fmt: skip
-
-
 def dry_run(args: argparse.Namespace) -> str:
     from dynspec.bench.gpu.toolkit import Run
 
@@ -284,10 +258,6 @@ def dry_run(args: argparse.Namespace) -> str:
 
     return eight_dry_run(args.layout, python=sys.executable, models=models, work=args.work,
                          ports=args.ports, draft=args.draft, startup_timeout=400.0)  # fmt: skip
-
-
-def parse_levels(text: str) -> list[int]:
-    return sorted({int(x) for x in text.split(",") if x.strip()})
 
 
 def _threshold(text: str) -> str:
@@ -324,15 +294,6 @@ def _ports(text: str) -> tuple[int, int, int]:
     return values
 
 
-def _levels(text: str) -> str:
-    try:
-        if parse_levels(text) and min(parse_levels(text)) >= 1:
-            return text
-    except ValueError:
-        pass
-    raise argparse.ArgumentTypeError(f"want concurrency levels >= 1, comma-separated: {text!r}")
-
-
 def run_parser() -> FlagParser:
     from dynspec.bench.gpu.toolkit import LEVELS, Steady
     from dynspec.bench.gpu.toolkit import PROG as RUN_PROG
@@ -349,7 +310,7 @@ def run_parser() -> FlagParser:
     )
     p.add_argument(
         "--levels",
-        type=_levels,
+        type=parse_levels,
         help=f"sweep concurrency levels (default {LEVELS}; pair-*, eight: to 256; router-cost: "
         "16,64,128,256)",
     )

@@ -31,6 +31,8 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from dynspec.bench import report
+
 ROUTER_TTFT = "dynspec_time_to_first_token_seconds"
 ROUTER_DELAY = "dynspec_router_delay_seconds"
 SERVER_TTFT = "sglang:time_to_first_token_seconds"
@@ -121,7 +123,7 @@ def table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     if not cells:
         return []
     body = [
-        f"| {c} | {target} | " + " | ".join(_cell(point.get(k, [])) for k in COLUMNS) + " |"
+        [str(c), target, *(_cell(point.get(k, [])) for k in COLUMNS)]
         for (c, target), point in sorted(cells.items())
     ]
     return [
@@ -131,9 +133,7 @@ def table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         "warm-up requests included; router_delay: the router's own share, from a request's "
         "arrival to its sending to the server; `firsttoken.py`):",
         "",
-        "| C | target | " + " | ".join(COLUMNS) + " |",
-        "|" + " --- |" * (2 + len(COLUMNS)),
-        *body,
+        *report.table(["C", "target", *COLUMNS], body),
     ]
 
 

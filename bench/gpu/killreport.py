@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dynspec.bench.report import table
+
 POOLS = ("eagle", "baseline")
 OTHER = {"eagle": "baseline", "baseline": "eagle"}
 
@@ -179,10 +181,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
         "closed-loop streamed chat requests through the router; before each kill the router's "
         "threshold puts the load on the server then killed with SIGKILL (its main process). "
         "Times: seconds after the kill. Requests: counts in that kill's load.",
-        "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "| --- |" + " --- |" * (len(COLUMNS) - 1),
     ]
+    body = []
     for kill in summary.get("kills") or []:
         req = kill.get("requests") or {}
         after = kill.get("after") or {}
@@ -207,11 +207,13 @@ def markdown(summary: Mapping[str, Any]) -> str:
             errors or "-", _s(req.get("back_on_server")),
             f"{_s(after.get('load'))} ({run_after or '-'})",
         ]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
+        body.append(cells)
     for skipped in summary.get("not_run") or []:
         cells = [str(skipped["kill"]), f"{skipped['server']}: not run ({skipped['why']})"]
-        lines.append("| " + " | ".join(cells + ["-"] * (len(COLUMNS) - 2)) + " |")
+        body.append(cells + ["-"] * (len(COLUMNS) - 2))
     lines += [
+        "",
+        *table(COLUMNS, body),
         "",
         "Workers gone: the killed server's process group empty (its scheduler and detokenizer). "
         "Healthy again: the launcher's /health_generate probe, the router's /status. Failed "
@@ -238,6 +240,6 @@ def markdown(summary: Mapping[str, Any]) -> str:
         ]
     checks = summary.get("checks") or {}
     if checks:
-        lines += ["", "| check | result |", "| --- | --- |"]
-        lines += [f"| {n} | {'PASS' if ok else 'MISS'} |" for n, ok in checks.items()]
+        body = [[n, "PASS" if ok else "MISS"] for n, ok in checks.items()]
+        lines += ["", *table(["check", "result"], body)]
     return "\n".join(lines) + "\n"

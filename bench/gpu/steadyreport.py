@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dynspec.bench.gpu import firsttoken, held
-from dynspec.bench.report import Record, load_jsonl
+from dynspec.bench.report import Record, load_jsonl, table
 
 PAIR_GOAL = 0.95  # routed >= 0.95 x the better server alone, at every C
 COST_GOAL = 0.97  # routed >= 0.97 x direct at every C ...
@@ -134,11 +134,11 @@ def cost_rows(rows: Sequence[Record]) -> dict[int, dict[str, Any]]:
         }
         mean_delay = list(delay.get(routed, {}).get(c, {}).values())
         row["router_delay_ms"] = spread(mean_delay) if mean_delay else None
-        for name, table, label in (("router_cpu", cpu, routed), ("client_cpu", client, routed),
-                                   ("client_cpu_direct", client, direct)):  # fmt: skip
+        for name, seconds, label in (("router_cpu", cpu, routed), ("client_cpu", client, routed),
+                                     ("client_cpu_direct", client, direct)):  # fmt: skip
             share = [
-                table[label][c][r] / dur[label][c][r]
-                for r in table.get(label, {}).get(c, {})
+                seconds[label][c][r] / dur[label][c][r]
+                for r in seconds.get(label, {}).get(c, {})
                 if dur.get(label, {}).get(c, {}).get(r)
             ]
             row[name] = spread(share) if share else None  # CPU seconds per second of the level
@@ -271,12 +271,6 @@ def cells(
     table_: Mapping[str, Mapping[int, Spread]], targets: Sequence[str], c: int, digits: int = 0
 ) -> list[str]:
     return [table_[t][c].cell(digits) if c in table_.get(t, {}) else "-" for t in targets]
-
-
-def table(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)] + [
-        "| " + " | ".join(row) + " |" for row in body
-    ]
 
 
 def summary(rows: Sequence[Record]) -> dict[str, Any]:
