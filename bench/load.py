@@ -64,6 +64,8 @@ class Target:
     endpoint: str = "chat"
     # The levels this target runs at in a sweep (None: every level of the sweep).
     levels: frozenset[int] | None = None
+    # Router replicas behind this one name: requests go to them in turn (``spread``).
+    replicas: tuple[Target, ...] = ()
 
     @property
     def url(self) -> str:
