@@ -91,43 +91,17 @@ async def drive(
     each step's ``(start, end)`` (``perf_counter`` seconds). Ends after the last step: requests
     still in flight are cancelled then (the server aborts them), so the run is bounded in time.
     With ``replicas``, requests go round-robin over them (``load.spread``)."""
-    dest = load.spread(target, replicas)
-    hdrs = {"Content-Type": "application/json"}
-    traces: list[RequestTrace] = []
-    state = {"want": 0, "active": 0, "sent": 0}
-    tasks: set[asyncio.Task[None]] = set()
-
-    async def client() -> None:
-        try:
-            while state["active"] <= state["want"]:
-                i = state["sent"]
-                body, prompt = prompts.take(target, model)
-                state["sent"] += 1
-                trace = RequestTrace(send=time.perf_counter())
-                traces.append(trace)
-                await load.send_request(session, dest(i), body, prompt, hdrs, trace=trace)
-                if not trace.success:
-                    await asyncio.sleep(0.05)  # a failing server must not make this spin
-        finally:
-            state["active"] -= 1
-
+    clients = load.ClosedLoop(session, target, model, prompts, replicas)
     windows: list[tuple[float, float]] = []
     try:
         for c in steps:
             start = time.perf_counter()
-            state["want"] = c
-            while state["active"] < c:
-                state["active"] += 1
-                task = asyncio.create_task(client())
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+            clients.set(c)
             await asyncio.sleep(max(0.0, start + step_seconds - time.perf_counter()))
             windows.append((start, time.perf_counter()))
     finally:
-        for task in list(tasks):
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return traces, windows
+        await clients.stop()
+    return clients.traces, windows
 
 
 def step_record(

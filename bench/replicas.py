@@ -40,7 +40,7 @@ from dynspec.bench.load import Prompts, Target
 from dynspec.bench.metrics import RequestTrace
 from dynspec.bench.report import Record, append_jsonl
 from dynspec.bench.simreport import expected_tpot_ms, expected_tput
-from dynspec.bench.sweep import ProgressLine, SweepConfig, build_record, sweep_prompts
+from dynspec.bench.sweep import ProgressLine, SweepConfig, sweep, sweep_prompts
 from dynspec.launcher.sim.profile import Profile, load_profile
 
 logger = logging.getLogger(__name__)
@@ -172,73 +172,30 @@ class _Run:
     extra: dict[str, Any]
 
 
-async def _levels(
-    session: aiohttp.ClientSession,
-    run: _Run,
-    cfg: ReplicasConfig,
-    prompts: Prompts,
-    progress: ProgressLine,
-    *,
-    model: str,
-) -> list[Record]:
-    replicas = [Target(f"{run.variant}-{k}", u) for k, u in enumerate(run.urls)]
-    named = Target(run.variant, run.urls[0])
-    scfg = dataclasses.replace(cfg.sweep, extra={**cfg.sweep.extra, **run.extra})
-    records: list[Record] = []
-    for c in cfg.sweep.concurrencies:
-        n, w = scfg.level_requests(c), scfg.level_warmup(c)
-        progress.begin(f"{run.layout} {run.variant} C={c}")
-        before: list[list[dict[str, int]]] = [[{} for _ in run.urls]]
-
-        async def snapshot(box: list[list[dict[str, int]]] = before) -> None:
-            box[0] = await _switches(session, run.urls)
-
-        level = await load.run_level(
-            session,
-            named,
-            model,
-            prompts,
-            concurrency=c,
-            requests=n,
-            warmup=w,
-            progress=progress.update,
-            on_measure=snapshot,
-            replicas=replicas,
-        )
-        each = _diff(await _switches(session, run.urls), before[0])
-        level.mode_switches = sum(each)
-        rec = build_record(named, c, level, cfg=scfg, warmup=w, model=model)
-        rec.update({"scope": "level", "replica_switches": each})
-        rec["loadavg_1m"] = harness.load_average()
-        records.append(rec)
-        append_jsonl(cfg.out, rec)
-        share = float((rec.get("backend_share") or {}).get("baseline", 0.0))
-        progress.end(
-            f"{rec['completed']}/{n} ok, {rec['output_throughput']:.0f} tok/s, "
-            f"{100 * share:.0f}% baseline, switches {each}"
-        )
-        if rec["completed"] == 0:
-            raise RuntimeError(f"{run.variant}: every request at C={c} failed")
-        await asyncio.sleep(scfg.pause)
-        await _settle(run, cfg)
-    return records
-
-
-async def _settle(run: _Run, cfg: ReplicasConfig) -> None:
+def _settle(run: _Run, cfg: ReplicasConfig) -> None:
     """Nothing in flight on any replica, by its count and its signal, before the next load."""
-    if not await asyncio.to_thread(harness.wait_idle, run.urls, cfg.startup_timeout):
+    if not harness.wait_idle(run.urls, cfg.startup_timeout):
         logger.warning("%s %s: replicas still not idle; going on", run.layout, run.variant)
 
 
 async def _measure(
     run: _Run, cfg: ReplicasConfig, prompts: Prompts, progress: ProgressLine
 ) -> list[Record]:
+    """The levels (the sweep's, every replica behind the variant's name), then the ramp."""
     steps = ramp.schedule(cfg.peak, cfg.cycles)
-    replicas = [Target(f"{run.variant}-{k}", u) for k, u in enumerate(run.urls)]
+    replicas = tuple(Target(f"{run.variant}-{k}", u) for k, u in enumerate(run.urls))
+    named = Target(run.variant, run.urls[0], replicas=replicas)
+    scfg = dataclasses.replace(cfg.sweep, extra={**cfg.sweep.extra, **run.extra, "scope": "level"})
+
+    def loadavg(rec: Record) -> None:
+        rec["loadavg_1m"] = harness.load_average()
+
+    started = time.perf_counter()
+    records = await sweep([named], scfg, cfg.out, progress, on_record=loadavg,
+                          on_start=lambda _: _settle(run, cfg))  # fmt: skip
+    _settle(run, cfg)
     async with load.make_session(cfg.sweep.request_timeout) as session:
         model = await load.model_name(session, replicas[0])
-        started = time.perf_counter()
-        records = await _levels(session, run, cfg, prompts, progress, model=model)
         before = await _switches(session, run.urls)
         progress.begin(f"{run.layout} {run.variant} ramp 1..{cfg.peak}")
         traces, windows = await ramp.drive(

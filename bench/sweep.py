@@ -166,9 +166,11 @@ def sweep_prompts(cfg: SweepConfig) -> load.Prompts:
     )
 
 
-async def _switches(session: aiohttp.ClientSession, target: load.Target) -> int | None:
-    text = await load.fetch_text(session, target.base_url + "/metrics")
-    return None if text is None else load.mode_switches(text)
+async def _switches(session: aiohttp.ClientSession, target: load.Target) -> list[int | None]:
+    """Each router's mode switches so far: the target's, or each of its replicas'."""
+    urls = [r.base_url for r in target.replicas] or [target.base_url]
+    texts = await asyncio.gather(*(load.fetch_text(session, u + "/metrics") for u in urls))
+    return [None if t is None else load.mode_switches(t) for t in texts]
 
 
 Point = tuple[str, int, int]  # (target label, concurrency, repeat from 1)
@@ -303,9 +305,11 @@ async def sweep(
                     break
             n, w = cfg.level_requests(c), cfg.level_warmup(c)
             progress.begin(f"{label} C={c}" + (f" #{rep}" if cfg.repeats > 1 else ""))
-            before: list[int | None] = [None]
+            before: list[list[int | None]] = [[]]
 
-            async def snapshot(t: load.Target = target, box: list[int | None] = before) -> None:
+            async def snapshot(
+                t: load.Target = target, box: list[list[int | None]] = before
+            ) -> None:
                 box[0] = await _switches(session, t)
 
             if on_start is not None:
@@ -315,11 +319,16 @@ async def sweep(
                 session, target, models[target], prompts,
                 concurrency=c, requests=n, warmup=w, headers=headers,
                 progress=progress.update, on_measure=snapshot, min_seconds=cfg.min_seconds,
+                replicas=target.replicas,
             )  # fmt: skip
             after = await _switches(session, target)
-            if before[0] is not None and after is not None:
-                run.mode_switches = after - before[0]
+            pairs = zip(after, before[0], strict=False)  # before: [] if never measured
+            each = [a - b for a, b in pairs if a is not None and b is not None]
+            if before[0] and len(each) == len(after):
+                run.mode_switches = sum(each)
             rec = build_record(target, c, run, cfg=cfg, warmup=w, model=models[target])
+            if target.replicas:
+                rec["replica_switches"] = each
             rec["repeat"] = rep
             # This process's CPU over the level: a load generator that saturates a core is
             # measuring itself (its sends and reads), not the server.

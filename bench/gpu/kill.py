@@ -1,39 +1,10 @@
-"""The ``kill`` plan: SIGKILL one SGLang server under load, three times, on one H200 (issue 17).
+"""The ``kill`` plan: SIGKILL one SGLang server under load, three times, on one GPU (issue 17).
 
-``dynspec-launch --gpus 0 --restart on-failure`` starts the pair of ``pair-a`` (the same model,
-draft and server flags, so the start times measured there apply) with the router in front. Each
-kill: a closed loop of C=32 streamed chat requests through the router (``killload.py``: 256
-random words in, 128 tokens out), the router's threshold set with ``PUT /admin/threshold`` so
-that all of that load sits on the server about to die, then SIGKILL to that server's main
-process (``sglang.launch_server``: the launcher's child listening on the server's port; its
-scheduler and detokenizer are its children, in its process group, and in SGLang 0.5.17 both call
-``kill_itself_when_parent_died()``, ``PR_SET_PDEATHSIG`` = SIGKILL, so the kernel ends them with
-it; the launcher then stops whatever of the group is left before it restarts the server, SIGTERM
-then SIGKILL after ``--kill-grace``). Measured per kill: how long
-until its workers were gone, the launcher started it again, the launcher saw it healthy, and the
-router did (``GET /status``, the server's ``healthy``); every request (``OUT/kill.jsonl``) and
-what failed: cut after its first byte, or failed before it (a router that retries such a request
-once elsewhere makes these 0), and on which server; the requests a killed server held before
-their first byte that finished on the other one; the router's load and each server's running
-requests once the load stops. After the last kill the launcher gets SIGINT, then
-``nvidia-smi --query-compute-apps`` must list no process and no process of the launcher's tree
-may be left.
-
-Which server, and why: at a steady load the threshold policy puts every new request on one pool
-(the pool it left drains), so with one fixed threshold either every kill hits the same loaded
-server, or a kill hits a server that holds nothing and tests no failover. The threshold is
-moved before each kill instead: 2C (64) keeps the load on EAGLE, C/2 (16) on the baseline.
-Default order eagle, baseline, eagle: both servers' restarts (EAGLE's beside its running
-baseline takes the launcher's second memory sizing) and failover both ways.
-
-Time (one device command, ``expected_s`` in the meta): set-up 50 s and the first launch 210 s
-(``pair-a``), then per kill a restart with warm JIT caches (EAGLE about 70 s, the baseline
-about 55 s: the second EAGLE server of ``levels`` and ``pair-b``'s starts on the same H200)
-plus about 15 s of steering, detection and settling, and 25 s to stop: about 525 s with
-``--budget 560``. A kill that no longer fits the time left is made on the baseline (the faster
-restart) instead, and when that does not fit either the kills stop there (``not_run``); a
-restart not healthy within the time left is recorded so. Results are written after every kill,
-so a run cut short keeps what it measured.
+``dynspec-launch --restart on-failure`` starts the ``pair-a`` pair with the router in front;
+before each kill the router's threshold is moved (``steering``) so that a closed loop of C=32
+(``killload.py``) sits on the server about to die. What is measured per kill, why the threshold
+moves, and the time each part takes: bench/results/h200/README.md, "Kill a server under load".
+Results are written after every kill, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations

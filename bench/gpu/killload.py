@@ -27,8 +27,6 @@ from typing import Any
 from dynspec.bench import load
 from dynspec.bench.metrics import RequestTrace
 
-STOPPED = "stopped by the load generator"
-
 
 def request_record(trace: RequestTrace, *, kill: int, offset: float) -> dict[str, Any]:
     """One request as the plan reads it; ``offset`` turns ``perf_counter`` into plan seconds."""
@@ -47,7 +45,7 @@ def request_record(trace: RequestTrace, *, kill: int, offset: float) -> dict[str
         "done": trace.done,
         "ok": trace.success,
         "output_tokens": trace.output_tokens,
-        "stopped": trace.error == STOPPED,
+        "stopped": trace.error == load.STOPPED,
         "error": trace.error or None,
     }
 
@@ -84,35 +82,12 @@ async def drive(
     drain: float,
     request_timeout: float,
 ) -> list[RequestTrace]:
-    hdrs = {"Content-Type": "application/json"}
-    traces: list[RequestTrace] = []
-    session = load.make_session(request_timeout)
-
-    async def client() -> None:
-        while not stop.is_set():
-            body, prompt = prompts.take(target, model)
-            trace = RequestTrace(send=time.perf_counter())
-            traces.append(trace)
-            try:
-                await load.send_request(session, target, body, prompt, hdrs, trace=trace)
-            except asyncio.CancelledError:
-                trace.error, trace.end = STOPPED, time.perf_counter()
-                raise
-            if not trace.success:
-                await asyncio.sleep(0.05)  # a failing router must not make this spin
-
-    tasks = [asyncio.create_task(client()) for _ in range(concurrency)]
-    try:
+    async with load.make_session(request_timeout) as session:
+        clients = load.ClosedLoop(session, target, model, prompts)
+        clients.set(concurrency)
         await stop.wait()
-        _, late = await asyncio.wait(tasks, timeout=drain)
-        for t in late:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await session.close()
-    return traces
+        await clients.stop(drain)
+    return clients.traces
 
 
 async def main_async(args: argparse.Namespace) -> list[RequestTrace]:
