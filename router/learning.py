@@ -31,7 +31,9 @@ SGLang's baseline read about twice what its clients got at 256 in flight, and ri
 server's figures are scaled by the ratio of the two at the nearest load where both saw it
 (``speed.local_ratios``), so where the router's own requests saw a load theirs is the figure. A
 profile (or the neutral prior) gives the
-shape where nothing was seen, scaled to the server's measured level; a server with no data at
+shape where nothing was seen, scaled to the server's measured level (a profile, being a
+measurement, counts as ``PROFILE_FIT_WEIGHT`` observations there; the neutral guess as none); a
+server with no data at
 all borrows the other servers' level, so that both pools are compared on the same clock from the
 first observation on.
 """
@@ -47,6 +49,7 @@ from dynspec.router.server import Server, ServerSpeed
 from dynspec.router.speed import (
     KEEP,
     NEUTRAL_CURVE,
+    PROFILE_FIT_WEIGHT,
     BucketSet,
     SpeedCurve,
     SpeedProfile,
@@ -205,11 +208,16 @@ class SpeedLearner:
     ) -> None:
         if not alone:
             return  # not the server's speed alone: its GPUs were shared meanwhile
-        now = self.clock()
         logger.debug(
             "%s (%s): %s, %.2f ms a token at load %.1f", speed.url, speed.pool, what,
             per_token * 1e3, load,
         )  # fmt: skip
+        self.learn(speed, source, load, per_token)
+
+    def learn(self, speed: ServerSpeed, source: BucketSet, load: float, per_token: float) -> None:
+        """One observation that passed the checks, into ``source`` of ``speed``, now (what the
+        debug log's lines say, so ``replay --observations`` feeds them here again)."""
+        now = self.clock()
         source.add(load, per_token, now, speed.prior)
         speed.learned(load, now)
         self._changed(now)
@@ -262,7 +270,8 @@ class SpeedLearner:
             merged = combine(direct, polled, ratio)
             data[speed.url] = merged
             shapes[speed.url] = shape = queued_shape(speed.prior, speed.limit)
-            speed.scale = prior_scale(merged, shape)
+            anchor = PROFILE_FIT_WEIGHT if speed.seeded else 0.0
+            speed.scale = prior_scale(merged, shape, anchor)
         known = [s.scale for s in self.servers.values() if s.scale is not None]
         borrowed = sum(known) / len(known) if known else None
         for speed in self.servers.values():

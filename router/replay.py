@@ -13,6 +13,12 @@ busy: what ``Server.alone`` says in the router). Left out: the router's own fini
 (its second source), and the bound, hysteresis and hold rules around the derivation
 (``autothreshold.relearn``): this replays the curves and ``derive_threshold`` on them, to test a
 change of the poll rule against a real run, not to reproduce its router exactly.
+
+With ``--observations`` the replay is exact instead: a router run at ``--log-level debug`` logs
+every observation its learner took (``learning.py``: the server, the source, the time a token and
+the load) and, at each derivation, the group's load (``pool.py``); fed again in order, they rebuild
+the same curves, and the threshold is derived from them at each logged derivation. Single-pair
+logs only (the pair-0 lines); the bound, hysteresis and hold rules are still left out.
 """
 
 from __future__ import annotations
@@ -20,10 +26,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, cast
+from typing import TYPE_CHECKING, NoReturn, TypeVar, cast
 
 from dynspec.common import sglanglog
 from dynspec.common.cli import FlagParser, UsageError, add_log_level, configure_logging, run_main
@@ -36,6 +42,13 @@ if TYPE_CHECKING:
     from dynspec.router.server import Server
 
 STARTED = re.compile(r"^==> dynspec-launch (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d):")
+# What a router at --log-level debug logs: each observation learned, each derivation's load.
+_STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) DEBUG dynspec\.router\."
+OBSERVED = re.compile(
+    _STAMP + r"learning: (\S+) \((eagle|baseline)\): (request|poll), ([\d.]+) ms a token at "
+    r"load ([\d.]+)$"
+)
+DERIVED = re.compile(_STAMP + r"pool: (?:pair 0|pools): at load (\d+) ")
 
 Gauges = tuple[float, float, float]  # running, gen_throughput, queued
 
@@ -125,9 +138,74 @@ class _Alone:
         return not self.busy[self.mode]
 
 
-def changes(derived: Iterable[Derived], since: int | None = None) -> list[Derived]:
+@dataclass(frozen=True)
+class Logged:
+    """A derivation replayed from a router's debug log: when (seconds, UTC), the group's load,
+    the threshold the curves give and each pool's curve at a few loads (ms a token)."""
+
+    at: float
+    load: int
+    threshold: int
+    curves: dict[str, dict[int, float]]
+
+    @property
+    def second(self) -> int:
+        return int(self.at)
+
+    def line(self) -> str:
+        when = dt.datetime.fromtimestamp(self.at, dt.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+        pools = "  ".join(
+            f"{pool} " + " ".join(f"{b}:{v:.1f}" for b, v in c.items())
+            for pool, c in self.curves.items()
+        )
+        return f"{when}  threshold {self.threshold:>3}  at load {self.load:>3}  {pools}"
+
+
+CURVE_AT = (1, 8, 16, 32, 64, 128)
+
+
+def replay_observations(lines: Sequence[str], profile: object) -> Iterator[Logged]:
+    """Each derivation of a debug-level ``router.log``, from the observations logged before it."""
+    urls: dict[str, str] = {}  # pool -> its server's URL, as the log names it
+    for ln in lines:
+        m = OBSERVED.match(ln)
+        if m:
+            urls.setdefault(m[4], m[3])
+    if len(urls) < 2:
+        raise ValueError("router.log holds no learner observations of both servers (a router "
+                         "at --log-level debug logs them)")  # fmt: skip
+    clock = [0.0]
+    learner = SpeedLearner(
+        [(urls["eagle"], "eagle"), (urls["baseline"], "baseline")],
+        profile_from_json(profile) if profile is not None else None,
+        clock=lambda: clock[0],
+    )
+    for ln in lines:
+        m = OBSERVED.match(ln)
+        if m and m[3] in learner.servers:
+            clock[0] = seconds(m[1]) + int(m[2]) / 1e3
+            speed = learner.servers[m[3]]
+            source = speed.direct if m[5] == "request" else speed.polled
+            learner.learn(speed, source, float(m[7]), float(m[6]) / 1e3)
+            continue
+        d = DERIVED.match(ln)
+        if d is None:
+            continue
+        clock[0] = seconds(d[1]) + int(d[2]) / 1e3
+        learner.rebuild(clock[0])
+        e, b = (learner.servers[urls[p]].curve for p in ("eagle", "baseline"))
+        curves = {
+            p: {x: c.at(x) * 1e3 for x in CURVE_AT} for p, c in (("eagle", e), ("baseline", b))
+        }
+        yield Logged(clock[0], int(d[3]), derive_threshold(e, b), curves)
+
+
+Step = TypeVar("Step", Derived, Logged)
+
+
+def changes(derived: Iterable[Step], since: int | None = None) -> list[Step]:
     """The seconds at which the derived threshold changed (from ``since`` on)."""
-    out: list[Derived] = []
+    out: list[Step] = []
     for d in derived:
         if (since is None or d.second >= since) and (not out or d.threshold != out[-1].threshold):
             out.append(d)
@@ -146,6 +224,12 @@ def main(argv: list[str] | None = None) -> NoReturn:
     p.add_argument("logs", type=Path, help="a run's logs folder or logs.tar.xz (eagle.log, ...)")
     p.add_argument("--profile", type=Path, help="the speed profile the router started from")
     p.add_argument("--since", help="print the changes from this UTC time on (YYYY-MM-DD HH:MM:SS)")
+    p.add_argument(
+        "--observations",
+        action="store_true",
+        help="replay the observations a router at --log-level debug logged (router.log), "
+        "exactly, instead of the servers' decode-log gauges",
+    )
     add_log_level(p)
     args = p.parse_layered(argv)
     configure_logging(args.log_level)
@@ -159,11 +243,15 @@ def main(argv: list[str] | None = None) -> NoReturn:
         except ValueError:
             raise UsageError(f"--since: not a time: {args.since!r}") from None
         try:
-            derived = list(replay(read_logs(args.logs), load_profile_json(args.profile)))
+            logs, profile = read_logs(args.logs), load_profile_json(args.profile)
+            if args.observations:
+                steps = list(replay_observations(logs.get("router.log", []), profile))
+                lines = [d.line() for d in changes(steps, since)]
+            else:
+                lines = [d.line() for d in changes(replay(logs, profile), since)]
         except (OSError, ValueError) as e:
             raise UsageError(f"{args.logs}: {e}") from None
-        for d in changes(derived, since):
-            print(d.line())
+        print("\n".join(lines))
         return 0
 
     run_main(PROG, body, args.log_level)

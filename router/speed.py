@@ -255,8 +255,25 @@ def local_ratios(
     return out
 
 
-def prior_scale(data: Sequence[tuple[float, float]], prior: Sequence[float]) -> float | None:
-    """How much slower (>1) or faster (<1) than its prior a server measures; None without data."""
+# A measured profile (``--speed-profile``: a calibration of these servers) counts as this many
+# observations at its own level when the level is fitted (``prior_scale``): a scale fitted from a
+# handful of observations stays near the measurement, and many move it. On the H100
+# (traffic-day-delay5, replayed from its router's debug log) one poll of the baseline at the end
+# of the warm pass, 12.8 ms a token at load 30 against the calibration's 8.9, put the whole
+# baseline curve 1.44x above it (10.2 ms alone, where it served 6.6): the learned threshold went
+# from 103 to 512 and held the day's ramp on EAGLE up to 141 in flight. With the measurement
+# counted as 5 to 33 observations, the same log derives 50-80 throughout. It never vanishes: a
+# profile from other hardware, 2x off, keeps the unvisited loads' level about 5% of that gap from
+# what a hundred observations (three full buckets) measured.
+PROFILE_FIT_WEIGHT = 5.0
+
+
+def prior_scale(
+    data: Sequence[tuple[float, float]], prior: Sequence[float], anchor: float = 0.0
+) -> float | None:
+    """How much slower (>1) or faster (<1) than its prior a server measures; None without data.
+    ``anchor``: the prior's own weight, in observations, at scale 1 (a measured profile's
+    ``PROFILE_FIT_WEIGHT``; 0 for a guess, which the first data replaces)."""
     num = den = total = 0.0
     for (w, m), p in zip(data, prior, strict=True):
         if w > 0:
@@ -265,7 +282,7 @@ def prior_scale(data: Sequence[tuple[float, float]], prior: Sequence[float]) -> 
             total += w
     if total < MIN_FIT_WEIGHT or den <= 0:
         return None
-    return num / den
+    return (total * (num / den) + anchor) / (total + anchor)
 
 
 def monotone(values: Sequence[float], weights: Sequence[float]) -> list[float]:

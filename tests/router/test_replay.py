@@ -4,11 +4,14 @@ where EAGLE alone served 8,812 tok/s against the baseline's 8,122 (the rule befo
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from dynspec.router import replay
+import pytest
+
+from dynspec.router import learning, replay
 
 RUN = Path(__file__).resolve().parents[2] / "bench" / "results" / "h200" / "pair-a-calibrated"
 PROFILE = RUN / "calibration-llama8b-random-45e2ab5788a2fde3.json"
@@ -56,3 +59,48 @@ def test_the_command_prints_the_changes_and_refuses_bad_input(tmp_path: Path) ->
     ):
         bad = cli(*args)
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+DAY = Path(__file__).resolve().parents[2] / "bench" / "results" / "h100" / "traffic-day-delay5"
+DAY_PROFILE = DAY / "calibration-llama8b-random-2f973cb3fa6cafa4.json"
+LOGGED = re.compile(r"(eagle|baseline) \{([^}]*)\}")
+
+
+def test_observations_replay_the_h100_days_learner_exactly_and_the_anchor_holds_its_ramp(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The H100 day's router ran at --log-level debug (f9cbcc9, before the profile counted as
+    observations): replayed under its rule, every derivation's curves are the ones it logged
+    (to the rebuilds' timing), and the threshold reached 512 in the first routed run's ramp (it
+    held up to 141 in flight on EAGLE). Under speed.PROFILE_FIT_WEIGHT the same observations
+    keep it at 50-80."""
+    lines = replay.read_logs(DAY / "logs.tar.gz")["router.log"]
+    profile = replay.load_profile_json(DAY_PROFILE)
+    logged = [LOGGED.findall(ln) for ln in lines if "DEBUG dynspec.router.pool: pair 0: at" in ln]
+    ramp = (replay.seconds("2026-12-05 21:46:45"), replay.seconds("2026-12-05 21:48:00"))
+
+    def thresholds(steps: list[replay.Logged]) -> list[int]:
+        return [s.threshold for s in steps if ramp[0] <= s.at < ramp[1]]
+
+    with monkeypatch.context() as m:
+        m.setattr(learning, "PROFILE_FIT_WEIGHT", 0.0)
+        before = list(replay.replay_observations(lines, profile))
+    assert len(before) == len(logged) > 80
+    errors = []
+    for step, pools in zip(before, logged, strict=True):
+        for pool, text in pools:
+            for pair in text.split(", "):
+                load, ms = pair.split(": ")
+                errors.append(abs(step.curves[pool][int(load)] / float(ms) - 1))
+    # The router rebuilds its curves at most every learning.REBUILD_S, the replay at each
+    # derivation: most points agree to the log's rounding, none by more than 6%.
+    assert max(errors) < 0.06 and sum(e < 0.01 for e in errors) > 0.8 * len(errors)
+    assert max(thresholds(before)) == 512
+    after = thresholds(list(replay.replay_observations(lines, profile)))
+    assert len(after) > 20 and min(after) >= 50 and max(after) <= 80, sorted(set(after))
+
+
+def test_observations_need_a_debug_log(tmp_path: Path) -> None:
+    (tmp_path / "router.log").write_text("2026-12-05 21:46:18,761 INFO dynspec.router.pool: x\n")
+    with pytest.raises(ValueError, match="--log-level debug"):
+        list(replay.replay_observations(replay.read_logs(tmp_path)["router.log"], None))

@@ -16,6 +16,7 @@ from dynspec.router.speed import (
     BUCKETS,
     NEUTRAL_CURVE,
     NEUTRAL_TPOT_S,
+    PROFILE_FIT_WEIGHT,
     ProfileError,
     SpeedCurve,
     monotone,
@@ -176,10 +177,30 @@ def test_unvisited_loads_follow_the_prior_at_the_measured_level() -> None:
     for load in (1, 2, 4):
         feed(lr, clock, E, load, demo_eagle.at(load) / 2, n=30)
     learned = lr.curve(E)
-    assert learned.at(32) == pytest.approx(demo_eagle.at(32) / 2, rel=0.02)
+    # The profile is a measurement: it counts as PROFILE_FIT_WEIGHT observations at its own
+    # level, against about 20 of each of the three loads fed (30 at KEEP 0.97).
+    fed = 3 * sum(0.97**i for i in range(30))
+    scale = (fed * 0.5 + PROFILE_FIT_WEIGHT) / (fed + PROFILE_FIT_WEIGHT)
+    assert 0.5 < scale < 0.55
+    assert learned.at(32) == pytest.approx(demo_eagle.at(32) * scale, rel=0.02)
     # The baseline has no data: it borrows the eagle server's level (the same clock).
-    assert lr.curve(B).at(8) == pytest.approx(8 / 266.7 / 2, rel=0.02)
+    assert lr.curve(B).at(8) == pytest.approx(8 / 266.7 * scale, rel=0.02)
     assert non_decreasing(learned) and non_decreasing(lr.curve(B))
+
+
+def test_one_observation_barely_moves_a_measured_profile_but_replaces_a_guess() -> None:
+    """On the H100 one poll of the baseline at load 30, 1.44x its calibration, rescaled the whole
+    calibrated curve and sent the learned threshold from 103 to 512 (speed.PROFILE_FIT_WEIGHT)."""
+    seeded, clock = learner(DEMO)
+    profile_at_64 = seeded.curve(B).at(64)
+    feed(seeded, clock, B, 30, seeded.curve(B).at(30) * 1.44, n=1)
+    assert seeded.curve(B).at(64) == pytest.approx(
+        profile_at_64 * (1.44 + PROFILE_FIT_WEIGHT) / (1 + PROFILE_FIT_WEIGHT), rel=0.01
+    )
+    guess, clock = learner()
+    neutral_at_64 = guess.curve(B).at(64)
+    feed(guess, clock, B, 30, guess.curve(B).at(30) * 1.44, n=1)
+    assert guess.curve(B).at(64) == pytest.approx(neutral_at_64 * 1.44, rel=0.01)
 
 
 def test_only_finished_requests_with_a_token_count_count() -> None:
