@@ -57,26 +57,13 @@ def run(args: argparse.Namespace) -> int:
         return rerender(args.from_jsonl, lambda _: ramp_report)
     prof = sim_profile(args)
     out = out_path(args, f"ramp-{prof.name}")
+    same = "profile speed peak cycles step_seconds input_len output_len range_ratio prompt_pool"
+    same += " seed variants metrics_interval sharing startup_timeout"
     cfg = ramp.RampConfig(
-        profile=args.profile,
-        speed=args.speed,
-        out=out,
-        peak=args.peak,
-        cycles=args.cycles,
-        step_seconds=args.step_seconds,
-        input_len=args.input_len,
-        output_len=args.output_len,
-        range_ratio=args.range_ratio,
-        prompt_pool=args.prompt_pool,
-        seed=args.seed,
-        variants=args.variants,
-        metrics_interval=args.metrics_interval,
-        sharing=args.sharing,
-        startup_timeout=args.startup_timeout,
-        command=args.command_line,
+        **{name: getattr(args, name) for name in same.split()}, out=out, command=args.command_line
     )
 
-    def go() -> None:
+    def go() -> None:  # the report is then made from OUT.jsonl, as --from-jsonl makes it
         ramp.run(cfg)
 
     return run_then_report(go, out, "variants", ramp_report)

@@ -94,24 +94,21 @@ def compare(records: Sequence[Record]) -> list[dict[str, Any]]:
 
 
 def envelope_table(rows: Sequence[dict[str, Any]]) -> str:
-    head = (
-        "| C | better server | EAGLE tok/s | baseline tok/s | routed tok/s | routed / better tok/s"
-        " | EAGLE TPOT p50 ms | baseline TPOT p50 ms | routed TPOT p50 ms"
-        " | routed / better TPOT | routed to EAGLE | switches | in envelope |"
-    )
-    lines = [head, "|" + " --- |" * 13]
-    for w in rows:
-        ok = w["throughput_ok"] and w["tpot_ok"]
-        lines.append(
-            f"| {w['max_concurrency']} | {w['better']} | {w['eagle_output_throughput']:.1f}"
-            f" | {w['baseline_output_throughput']:.1f} | {w['routed_output_throughput']:.1f}"
-            f" | {w['throughput_ratio']:.3f} | {w['eagle_median_tpot_ms']:.2f}"
-            f" | {w['baseline_median_tpot_ms']:.2f} | {w['routed_median_tpot_ms']:.2f}"
-            f" | {w['tpot_ratio']:.3f} | {100 * w['eagle_share']:.0f}%"
-            f" | {'-' if w['mode_switches'] is None else w['mode_switches']}"
-            f" | {'yes' if ok else 'NO'} |"
-        )
-    return "\n".join(lines) + "\n"
+    head = ["C", "better server", "EAGLE tok/s", "baseline tok/s", "routed tok/s",
+            "routed / better tok/s", "EAGLE TPOT p50 ms", "baseline TPOT p50 ms",
+            "routed TPOT p50 ms", "routed / better TPOT", "routed to EAGLE", "switches",
+            "in envelope"]  # fmt: skip
+    body = [
+        [str(w["max_concurrency"]), str(w["better"]), f"{w['eagle_output_throughput']:.1f}",
+         f"{w['baseline_output_throughput']:.1f}", f"{w['routed_output_throughput']:.1f}",
+         f"{w['throughput_ratio']:.3f}", f"{w['eagle_median_tpot_ms']:.2f}",
+         f"{w['baseline_median_tpot_ms']:.2f}", f"{w['routed_median_tpot_ms']:.2f}",
+         f"{w['tpot_ratio']:.3f}", f"{100 * w['eagle_share']:.0f}%",
+         "-" if w["mode_switches"] is None else str(w["mode_switches"]),
+         "yes" if w["throughput_ok"] and w["tpot_ok"] else "NO"]
+        for w in rows
+    ]  # fmt: skip
+    return "\n".join(report.table(head, body)) + "\n"
 
 
 def misses(rows: Sequence[dict[str, Any]]) -> list[str]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynspec.bench import simreport
-from dynspec.bench.report import Record
+from dynspec.bench.report import Record, table
 from dynspec.bench.simreport import cell
 from dynspec.bench.ways import RAMP_PAIRS, RAMP_VARIANTS
 from dynspec.launcher.sim.profile import load_profile
@@ -120,19 +120,16 @@ def step_table(rows: Sequence[StepRow]) -> str:
     if not rows:
         return "(no steps with both variants)\n"
     a, b, tol = rows[0].learning, rows[0].seeded, rows[0].tolerance
-    lines = [
-        f"| step | cycle | C | start s | {a} tok/s | {b} tok/s | tok/s ratio"
-        f" | {a} TPOT p50 ms | {b} TPOT p50 ms | TPOT ratio | within {100 * tol:g}% |",
-        "|" + " --- |" * 11,
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r.step if r.step >= 0 else 'all'} | {r.cycle} | {r.c} | {r.start_s:.0f}"
-            f" | {cell(r.tput[a])} | {cell(r.tput[b])} | {cell(r.ratio('tput'), 3)}"
-            f" | {cell(r.tpot[a], 2)} | {cell(r.tpot[b], 2)} | {cell(r.ratio('tpot'), 3)}"
-            f" | {'yes' if within(r) else 'NO'} |"
-        )
-    return "\n".join(lines) + "\n"
+    head = ["step", "cycle", "C", "start s", f"{a} tok/s", f"{b} tok/s", "tok/s ratio",
+            f"{a} TPOT p50 ms", f"{b} TPOT p50 ms", "TPOT ratio",
+            f"within {100 * tol:g}%"]  # fmt: skip
+    body = [
+        [str(r.step) if r.step >= 0 else "all", str(r.cycle), str(r.c), f"{r.start_s:.0f}",
+         cell(r.tput[a]), cell(r.tput[b]), cell(r.ratio("tput"), 3), cell(r.tpot[a], 2),
+         cell(r.tpot[b], 2), cell(r.ratio("tpot"), 3), "yes" if within(r) else "NO"]
+        for r in rows
+    ]  # fmt: skip
+    return "\n".join(table(head, body)) + "\n"
 
 
 def plot(records: Sequence[Record], path: Path, title: str) -> None:

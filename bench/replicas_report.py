@@ -238,23 +238,18 @@ def level_table(rows: Sequence[LevelRow], ran: Sequence[str]) -> str:
 
 
 def run_table(runs: Mapping[str, RunRow]) -> str:
-    lines = [
-        "| variant | routers | load at the move (ramp) | its step C | lowest level C > 50% "
-        "baseline | switches per replica | model min | switches/min per replica | busiest |",
-        "|" + " --- |" * 9,
-    ]
-    for v in VARIANTS:
-        if v not in runs:
-            continue
-        r = runs[v]
-        lines.append(
-            f"| {v} | {r.replicas} | {'-' if r.switch_load is None else r.switch_load}"
-            f" | {'-' if r.switch_step_c is None else r.switch_step_c}"
-            f" | {'-' if r.majority_c is None else r.majority_c}"
-            f" | {', '.join(map(str, r.switches))} | {r.minutes:.1f}"
-            f" | {', '.join(cell(x, 2, True) for x in r.per_minute)} | {cell(r.busiest, 2, True)} |"
-        )
-    return "\n".join(lines) + "\n"
+    head = ["variant", "routers", "load at the move (ramp)", "its step C",
+            "lowest level C > 50% baseline", "switches per replica", "model min",
+            "switches/min per replica", "busiest"]  # fmt: skip
+    body = [
+        [v, str(r.replicas), "-" if r.switch_load is None else str(r.switch_load),
+         "-" if r.switch_step_c is None else str(r.switch_step_c),
+         "-" if r.majority_c is None else str(r.majority_c), ", ".join(map(str, r.switches)),
+         f"{r.minutes:.1f}", ", ".join(cell(x, 2, True) for x in r.per_minute),
+         cell(r.busiest, 2, True)]
+        for v in VARIANTS if (r := runs.get(v)) is not None
+    ]  # fmt: skip
+    return "\n".join(report.table(head, body)) + "\n"
 
 
 def ramp_table(records: Sequence[Record], layout: str, ran: Sequence[str]) -> str:

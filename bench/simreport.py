@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dynspec.bench import threshold
-from dynspec.bench.report import Record, model_time
+from dynspec.bench.report import Record, model_time, table
 from dynspec.launcher.sim.profile import Profile
 
 # Wall-clock seconds in a record beyond report.model_time's keys: run lengths and offsets.
@@ -73,11 +73,9 @@ SCHEDULE_TEXT = (
 def schedule_table(records: Sequence[Record], profile: Profile) -> str:
     """Measured p50 TPOT and tok/s of the single servers and the homogeneous EAGLE and baseline
     pairs (model-time records) against the profile's prediction."""
-    lines = [
-        "| target | C | per server | TPOT p50 ms | profile TPOT ms | measured / profile"
-        " | tok/s | profile tok/s | measured / profile | achieved C |",
-        "|" + " --- |" * 10,
-    ]
+    head = ["target", "C", "per server", "TPOT p50 ms", "profile TPOT ms", "measured / profile",
+            "tok/s", "profile tok/s", "measured / profile", "achieved C"]  # fmt: skip
+    body = []
     for r in records:
         t, c = str(r["target"]), int(r["max_concurrency"])
         if t in ("eagle", "baseline"):
@@ -92,12 +90,11 @@ def schedule_table(records: Sequence[Record], profile: Profile) -> str:
             expected_tput(profile, mode, c - per) if c > per else 0.0
         )
         got = float(r["output_throughput"])
-        lines.append(
-            f"| {t} | {c} | {per} | {r['median_tpot_ms']:.2f} | {want:.2f}"
-            f" | {r['median_tpot_ms'] / want:.3f} | {got:.1f} | {tput:.1f} | {got / tput:.3f}"
-            f" | {cell(r.get('concurrency'))} |"
-        )
-    return "\n".join(lines) + "\n"
+        tpot = r["median_tpot_ms"]
+        body.append([t, str(c), str(per), f"{tpot:.2f}", f"{want:.2f}", f"{tpot / want:.3f}",
+                     f"{got:.1f}", f"{tput:.1f}", f"{got / tput:.3f}",
+                     cell(r.get("concurrency"))])  # fmt: skip
+    return "\n".join(table(head, body)) + "\n"
 
 
 # ---- header lines ------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from dynspec.bench.report import Record, targets
+from dynspec.bench.report import Record, table, targets
 
 Verdict = Literal["crossover", "never", "always", "tie"]
 # Two figures within 2% of each other are the same: closer than repeated sweeps of one server.
@@ -234,20 +234,16 @@ def _faster(lv: LevelComparison) -> str:
 
 
 def evidence_table(levels: Sequence[LevelComparison]) -> str:
-    head = (
-        "| C | EAGLE TPOT p50 ms | baseline TPOT p50 ms | EAGLE tok/s per request"
-        " | baseline tok/s per request | EAGLE / baseline | faster | EAGLE out tok/s"
-        " | baseline out tok/s |"
-    )
-    lines = [head, "|" + " --- |" * 9]
-    for lv in levels:
-        lines.append(
-            f"| {lv.concurrency} | {lv.eagle_tpot_ms:.2f} | {lv.baseline_tpot_ms:.2f}"
-            f" | {lv.eagle_speed:.1f} | {lv.baseline_speed:.1f} | {lv.ratio:.2f}"
-            f" | {_faster(lv)}"
-            f" | {lv.eagle_output_throughput:.0f} | {lv.baseline_output_throughput:.0f} |"
-        )
-    return "\n".join(lines) + "\n"
+    head = ["C", "EAGLE TPOT p50 ms", "baseline TPOT p50 ms", "EAGLE tok/s per request",
+            "baseline tok/s per request", "EAGLE / baseline", "faster", "EAGLE out tok/s",
+            "baseline out tok/s"]  # fmt: skip
+    body = [
+        [str(lv.concurrency), f"{lv.eagle_tpot_ms:.2f}", f"{lv.baseline_tpot_ms:.2f}",
+         f"{lv.eagle_speed:.1f}", f"{lv.baseline_speed:.1f}", f"{lv.ratio:.2f}", _faster(lv),
+         f"{lv.eagle_output_throughput:.0f}", f"{lv.baseline_output_throughput:.0f}"]
+        for lv in levels
+    ]  # fmt: skip
+    return "\n".join(table(head, body)) + "\n"
 
 
 def render(s: Suggestion) -> str:
