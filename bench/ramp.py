@@ -1,16 +1,8 @@
-"""A load that changes: closed-loop concurrency stepped 1 -> peak -> 1, more than once.
-
-``dynspec-bench ramp`` starts an EAGLE and a baseline ``dynspec-sim`` and, one after the other on
-those same two servers, a ``dynspec-router --policy balance`` that learns its speed curves from
-nothing (``balance-learning``) and one seeded with the profile (``balance-profile``). Each drives
-the same schedule: concurrency 1, 2, 4 ... peak ... 2, 1, repeated ``cycles`` times, each step a
-fixed number of wall-clock seconds. When a step lowers the concurrency, clients leave as their
-request ends (nothing is cut); when it raises it, new clients start at once.
-
-Per step: output tok/s (every token delivered inside the step's window, as the sweep's window
-does), and p50 TPOT / TTFT of the requests that finished inside it. Per cycle: the same over the
-whole cycle. The question is whether learning alone catches up: after the first cycle, is the
-learning router within 10% of the seeded one? Everything is SIMULATED.
+"""A load that changes: closed-loop concurrency stepped 1 -> peak -> 1, more than once
+(``schedule``, ``drive``), on routers that learn from nothing and their twins seeded with the
+profile, one after the other on the same simulated servers. Per step and per cycle: the tok/s
+delivered inside the window and the p50 TPOT / TTFT of the requests that ended in it
+(``records_of``). What it asks and the goals: docs/benchmarks.md, "ramp". Everything is SIMULATED.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """Several routers in front of the same servers: do N replicas with the shared load signal act
 as one router does? (issue 19 item 2)
 
-``dynspec-bench replicas`` runs, for each layout and each variant, on fresh simulated servers:
-
-- layouts (``ways.REPLICA_LAYOUTS``): ``split``, an EAGLE and a baseline ``dynspec-sim`` with
-  routers ``--eagle-url/--baseline-url``; ``paired``, two ``dynspec-sim --pair`` processes with
-  routers ``--pair`` x2. Both with a set ``--threshold``/``--hysteresis`` (not ``auto``), so the
-  runs differ only in the load signal and the number of routers;
-- variants (``ways.REPLICA_VARIANTS``): ``1-router`` (one router, ``--load-signal local``: the
-  reference), ``3-local`` (three replicas, each counting its own requests) and ``3-servers``
-  (three replicas, ``--load-signal servers``: the servers' own counts from ``/v1/loads``).
-
-Each run: closed-loop streaming levels (``load.run_level``, measured as the sweep measures a
-level) and then a ramp (``ramp.schedule``: C stepping 1 -> peak -> 1, ``ramp.drive``), every
-request sent to the next replica in turn (``load.spread``, as a Kubernetes Service spreads them).
-Per level: output tok/s, the share answered by the baseline (``x-dynspec-backend``) and each
-replica's mode switches while it was measured; per ramp step the ramp's records; per run, each
-replica's switches over the whole run (from its ``/metrics``), the run's length and the load at
-which new requests moved to the baseline on the ramp's way up (``switch_load``). The analysis and
-the report are ``replicas_report.py``. Everything is SIMULATED.
+Per layout (``ways.REPLICA_LAYOUTS``) and variant (``ways.REPLICA_VARIANTS``), on fresh simulated
+servers: the sweep's levels with every request sent to the next replica in turn (``load.spread``),
+then a ramp (``ramp.drive``); what is recorded and why: docs/benchmarks.md, "Router replicas".
+The analysis and the report are ``replicas_report.py``. Everything is SIMULATED.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""The ``eight`` plan: eight H200s, a random Llama-3.1-70B-shaped model at tp 4, one bounded
-command per layout (``--layout``), each stopping everything it started.
-
-- ``build``: the 70B target (about 141 GB bf16, one process per GPU writing its shards) and the
-  drafts ``hi`` and ``p54``; every other layout builds what is missing first.
-- ``split``: ``dynspec-launch --gpus 0-7 --layout split`` (EAGLE on 0-3, baseline on 4-7) behind
-  ``--threshold auto``; ``paired`` / ``paired-mps``: ``--layout paired --tp 4`` (two pairs, each
-  GPU set holding both servers), ``--threshold auto``, without and with ``--mps``;
-- ``2x-eagle``, ``2x-baseline``, ``2x-adaptive``: two SGLang servers (GPUs 0-3 and 4-7; EAGLE-3,
-  none, or EAGLE-3 with ``--speculative-adaptive``) behind ``dynspec-router`` with one pool.
-
-Each layout then sweeps its router over C = 1..256 (256 in / 128 out), records ``/status`` and
-stops. ``--dry-run`` prints every command (and the servers' environment) without a GPU.
+"""The ``eight`` plan: eight GPUs, a random Llama-3.1-70B-shaped model at tp 4, one bounded
+command per ``--layout`` (``build``, then ``split``, ``paired``, ``paired-mps``, ``2x-eagle``,
+``2x-baseline``, ``2x-adaptive``), each stopping everything it started; ``--dry-run`` prints
+every command without a GPU. What each layout starts: bench/results/h200/README.md, "Eight GPUs".
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """The steady-state plans on one GPU: ``pair-a`` / ``pair-b`` (the routed pair against each of its
 servers alone, without and with ``--mps``) and ``router-cost`` (the router in front of the EAGLE
-server against that server's own port).
-
-One ``dynspec-launch --gpus 0`` (the EAGLE-3 server with every draft accepted, then the baseline
-once EAGLE is healthy, the router in front). ``pair-*`` give the router ``--threshold auto`` and
-no speed profile, so the launcher calibrates each server before the router opens
-(``--calibrate auto``) and the router starts from that measurement; ``router-cost`` gives it a
-threshold above any load (every request on EAGLE). ``pair-*`` with ``--router-cost`` also start a
-second router, the launcher's own command line with that threshold on the next port, so one
-launch measures both. Then the warm pass (every server at every level once), then the sweep
-(``toolkit.Steady``: >= 10 x C requests and >= 15 s a level, the targets taking turns, 3
-repeats), over as many device commands as it takes (``--keep``; on a fresh machine
-``--resume-from`` an earlier command's results: a new launch, ``begin_launch``).
-
-What each level records besides the sweep's figures (``on_record``): for a router, its learned
-threshold and mode from ``/status``, and the router process's CPU seconds over the level (its
-tree, from /proc); for the EAGLE server, SGLang's ``spec_accept_length``; for every target, the
-launch it was measured in (``meta["launches"]``, from 1), what its servers held over the level
-(``server_held``: SGLang's running and queued counts from their decode-log lines, ``held.py``)
-and its mean time to first token as its router and each server saw it, with the router's own
-delay before the server (``first_token``, ``firsttoken.py``).
+server against that server's own port), on one ``dynspec-launch --gpus 0``, over as many device
+commands as it takes (``--keep``; on a fresh machine ``--resume-from``: a new launch,
+``begin_launch``). What each plan runs and what each level records besides the sweep's figures
+(``on_record``): docs/benchmarks.md, "The plans".
 """
 
 from __future__ import annotations
