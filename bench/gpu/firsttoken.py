@@ -1,26 +1,8 @@
-"""Where a level's time to first token went: its mean as the load generator, the router and each
-SGLang server saw it.
-
-The router's own cost on the H200 (``router-cost``, dc206ef) added +31 and +61 ms of TTFT p50 at
-C=128 and 256 at 0.99-1.01x the tok/s, and one run could not say whether the router's requests
-waited longer inside SGLang or on the way to it. Three clocks answer that, level by level:
-
-- the load generator's ``mean_ttft_ms`` (from sending the request to the first token read);
-- the router's ``dynspec_time_to_first_token_seconds`` (from the request's arrival at the router
-  to its first token passed on, ``router/relayfilter.py``);
-- SGLang's ``sglang:time_to_first_token_seconds`` (from its tokenizer manager's receipt, after
-  the HTTP front, to the first output there; ``dynspec-sim`` keeps the same histogram, on its
-  simulated clock: real seconds only at ``--speed 1``).
-
-Client less router is the way between the client and the router; router less server, the way
-from the router through SGLang's HTTP front and back; a server's own mean through the router
-against the same server's mean direct, whether the router's requests waited longer inside it.
-
-Each mean is the change of a histogram's ``_sum`` over that of its ``_count`` (every series of the
-name added up) from the level's start to its record: the requests it counted in between, the
-level's warm-up requests among them, where the client's mean is of its measured requests only.
-SGLang counts a request at its first token, the router as the request ends; a level's requests
-have all ended by its record. A source that did not answer, or counted nothing, is left out.
+"""Where a level's time to first token went: its mean as the load generator, the router (and its
+own share before the server) and each SGLang server saw it, each from a histogram's ``_sum`` over
+its ``_count`` between the level's start and its record (every series of the name added up; a
+source that did not answer, or counted nothing, is left out). What the clocks split and why:
+docs/benchmarks.md, "Where the first token waited".
 """
 
 from __future__ import annotations

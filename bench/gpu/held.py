@@ -1,22 +1,10 @@
 """What the servers themselves held over each level of a steady sweep: SGLang's own running and
 queued counts (its decode-log lines, read by ``dynspec.common.sglanglog``) inside the level's
-window, the mean of the lines there.
-
-A closed loop of C clients keeps C requests open. A server that holds fewer (running + queued)
-is not being fed: the rest are between the clients and its scheduler (the load generator, the
-server's HTTP front and tokenizer, the stream of each request's last chunks). On the H200
-(``pair-a-capped``, 5e04405) the baseline capped at 128 running held 119-126 running and 10-54
-queued in its C=256 levels that read 12.9-13.9k tok/s, and 117 running and none queued in the
-one that read 9.3k, where EAGLE (128 running) held 117-122 queued at 10.7-10.8k: the same C,
-fed unlike. This table says which it was, level by level.
-
-A record gets ``server_held``: ``{"running": R, "queued": Q, "lines": N}`` (the sum over the
-target's servers: both of a pair for a router), or nothing where no line fell in its window.
-The window is the record's end (``timestamp``, written as the level ends) less its ``duration``;
-the logs' clock is the record's (both UTC on one machine). Both stamps are whole seconds, so only
-the seconds wholly inside the level are read: a line in the second the level began or ended may be
-the level before's or the next's (``pair-b-interval4``'s first C=1 level read 8+8 from the warm
-pass's last C=256 line, written in the second the level began).
+window, the mean of the lines there. A record gets ``server_held``: ``{"running": R, "queued": Q,
+"lines": N}`` (the sum over the target's servers: both of a pair for a router), or nothing where
+no line fell in its window. The window is the record's end (``timestamp``) less its
+``duration``, whole seconds only (a line in the second a level began may be the level before's).
+Why it matters: docs/benchmarks.md, "What the servers held".
 """
 
 from __future__ import annotations
