@@ -73,6 +73,13 @@ def add_arguments(p: FlagParser) -> None:
     )
     add_sharing_flag(p, "--eight-gpus: ")
     p.add_argument(
+        "--calibrated",
+        action="store_true",
+        help="--eight-gpus: give paired-auto the profile as --speed-profile (the start a "
+        "launch's --calibrate gives it, as the real pairs ran; default: no profile, it learns "
+        "from nothing; default --out gets -calibrated)",
+    )
+    p.add_argument(
         "--repeats",
         type=positive_int,
         default=1,
@@ -125,8 +132,8 @@ def run(args: argparse.Namespace) -> int:
     progress = ProgressLine(enabled=not args.no_progress)
     if args.eight_gpus:
         return _eight_gpus(args, prof.name, progress)
-    if args.repeats != 1:
-        raise UsageError("--repeats: only with --eight-gpus")
+    if args.repeats != 1 or args.calibrated:
+        raise UsageError("--repeats, --calibrated: only with --eight-gpus")
     from dynspec.bench import envelope
 
     out = out_path(args, f"envelope-{prof.name}")
@@ -145,12 +152,12 @@ def _same(args: argparse.Namespace, more: str = "") -> dict[str, Any]:
 def _eight_gpus(args: argparse.Namespace, name: str, progress: Any) -> int:
     from dynspec.bench import envelope8, envelope8_report
 
-    suffix = "-mps" if args.sharing == "mps" else ""
+    suffix = ("-mps" if args.sharing == "mps" else "") + ("-calibrated" if args.calibrated else "")
     out = out_path(args, f"envelope8-{name}{suffix}")
     if args.append and not (out.exists() and out.stat().st_size > 0):
         raise UsageError(f"--append: {out} does not exist or is empty")
     cfg = envelope8.EightGpusConfig(
-        **_same(args, "ways metrics_interval sharing adaptive_profile append repeats"),
+        **_same(args, "ways metrics_interval sharing adaptive_profile append repeats calibrated"),
         sweep=sweep_config(args),
         out=out,
         command=args.command_line,

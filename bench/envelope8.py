@@ -84,6 +84,7 @@ class EightGpusConfig:
     append: bool = False
     command: str = ""
     repeats: int = 1  # runs of the whole comparison, each on servers and routers started afresh
+    calibrated: bool = False  # paired-auto starts from the profile (a launch's --calibrate)
 
 
 def plan_ways(cfg: EightGpusConfig) -> tuple[list[str], str | None, list[str]]:
@@ -133,6 +134,7 @@ def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Reco
         "sharing": cfg.sharing,
         "not_run": notes,
         "repeats": cfg.repeats,
+        "calibrated": cfg.calibrated,
     }
     if adaptive is not None:
         extra["adaptive_profile"] = adaptive
@@ -197,6 +199,7 @@ def _one_run(
                 hysteresis=hyst,
                 speed_profile=profile_path,
                 metrics_interval=cfg.metrics_interval,
+                calibrated=cfg.calibrated,
             )
             router = dataclasses.replace(router, log_level=cfg.router_log_level)
             url, _ = harness.start_router(procs, f"router-{way}", router, cfg.startup_timeout)

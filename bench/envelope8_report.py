@@ -42,8 +42,13 @@ WAY_TEXT = (
     "`split-threshold` / `split-balance` = one EAGLE + one baseline server on GPUs of their own "
     "(`split-balance` got the profile as `--speed-profile`, its tok/s x {speed:g}); "
     "`paired-threshold` / `paired-auto` = two shared GPUs behind `--pair` (`--threshold N` / "
-    "`--threshold auto`, no profile); `2x-*` = two servers of one kind in one pool."
+    "`--threshold auto`, {auto_start}); `2x-*` = two servers of one kind in one pool."
 )
+AUTO_START = {
+    False: "no profile",
+    True: "from a calibrated start: the profile as `--speed-profile`, as a launch's "
+    "`--calibrate` gives it",
+}
 
 GOALS = {
     "best": f"{SUBJECT} tok/s >= {VS_BEST_TPUT}x the best homogeneous pair's, every C",
@@ -324,7 +329,7 @@ def _header(records: Sequence[Record], ran: Sequence[str], notes: Sequence[str])
         f"{meta.get('min_requests', '?')}) after C warm-up requests; throughputs over the steady "
         f"window; levels {','.join(map(str, levels))}.",
         f"- Ways run: {', '.join(f'`{w}`' for w in ran)}. "
-        + WAY_TEXT.format(speed=speed)
+        + WAY_TEXT.format(speed=speed, auto_start=AUTO_START[bool(meta.get("calibrated"))])
         + (f" `2x-adaptive` ran profile `{adaptive}`'s eagle mode." if adaptive else ""),
         *_servers_lines(records, ran),
         *_repeats_lines(records),
@@ -353,6 +358,7 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
     md, png = out.with_suffix(".md"), out.with_suffix(".png")
     sharing = meta.get("sharing", "timeslice")
     title = f"SIMULATED: eight GPUs, {len(ran)} ways, profile {profile.name}, pairs {sharing}"
+    title += ", paired-auto calibrated" if meta.get("calibrated") else ""
     n = _repeats(records)
     each = f", medians of {n} repeats (min-max)" if n > 1 else ""
     report.plot(routed, png, f"{title} (dynspec-sim, model time, speed {speed:g}{each})")

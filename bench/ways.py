@@ -176,10 +176,12 @@ def way_router(
     hysteresis: int,
     speed_profile: Path | None = None,
     metrics_interval: float | None = None,
+    calibrated: bool = False,
 ) -> Router:
     """The router of one eight-GPU way. Threshold 0 is suggest-threshold's "EAGLE never wins":
     the threshold ways then get the baseline servers alone (the threshold policy needs
-    --threshold >= 1, which would still send lone requests to EAGLE)."""
+    --threshold >= 1, which would still send lone requests to EAGLE). ``calibrated``:
+    ``paired-auto`` starts from ``speed_profile``, as a launch's ``--calibrate`` starts it."""
     e, b = servers.eagle, servers.baseline
     if way == "split-threshold":
         if threshold <= 0:
@@ -194,8 +196,11 @@ def way_router(
     if way == "paired-threshold":
         return Router(_shared(servers), _policy(threshold, hysteresis), healthy=4)
     if way == "paired-auto":
-        # No profile, whatever the run has: auto learns from nothing.
-        return Router(_shared(servers), ("--threshold", "auto"), healthy=4)
+        # Uncalibrated, no profile whatever the run has: auto learns from nothing.
+        seed = speed_profile if calibrated else None
+        if calibrated and seed is None:
+            raise ValueError("a calibrated paired-auto needs a speed profile")
+        return Router(_shared(servers), ("--threshold", "auto", *_options(seed, None)), healthy=4)
     if way in HOMOGENEOUS:
         # An adaptive-EAGLE server is an EAGLE server: one pool, no switching.
         urls = {"2x-eagle": e, "2x-baseline": b, "2x-adaptive": servers.adaptive}[way]

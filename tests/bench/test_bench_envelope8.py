@@ -74,6 +74,23 @@ def test_the_router_of_each_way(  # noqa: PLR0917
     assert got == Router(tuple(servers.split()), tuple(settings.split()), healthy)
 
 
+def test_a_calibrated_paired_auto_starts_from_the_profile() -> None:
+    """--calibrated: paired-auto gets the profile, as a launch's --calibrate starts it; the
+    other ways are as they were."""
+    r = way_router(
+        "paired-auto", SERVERS, threshold=7, hysteresis=2, speed_profile=Path("/p.json"),
+        calibrated=True,
+    )  # fmt: skip
+    assert " ".join(r.settings) == "--threshold auto --speed-profile /p.json"
+    assert r.urls() == ("http://pe1", "http://pb1", "http://pe2", "http://pb2")
+    for way in ways.EIGHT_WAYS:
+        if way != "paired-auto":
+            kw: dict[str, Any] = {"threshold": 7, "hysteresis": 2, "speed_profile": Path("/p")}
+            assert way_router(way, SERVERS, **kw, calibrated=True) == way_router(way, SERVERS, **kw)
+    with pytest.raises(ValueError, match="speed profile"):
+        way_router("paired-auto", SERVERS, threshold=7, hysteresis=2, calibrated=True)
+
+
 def test_unknown_way_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown way"):
         way_router("3x-eagle", SERVERS, threshold=1, hysteresis=0)
@@ -364,6 +381,16 @@ def test_the_report_of_repeats_says_how_they_ran_and_gives_medians(tmp_path: Pat
         text
     )
     assert "every repeat, in the order run" in text
+    assert "`--threshold auto`, no profile)" in text and "calibrated" not in text
+    cal, _ = envelope8_report.write_report(
+        tmp_path / "z.jsonl", [{**r, "calibrated": True} for r in recs]
+    )
+    assert cal.read_text().startswith(
+        "# SIMULATED: eight GPUs, 4 ways, profile demo, pairs timeslice, paired-auto calibrated"
+    )
+    assert "`--threshold auto`, from a calibrated start: the profile as `--speed-profile`" in (
+        cal.read_text()
+    )
     # One run without repeats says nothing of them.
     one, _ = envelope8_report.write_report(tmp_path / "y.jsonl", full_records())
     assert "repeats" not in one.read_text() and "per repeat" not in one.read_text()
@@ -435,7 +462,8 @@ def test_an_adaptive_curve_measured_at_another_acceptance_is_no_ceiling(tmp_path
         ),
         (("envelope", "--eight-gpus"), "only --simulate"),
         (("envelope", "--simulate", "--eight-gpus", "--repeats", "0"), "--repeats"),
-        (("envelope", "--simulate", "--repeats", "2"), "--repeats: only with --eight-gpus"),
+        (("envelope", "--simulate", "--repeats", "2"), "only with --eight-gpus"),
+        (("envelope", "--simulate", "--calibrated"), "only with --eight-gpus"),
     ],
 )
 def test_bad_usage_is_one_line_and_exit_2(args: tuple[str, ...], needle: str) -> None:
@@ -612,4 +640,8 @@ def test_the_repeats_flag_reaches_the_run(monkeypatch: pytest.MonkeyPatch) -> No
     for flags, want in (([], 1), (["--repeats", "3"], 3)):
         with pytest.raises(SystemExit):
             cli.main(["envelope", "--simulate", "--eight-gpus", "--no-progress", *flags])
-        assert got[-1].repeats == want
+        assert got[-1].repeats == want and not got[-1].calibrated
+        assert got[-1].out.name == "envelope8-demo.jsonl"
+    with pytest.raises(SystemExit):
+        cli.main(["envelope", "--simulate", "--eight-gpus", "--calibrated", "--sharing", "mps"])
+    assert got[-1].calibrated and got[-1].out.name == "envelope8-demo-mps-calibrated.jsonl"
