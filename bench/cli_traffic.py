@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dynspec.bench.cli_common import (
     add_request_timeout,
@@ -34,6 +35,9 @@ DESCRIPTION = (
     "in-flight, pool share, mode switches, TTFT and TPOT p50/p99, SLO attainment and goodput "
     "(requests a second meeting both SLOs); writes OUT.jsonl, OUT.md and pictures."
 )
+
+if TYPE_CHECKING:
+    from dynspec.bench.traffic import TrafficConfig
 
 
 def _rates(text: str) -> list[float]:
@@ -242,6 +246,7 @@ def run(args: argparse.Namespace) -> int:
         if set(watch) - labels:
             raise UsageError(f"--watch: no --url labelled {sorted(set(watch) - labels)[0]!r}")
         out = out_path(args, "traffic")
+        refuse_other_plan(out, cfg)
         by = {t.label: t.base_url for t in targets}
 
         def live() -> None:
@@ -272,8 +277,21 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     out = out_path(args, f"traffic-{prof.name}")
+    refuse_other_plan(out, cfg, {"profile": args.profile, "layout": args.layout})
 
     def simulated() -> None:
         traffic.run_simulated(cfg, sim, out)
 
     return run_then_report(simulated, out, "runs", traffic_report)
+
+
+def refuse_other_plan(out: Path, cfg: TrafficConfig, more: dict[str, Any] | None = None) -> None:
+    """A usage error when ``out`` holds runs of another plan: a rerun resumes, keeping them."""
+    from dynspec.bench import traffic
+
+    why = traffic.other_plan(out, cfg, more)
+    if why is not None:
+        raise UsageError(
+            f"{out} holds runs of another plan ({why}); a rerun goes on from the runs there: "
+            "give another --out, or remove it to start afresh"
+        )

@@ -136,6 +136,28 @@ def done_runs(out: Path) -> set[tuple[int, str, str]]:
     }
 
 
+def other_plan(out: Path, cfg: TrafficConfig, more: Mapping[str, Any] | None = None) -> str | None:
+    """Why the runs ``out`` holds are not this plan's (None: they are, or there are none): a
+    schedule of the same name made otherwise (``day`` at another peak), or another way of making
+    or judging the load (``cfg.meta()`` but the command line, and ``more``). A rerun skips the
+    runs ``out`` holds (``done_runs``), so another plan's would stand in for this one's."""
+    if not out.is_file():
+        return None
+    texts = {name: sched.text for name, sched in cfg.schedules}
+    want = {k: v for k, v in {**cfg.meta(), **(more or {})}.items() if k != "command"}
+    for r in load_jsonl(out):
+        if r.get("scope") != "run":
+            continue
+        name = str(r.get("schedule"))
+        if name in texts and r.get("schedule_text") != texts[name]:
+            return f"{name} is {r.get('schedule_text')!r} there, {texts[name]!r} here"
+        differ = sorted(k for k, v in want.items() if k in r and r[k] != v)
+        if differ:
+            k = differ[0]
+            return f"{k} is {r[k]!r} there, {want[k]!r} here"
+    return None
+
+
 # What samples a run's target: made for the run's client session.
 ProbeMaker = Callable[[aiohttp.ClientSession], openloop.Probe]
 # A run's body: the target, its arrivals and prompt key in; the run and extra fields out.
