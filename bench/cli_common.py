@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from dynspec.bench.ways import SHARING
 from dynspec.common.cli import (
+    LOG_LEVELS,
     FlagParser,
     UsageError,
     non_negative_int,
@@ -143,6 +144,19 @@ def add_sharing_flag(p: FlagParser | argparse.ArgumentParser, where: str) -> Non
         choices=SHARING,
         default="timeslice",
         help=f"{where}how the two servers of a shared GPU share it (dynspec-sim --sharing)",
+    )
+
+
+def add_router_log_level(p: FlagParser | argparse.ArgumentParser, default: str) -> None:
+    p.add_argument(
+        "--router-log-level",
+        default=default,
+        choices=LOG_LEVELS,
+        help="the --log-level of the routers the bench starts ('info': each learned threshold "
+        "and mode switch; 'debug': each observation the learner takes, which `python -m "
+        "dynspec.router.replay --observations` replays); their logs are router-*.log in the "
+        "run's folder (dynspec-envelope-* in the temporary directory, /tmp by default), kept "
+        "after the run and named in the bench's log",
     )
 
 

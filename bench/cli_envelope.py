@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from dynspec.bench import ways
 from dynspec.bench.cli_common import (
     add_load_flags,
+    add_router_log_level,
     add_sharing_flag,
     add_simulate_flags,
     out_path,
@@ -20,7 +21,6 @@ from dynspec.bench.cli_common import (
     sweep_config,
 )
 from dynspec.common.cli import (
-    LOG_LEVELS,
     FlagParser,
     UsageError,
     non_negative_int,
@@ -106,15 +106,7 @@ def add_arguments(p: FlagParser) -> None:
         default=None,
         help="--eight-gpus: the balance router's --metrics-interval (default: the router's)",
     )
-    p.add_argument(
-        "--router-log-level",
-        default="warning",
-        choices=LOG_LEVELS,
-        help="the --log-level of the routers the bench starts ('info': each learned threshold "
-        "and mode switch); their logs are router-WAY.log (router.log without --eight-gpus) in "
-        "the run's folder (dynspec-envelope-* in the temporary directory, /tmp by default), "
-        "kept after the run and named in the bench's log at its start",
-    )
+    add_router_log_level(p, "warning")
 
 
 def _report_of(records: Sequence[Record]) -> Any:

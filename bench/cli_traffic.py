@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from dynspec.bench.cli_common import (
     add_request_timeout,
+    add_router_log_level,
     add_sharing_flag,
     add_simulate_flags,
     out_path,
@@ -85,6 +86,7 @@ def add_arguments(p: FlagParser) -> None:
         "one shared simulated GPU, dynspec-sim --pair)",
     )
     add_sharing_flag(p, "--layout paired: ")
+    add_router_log_level(p, "info")
     p.add_argument(
         "--threshold", type=_threshold, default="auto", help="the routed router's --threshold"
     )
@@ -273,6 +275,7 @@ def run(args: argparse.Namespace) -> int:
         calibrated=args.calibrated,
         sharing=args.sharing,
         startup_timeout=args.startup_timeout,
+        router_log_level=args.router_log_level,
         speed=args.speed,
         seed=args.seed,
     )

@@ -307,6 +307,7 @@ class SimTraffic:
     calibrated: bool = False
     sharing: str = "timeslice"
     startup_timeout: float = 60.0
+    router_log_level: str = "info"
     # What harness.start_servers reads (SimSettings), with the fields above.
     speed: float = 1.0
     seed: int = 0
@@ -338,7 +339,7 @@ def _sim_target(
     if sim.calibrated:
         path = harness.router_profile(procs, load_profile(sim.profile), sim.speed)
         settings_flags += ("--speed-profile", str(path))
-    router = Router(flags, settings_flags, healthy=2, log_level="info")
+    router = Router(flags, settings_flags, healthy=2, log_level=sim.router_log_level)
     url, proc = harness.start_router(procs, f"router-{label}", router, sim.startup_timeout)
     return Target(label, url), router_probe(url, proc.pid), {"router": " ".join(settings_flags)}
 
