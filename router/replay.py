@@ -200,6 +200,12 @@ def replay_observations(lines: Sequence[str], profile: object) -> Iterator[Logge
         yield Logged(clock[0], int(d[3]), derive_threshold(e, b), curves)
 
 
+def router_log(folder: Path) -> list[str]:
+    """The one ``router-*.log`` of a folder (a bench run's: ``router-routed.log``), else none."""
+    found = sorted(folder.glob("router-*.log")) if folder.is_dir() else []
+    return found[0].read_text(errors="replace").splitlines() if len(found) == 1 else []
+
+
 Step = TypeVar("Step", Derived, Logged)
 
 
@@ -245,7 +251,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
         try:
             logs, profile = read_logs(args.logs), load_profile_json(args.profile)
             if args.observations:
-                steps = list(replay_observations(logs.get("router.log", []), profile))
+                lines = logs.get("router.log") or router_log(args.logs)
+                steps = list(replay_observations(lines, profile))
                 lines = [d.line() for d in changes(steps, since)]
             else:
                 lines = [d.line() for d in changes(replay(logs, profile), since)]

@@ -104,3 +104,13 @@ def test_observations_need_a_debug_log(tmp_path: Path) -> None:
     (tmp_path / "router.log").write_text("2026-12-05 21:46:18,761 INFO dynspec.router.pool: x\n")
     with pytest.raises(ValueError, match="--log-level debug"):
         list(replay.replay_observations(replay.read_logs(tmp_path)["router.log"], None))
+
+
+def test_a_bench_runs_router_log_is_found_by_its_name(tmp_path: Path) -> None:
+    """A bench run's folder names its router's log router-WAY.log: --observations reads the one
+    there is."""
+    lines = replay.read_logs(DAY / "logs.tar.gz")["router.log"]
+    (tmp_path / "router-routed.log").write_text("\n".join(lines[:4000]) + "\n")
+    assert replay.router_log(tmp_path)[:3] == lines[:3]
+    (tmp_path / "router-other.log").write_text("")
+    assert replay.router_log(tmp_path) == []  # two: which one is not guessed
