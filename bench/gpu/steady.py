@@ -13,7 +13,7 @@ import json
 import shlex
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -309,22 +309,38 @@ def stop_all(
     run.meta["compute_apps_after"] = compute_apps(header=False)[1]
 
 
-def begin_launch(
-    run: Run, targets: Sequence[Any], jsonl: Path, levels: Sequence[int], launch: Sequence[str]
+def record_launch(
+    run: Run, launch: Sequence[str], resume: Callable[[Path], tuple[int, int]]
 ) -> int:
     """This launch's entry in ``meta["launches"]``, and its number (from 1). Going on from an
-    earlier command's results (``run.resumed_from``), first its sweep's records of whole groups
-    (``complete_groups``: a group left in part is measured again whole, in this launch) and its
-    calibration files into the results."""
-    from dynspec.bench.report import append_jsonl, load_jsonl
-    from dynspec.bench.sweep import complete_groups, pending, point
-
+    earlier command's results (``run.resumed_from``: its launch must be this one's), ``resume``
+    keeps the records of its whole groups in the results and returns (kept, dropped); its
+    calibration files are copied too. Each plan's ``begin_launch`` says what a group is."""
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     entry: dict[str, Any] = {"tag": run.tag, "started": started,
                              "commit": run.meta.get("commit"), "records_kept": 0}  # fmt: skip
     folder = run.resumed_from
     if folder is not None:
         same_servers(run.meta.get("launch_argv"), launch)
+        kept, dropped = resume(folder)
+        for f in sorted(folder.glob("calibration-*.json")):
+            (run.results / f.name).write_bytes(f.read_bytes())
+        entry.update(resumed_from=str(folder), records_kept=kept, records_dropped=dropped)
+    launches = run.meta.setdefault("launches", [])
+    launches.append(entry)
+    return len(launches)
+
+
+def begin_launch(
+    run: Run, targets: Sequence[Any], jsonl: Path, levels: Sequence[int], launch: Sequence[str]
+) -> int:
+    """``record_launch`` for a sweep: going on from an earlier command's results, its records of
+    whole groups (``complete_groups``: a group left in part is measured again whole, in this
+    launch)."""
+    from dynspec.bench.report import append_jsonl, load_jsonl
+    from dynspec.bench.sweep import complete_groups, pending, point
+
+    def resume(folder: Path) -> tuple[int, int]:
         cfg = sweep_config(run, levels, None)
         try:
             rows = load_jsonl(folder / jsonl.name)
@@ -334,18 +350,15 @@ def begin_launch(
         jsonl.unlink(missing_ok=True)
         for r in kept:
             append_jsonl(jsonl, r)
-        for f in sorted(folder.glob("calibration-*.json")):
-            (run.results / f.name).write_bytes(f.read_bytes())
         dropped = len(rows) - len(kept)  # the records of groups kept in part
         groups = {point(r)[1:] for r in rows} - {point(r)[1:] for r in kept}
         left = len(pending(targets, cfg, None, kept))
         part = "a partial group" if len(groups) == 1 else f"{len(groups)} partial groups"
         what = f", {dropped} of {part} dropped (measured again whole)" if dropped else ""
         run.say(f"resuming from {folder}: {len(kept)} points kept{what}, {left} left")
-        entry.update(resumed_from=str(folder), records_kept=len(kept), records_dropped=dropped)
-    launches = run.meta.setdefault("launches", [])
-    launches.append(entry)
-    return len(launches)
+        return len(kept), dropped
+
+    return record_launch(run, launch, resume)
 
 
 _WHERE = ("--model-path", "--draft-model-path", "--log-dir", "--startup-timeout")

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from dynspec.bench import arrivals
 from dynspec.bench.gpu.attempt import keep_session
 from dynspec.bench.gpu.leftovers import compute_apps
-from dynspec.bench.gpu.steady import copy_calibration, same_servers, stop_all
+from dynspec.bench.gpu.steady import copy_calibration, record_launch, stop_all
 from dynspec.bench.gpu.toolkit import (
     Run,
     RunFailed,
@@ -264,29 +264,22 @@ def settle_peak(run: Run, plan: TrafficPlan) -> float:
 
 
 def begin_launch(run: Run, out: Path, launch: Sequence[str]) -> int:
-    """This launch's entry in ``meta["launches"]`` and its number (from 1); going on from an
-    earlier command's results (``--resume-from``), first its whole groups into ``out``."""
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    entry: dict[str, Any] = {"tag": run.tag, "started": started,
-                             "commit": run.meta.get("commit"), "records_kept": 0}  # fmt: skip
-    folder = run.resumed_from
-    if folder is not None:
-        same_servers(run.meta.get("launch_argv"), launch)
+    """``steady.record_launch`` for the traffic runs: going on from an earlier command's results
+    (``--resume-from``), first its whole groups into ``out``."""
+
+    def resume(folder: Path) -> tuple[int, int]:
         try:
             lines = (folder / RESULTS).read_text().splitlines()
             kept = whole_groups(lines, TARGETS)
         except (OSError, ValueError, KeyError) as exc:
             raise RunFailed(f"--resume-from: {exc}") from None
         out.write_text("".join(ln + "\n" for ln in kept))
-        for f in sorted(folder.glob("calibration-*.json")):
-            (run.results / f.name).write_bytes(f.read_bytes())
         dropped = len([ln for ln in lines if ln.strip()]) - len(kept)
         run.say(f"resuming from {folder}: {len(kept)} records kept, {dropped} dropped (of "
                 "groups run in part: run again whole)")  # fmt: skip
-        entry.update(resumed_from=str(folder), records_kept=len(kept), records_dropped=dropped)
-    launches = run.meta.setdefault("launches", [])
-    launches.append(entry)
-    return len(launches)
+        return len(kept), dropped
+
+    return record_launch(run, launch, resume)
 
 
 def plan_launch(run: Run, models: Path, plan: TrafficPlan) -> list[str]:
