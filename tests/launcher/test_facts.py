@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from launch_cases import LLAMA_8B
 
 from dynspec.launcher import probe
 from dynspec.launcher.config import load_config
@@ -50,18 +51,7 @@ def test_split_gpus_given_asks_nothing(asked: list[str]) -> None:
 
 
 def test_shared_gpus_read_memory_and_the_local_model(tmp_path: Path, asked: list[str]) -> None:
-    (tmp_path / "config.json").write_text(
-        json.dumps(
-            {
-                "vocab_size": 128256,
-                "hidden_size": 4096,
-                "intermediate_size": 14336,
-                "num_hidden_layers": 32,
-                "num_attention_heads": 32,
-                "num_key_value_heads": 8,
-            }
-        )
-    )
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
     (tmp_path / "w.safetensors").write_bytes(b"x" * 100)
     argv = ["--gpus", "0-1", "--layout", "paired", "--model-path", str(tmp_path), "--no-preflight"]
     found = discover(load_config([*argv, "--draft-model-path", "org/d"], {}))
