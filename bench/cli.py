@@ -40,13 +40,8 @@ COMMANDS = {
     ),
     "profile": Command("turn a measured sweep into a dynspec-sim profile", "cli_profile"),
     "envelope": Command(
-        "simulated servers + routers: does routing follow the better server? (--eight-gpus)",
+        "simulated: eight GPUs seven ways, split, paired and homogeneous (--eight-gpus)",
         "cli_envelope",
-        True,
-    ),
-    "ramp": Command(
-        "simulated load ramp: routers learning from nothing vs seeded with the profile",
-        "cli_ramp",
         True,
     ),
     "replicas": Command(

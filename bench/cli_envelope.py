@@ -1,6 +1,6 @@
-"""``dynspec-bench envelope``: simulated servers + routers. Plain: one EAGLE and one baseline
-server and one router (bench/envelope.py); ``--eight-gpus``: the same eight GPUs used seven ways
-(bench/envelope8.py, bench/envelope8_report.py)."""
+"""``dynspec-bench envelope --eight-gpus``: simulated servers + routers, the same eight GPUs used
+seven ways (bench/envelope8.py, bench/envelope8_report.py). The single-pair envelope (without
+``--eight-gpus``) is retired: its code and results are in git history, last at b22afdf."""
 
 from __future__ import annotations
 
@@ -32,11 +32,14 @@ if TYPE_CHECKING:
     from dynspec.bench.report import Record
 
 DESCRIPTION = (
-    "Start an EAGLE and a baseline dynspec-sim and a dynspec-router on free loopback "
-    "ports; sweep each server alone, pick the threshold with suggest-threshold, sweep "
-    "the router, and report routed vs the better server at each concurrency "
-    "(goal: tok/s >= 0.95x, p50 TPOT <= 1.05x). With --eight-gpus, the same eight GPUs "
-    "seven ways (split, paired, homogeneous pairs). Writes OUT.jsonl, OUT.md, OUT.png."
+    "With --eight-gpus: start simulated servers and dynspec-routers on free loopback ports and "
+    "compare the same eight GPUs used seven ways (split, paired, homogeneous pairs). Writes "
+    "OUT.jsonl, OUT.md, OUT.png. (Without --eight-gpus, one pair: retired, in git history at "
+    "b22afdf.)"
+)
+RETIRED = (
+    "the single-pair envelope (without --eight-gpus) is retired: its code and results are in git "
+    "history at b22afdf; run --eight-gpus"
 )
 
 
@@ -110,9 +113,11 @@ def add_arguments(p: FlagParser) -> None:
 
 
 def _report_of(records: Sequence[Record]) -> Any:
-    from dynspec.bench import envelope, envelope8_report
+    from dynspec.bench import envelope8_report
 
-    return envelope8_report if envelope8_report.is_eight_gpus(records) else envelope
+    if not envelope8_report.is_eight_gpus(records):
+        raise UsageError(RETIRED)
+    return envelope8_report
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,18 +126,9 @@ def run(args: argparse.Namespace) -> int:
     if args.from_jsonl is not None:
         return rerender(args.from_jsonl, _report_of)
     prof = sim_profile(args)
-    progress = ProgressLine(enabled=not args.no_progress)
-    if args.eight_gpus:
-        return _eight_gpus(args, prof.name, progress)
-    if args.repeats != 1 or args.calibrated:
-        raise UsageError("--repeats, --calibrated: only with --eight-gpus")
-    from dynspec.bench import envelope
-
-    out = out_path(args, f"envelope-{prof.name}")
-    cfg = envelope.EnvelopeConfig(
-        **_same(args), sweep=sweep_config(args), out=out, command=args.command_line
-    )
-    return run_then_report(lambda: envelope.run(cfg, progress), out, "levels", envelope)
+    if not args.eight_gpus:
+        raise UsageError(RETIRED)
+    return _eight_gpus(args, prof.name, ProgressLine(enabled=not args.no_progress))
 
 
 def _same(args: argparse.Namespace, more: str = "") -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The one home of what every simulated experiment (envelope, eight GPUs, ramp, replicas) does
+"""The one home of what every simulated experiment (eight GPUs, replicas, traffic) does
 around its load: start ``dynspec-sim`` servers (on GPUs of their own or two on a shared GPU) and
 the ``dynspec-router``s that ``ways.py`` plans, on free loopback ports, wait until they are
 healthy, stop their process groups, write the router's ``--speed-profile`` at the simulators'

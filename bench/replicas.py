@@ -3,7 +3,7 @@ as one router does? (issue 19 item 2)
 
 Per layout (``ways.REPLICA_LAYOUTS``) and variant (``ways.REPLICA_VARIANTS``), on fresh simulated
 servers: the sweep's levels with every request sent to the next replica in turn (``load.spread``),
-then a ramp (``ramp.drive``); what is recorded and why: docs/benchmarks.md, "Router replicas".
+then a ramp (``drive``); what is recorded and why: docs/benchmarks.md, "Router replicas".
 The analysis and the report are ``replicas_report.py``. Everything is SIMULATED.
 """
 
@@ -14,6 +14,7 @@ import dataclasses
 import datetime as dt
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from dynspec.bench import harness, load, ramp, threshold, ways
+from dynspec.bench import harness, load, metrics, threshold, ways
 from dynspec.bench.load import Prompts, Target
 from dynspec.bench.metrics import RequestTrace
 from dynspec.bench.report import Record, append_jsonl
@@ -147,6 +148,116 @@ def _diff(after: Sequence[dict[str, int]], before: Sequence[dict[str, int]]) -> 
     return [a - b for a, b in zip(_totals(after), _totals(before), strict=True)]
 
 
+# ---- the ramp: closed-loop concurrency stepped 1 -> peak -> 1 ----------------------------------
+
+
+def schedule(peak: int, cycles: int) -> list[tuple[int, int]]:
+    """``(cycle, concurrency)`` per step: 1, 2, 4 ... peak ... 2, 1, then again from 2 (pure).
+
+    Powers of two up to ``peak`` (``peak`` itself is the top step even when it is not one).
+    """
+    if peak < 1 or cycles < 1:
+        raise ValueError("peak and cycles must be >= 1")
+    up = [1 << k for k in range(peak.bit_length()) if (1 << k) < peak] + [peak]
+    one = up + up[-2::-1]
+    steps = [(1, c) for c in one]
+    for k in range(2, cycles + 1):
+        steps += [(k, c) for c in one[1:]]
+    return steps
+
+
+async def drive(
+    session: aiohttp.ClientSession,
+    target: Target,
+    model: str,
+    prompts: load.Prompts,
+    *,
+    steps: Sequence[int],
+    step_seconds: float,
+    replicas: Sequence[Target] = (),
+) -> tuple[list[RequestTrace], list[tuple[float, float]]]:
+    """Closed-loop clients whose number follows ``steps``; returns every request's trace and
+    each step's ``(start, end)`` (``perf_counter`` seconds). Ends after the last step: requests
+    still in flight are cancelled then (the server aborts them), so the run is bounded in time.
+    With ``replicas``, requests go round-robin over them (``load.spread``)."""
+    clients = load.ClosedLoop(session, target, model, prompts, replicas)
+    windows: list[tuple[float, float]] = []
+    try:
+        for c in steps:
+            start = time.perf_counter()
+            clients.set(c)
+            await asyncio.sleep(max(0.0, start + step_seconds - time.perf_counter()))
+            windows.append((start, time.perf_counter()))
+    finally:
+        await clients.stop()
+    return clients.traces, windows
+
+
+def step_record(
+    traces: Sequence[RequestTrace], start: float, end: float, per_chunk: float
+) -> dict[str, Any]:
+    """bench_serving-named figures of one window: tokens delivered inside it, and latencies of
+    the requests that finished inside it."""
+    win = metrics.window(traces, start, end, tokens_per_chunk=per_chunk)
+    done = [t for t in traces if t.success and start <= t.end < end]
+    tpots = [(t.latency - t.ttft) / (t.output_tokens - 1) for t in done if t.output_tokens > 1]
+    ttfts = [t.ttft for t in done]
+    failed = sum(1 for t in traces if not t.success and t.error and start <= t.end < end)
+    length = max(end - start, 1e-9)
+    rec: dict[str, Any] = {
+        "duration": length,
+        "completed": len(done),
+        "failed": failed,
+        "total_output_tokens": round(win.output_tokens),
+        "output_throughput": win.output_tokens / length,
+        "request_throughput": len(done) / length,
+        "concurrency": win.busy / length,
+        "median_tpot_ms": 1000.0 * metrics.percentile(tpots, 50) if tpots else None,
+        "p90_tpot_ms": 1000.0 * metrics.percentile(tpots, 90) if tpots else None,
+        "median_ttft_ms": 1000.0 * metrics.percentile(ttfts, 50) if ttfts else None,
+        "p99_ttft_ms": 1000.0 * metrics.percentile(ttfts, 99) if ttfts else None,
+    }
+    pools = Counter(t.backend for t in done if t.backend)
+    if pools:
+        n = sum(pools.values())
+        rec["backend_share"] = {k: v / n for k, v in sorted(pools.items())}
+    return rec
+
+
+def records_of(
+    variant: str,
+    plan: Sequence[tuple[int, int]],
+    traces: Sequence[RequestTrace],
+    windows: Sequence[tuple[float, float]],
+    extra: dict[str, Any],
+) -> list[Record]:
+    """One record per step and one per cycle (``"scope": "cycle"``)."""
+    ok = [t for t in traces if t.success]
+    chunks = sum(len(t.chunk_times) for t in ok)
+    per_chunk = sum(t.output_tokens for t in ok) / chunks if chunks else 1.0
+    t0 = windows[0][0] if windows else 0.0
+    out: list[Record] = []
+    for i, ((cycle, c), (a, b)) in enumerate(zip(plan, windows, strict=False)):
+        rec: Record = {"target": variant, "scope": "step", "step": i, "cycle": cycle}
+        rec["max_concurrency"] = c
+        rec["step_start_s"] = a - t0
+        rec.update(step_record(traces, a, b, per_chunk))
+        rec.update(extra)
+        out.append(rec)
+    for cycle in sorted({k for k, _ in plan}):
+        spans = [w for (k, _), w in zip(plan, windows, strict=False) if k == cycle]
+        if not spans:
+            continue
+        a, b = spans[0][0], spans[-1][1]
+        rec = {"target": variant, "scope": "cycle", "cycle": cycle}
+        rec["max_concurrency"] = max(c for k, c in plan if k == cycle)
+        rec["step_start_s"] = a - t0
+        rec.update(step_record(traces, a, b, per_chunk))
+        rec.update(extra)
+        out.append(rec)
+    return out
+
+
 # ---- one run: fresh servers and routers, the levels, the ramp -----------------------------------
 
 
@@ -168,7 +279,7 @@ async def _measure(
     run: _Run, cfg: ReplicasConfig, prompts: Prompts, progress: ProgressLine
 ) -> list[Record]:
     """The levels (the sweep's, every replica behind the variant's name), then the ramp."""
-    steps = ramp.schedule(cfg.peak, cfg.cycles)
+    steps = schedule(cfg.peak, cfg.cycles)
     replicas = tuple(Target(f"{run.variant}-{k}", u) for k, u in enumerate(run.urls))
     named = Target(run.variant, run.urls[0], replicas=replicas)
     scfg = dataclasses.replace(cfg.sweep, extra={**cfg.sweep.extra, **run.extra, "scope": "level"})
@@ -184,7 +295,7 @@ async def _measure(
         model = await load.model_name(session, replicas[0])
         before = await _switches(session, run.urls)
         progress.begin(f"{run.layout} {run.variant} ramp 1..{cfg.peak}")
-        traces, windows = await ramp.drive(
+        traces, windows = await drive(
             session,
             replicas[0],
             model,
@@ -197,7 +308,7 @@ async def _measure(
         ended = time.perf_counter()
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     more = {**run.extra, "loadavg_1m": harness.load_average(), "timestamp": stamp}
-    ramped = ramp.records_of(run.variant, steps, traces, windows, more)
+    ramped = records_of(run.variant, steps, traces, windows, more)
     moved = switch_load(traces, windows, [c for _, c in steps])
     summary: Record = {
         "target": run.variant,

@@ -1,4 +1,4 @@
-"""What the simulated experiments' reports share (envelope, eight GPUs, ramp, replicas): table
+"""What the simulated experiments' reports share (eight GPUs, replicas, traffic): table
 cells, records in model time, what the profile predicts and the table that holds the simulators
 to it, the header lines (profile, machine, code, prompts), the threshold suggestion and the
 figure. Pure but for the figure's file.

@@ -1,6 +1,7 @@
 """The experiments' ways and variants: their names, the simulated servers each needs and the
-router each runs (pure, and loading nothing heavy: the CLI validates ``--ways`` and ``--variants``
-with them before the load modules are imported). ``harness.py`` starts what they plan.
+router each runs (pure, and loading nothing heavy: the CLI validates ``--ways``, ``--layouts``
+and ``--variants`` with them before the load modules are imported). ``harness.py`` starts what
+they plan.
 
 Which servers an eight-GPU way runs on is its server set (``server_set``, planned by
 ``plan_servers``): a way whose router learns from its servers (``LEARNING``) has servers of its
@@ -35,13 +36,6 @@ LEARNING = ("split-balance", "paired-auto")
 SHARED = "shared"  # the server set of the ways that learn nothing
 SHARING = ("timeslice", "mps")
 
-# The ramp's routers (bench/ramp.py), and which is held against which (learning, seeded, within).
-RAMP_VARIANTS = ("balance-learning", "balance-profile", "paired-auto", "paired-auto-seeded")
-RAMP_PAIRS = (
-    ("balance-learning", "balance-profile", 0.10),
-    ("paired-auto", "paired-auto-seeded", 0.05),
-)
-
 # Several routers in front of the same servers (bench/replicas.py): the layouts, each run as the
 # eight-GPU way of that layout with a set threshold, and the variants: how many router replicas
 # and which load each compares with the threshold (``--load-signal``).
@@ -50,24 +44,17 @@ REPLICA_VARIANTS = {"1-router": (1, "local"), "3-local": (3, "local"), "3-server
 REPLICA_REFERENCE = "1-router"
 
 
-def _some_of(text: str, known: tuple[str, ...], once: bool = False) -> list[str]:
-    """Names from ``known``, comma-separated: in ``known``'s order, or (``once``) each at most
-    once in the order given."""
+def _some_of(text: str, known: tuple[str, ...]) -> list[str]:
+    """Names from ``known``, comma-separated, in ``known``'s order."""
     names = [n for n in text.replace(" ", "").split(",") if n]
-    if not names or any(n not in known for n in names) or (once and len(set(names)) < len(names)):
-        each = ", each once" if once else ""
-        raise argparse.ArgumentTypeError(f"expected some of {','.join(known)}{each}, got {text!r}")
-    return names if once else [n for n in known if n in names]
+    if not names or any(n not in known for n in names):
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(known)}, got {text!r}")
+    return [n for n in known if n in names]
 
 
 def parse_ways(text: str) -> list[str]:
     """``--ways``: some of EIGHT_WAYS, run in EIGHT_WAYS' order."""
     return _some_of(text, EIGHT_WAYS)
-
-
-def parse_variants(text: str) -> list[str]:
-    """``ramp --variants``: some of RAMP_VARIANTS, each once, run in the order given."""
-    return _some_of(text, RAMP_VARIANTS, once=True)
 
 
 def parse_layouts(text: str) -> list[str]:
@@ -225,18 +212,3 @@ def replica_router(
     if signal == "servers" and load_interval is not None:
         more += ("--load-interval", repr(load_interval))
     return replace(r, settings=r.settings + more)
-
-
-def variant_router(
-    variant: str, servers: Servers, *, profile: Path, metrics_interval: float | None = None
-) -> Router:
-    """The ramp's router of one variant: ``balance-*`` over the split servers, ``paired-auto*``
-    over one shared GPU with ``--threshold auto``; ``-profile`` and ``-seeded`` add
-    ``--speed-profile``."""
-    seeded = profile if variant in ("balance-profile", "paired-auto-seeded") else None
-    options = _options(seeded, metrics_interval)
-    if variant.startswith("paired-auto"):
-        if not servers.shared_gpus:
-            raise ValueError(f"{variant} needs a shared GPU")
-        return Router(_shared(servers, 1), ("--threshold", "auto", *options))
-    return Router(_split(servers.eagle[0], servers.baseline[0]), ("--policy", "balance", *options))

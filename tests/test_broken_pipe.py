@@ -12,7 +12,7 @@ import pytest
 from dynspec.common.cli import READER_GONE
 
 ROOT = Path(__file__).parents[1]
-SWEEP = str(ROOT / "bench" / "results" / "envelope-demo.jsonl")
+SWEEP = str(ROOT / "bench" / "results" / "h200" / "h200-8b.jsonl")
 PYTHON = [sys.executable, "-m"]
 
 COMMANDS = {

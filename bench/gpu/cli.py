@@ -19,7 +19,6 @@ from dynspec.common.cli import (
     add_log_level,
     configure_logging,
     non_negative_float,
-    non_negative_int,
     port,
     positive_float,
     positive_int,
@@ -33,7 +32,7 @@ PROG = "dynspec-bench gpu"
 COMMANDS = {
     "bundle": "build sgl-site.tar.xz: SGLang 0.5.17 for a GPU machine without a package index",
     "models": "build the random 8B-shaped target and the EAGLE-3 drafts (needs torch)",
-    "run": "one bounded attempt on one GPU: launcher, router checks, sweeps (see --help)",
+    "run": "one bounded attempt of one plan on a GPU machine (see --help)",
     "report": "the README tables of the pair (or --eight) plans from their sweep JSONL files",
 }
 
@@ -144,9 +143,9 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
 
 def plan_body(args: argparse.Namespace) -> Body:
     """The plan's part of the attempt: ``body(run, models, session) -> exit code``."""
-    from dynspec.bench.gpu.toolkit import LEVELS, PAIR_LEVELS
+    from dynspec.bench.gpu.toolkit import PAIR_LEVELS
 
-    levels = args.levels or parse_levels(LEVELS if args.plan in ("main", "levels") else PAIR_LEVELS)
+    levels = args.levels or parse_levels(PAIR_LEVELS)
     if args.plan == "traffic":
         from dynspec.bench.gpu import trafficplan
 
@@ -181,58 +180,35 @@ def plan_body(args: argparse.Namespace) -> Body:
         return lambda run, models, _s: plan_kill(
             run, models, concurrency=args.concurrency, kills=args.kills
         )
-    if args.plan == "eight":
-        from dynspec.bench.gpu.eight import plan_eight
+    from dynspec.bench.gpu.eight import plan_eight
 
-        return lambda run, models, _s: plan_eight(
-            run, models, args.layout, levels=levels, draft=args.draft,
-            start_timeout=args.start_timeout,
-        )  # fmt: skip
-    if args.plan == "main":
-        from dynspec.bench.gpu.mainplan import plan_main
-
-        return lambda run, models, _s: plan_main(
-            run, models, args.deploy, levels=levels,
-            threshold=int(args.threshold or 32), hysteresis=args.hysteresis,
-        )  # fmt: skip
-    from dynspec.bench.gpu.levels import plan_levels
-
-    return lambda run, models, _s: plan_levels(
-        run, models, levels, args.start_timeout, args.servers
-    )
+    return lambda run, models, _s: plan_eight(
+        run, models, args.layout, levels=levels, draft=args.draft,
+        start_timeout=args.start_timeout,
+    )  # fmt: skip
 
 
-PLANS = ("main", "levels", "pair-a", "pair-b", "router-cost", "eight", "kill", "traffic")
+# Retired, with their results, to git history (last at b22afdf): main (the router checks and
+# sweeps through dynspec-launch --gpus 0) and levels (EAGLE-3 variants alone).
+PLANS = ("pair-a", "pair-b", "router-cost", "eight", "kill", "traffic")
 KILL_SERVERS = ("eagle", "baseline")
 EIGHT_LAYOUTS = ("build", "split", "paired", "paired-mps", "2x-eagle", "2x-baseline", "2x-adaptive")
 RUN_HELP = """One bounded attempt on a GPU machine (at most --budget seconds; the levels are the
 steady instrument's: --requests-per-c x C requests and --min-seconds each, after a warm pass,
-targets interleaved, --repeats runs of each point). Plans: main (router checks and sweeps),
-levels (EAGLE-3 variants alone), pair-a / pair-b (one GPU = one pair behind --threshold auto,
-calibrated at launch; pair-b with --mps), router-cost (the router against the EAGLE server's own
-port), eight (eight GPUs, one --layout a command), kill (SIGKILL a server under load), traffic
-(open-loop arrivals, a compressed day and constant rates, against the pair-b launch: the routed
-pair and each server alone; over several --keep commands, see --dry-run)."""
+targets interleaved, --repeats runs of each point). Plans: pair-a / pair-b (one GPU = one pair
+behind --threshold auto, calibrated at launch; pair-b with --mps), router-cost (the router against
+the EAGLE server's own port), eight (eight GPUs, one --layout a command), kill (SIGKILL a server
+under load), traffic (open-loop arrivals, a compressed day and constant rates, against the pair-b
+launch: the routed pair and each server alone; over several --keep commands, see --dry-run)."""
 
 
 def drafts(args: argparse.Namespace) -> tuple[str, ...]:
     """The EAGLE drafts the plan's servers load (built unless --models is given)."""
-    from dynspec.bench.gpu.toolkit import PROG as RUN_PROG
-    from dynspec.bench.gpu.toolkit import RunFailed
-
     if args.plan == "eight":
         return ()  # the eight plan's build layout makes its own models
     if args.plan == "traffic":
         return (args.draft,)
-    if args.plan != "levels":
-        return ("hi",)
-    from dynspec.bench.gpu.levels import level_servers
-
-    try:
-        return tuple(d for _, d, _ in level_servers(args.servers))
-    except RunFailed as exc:
-        print(f"{RUN_PROG}: error: {exc}", file=sys.stderr)
-        sys.exit(1)
+    return ("hi",)
 
 
 def dry_run(args: argparse.Namespace) -> str:
@@ -295,13 +271,13 @@ def _ports(text: str) -> tuple[int, int, int]:
 
 
 def run_parser() -> FlagParser:
-    from dynspec.bench.gpu.toolkit import LEVELS, Steady
+    from dynspec.bench.gpu.toolkit import PAIR_LEVELS, Steady
     from dynspec.bench.gpu.toolkit import PROG as RUN_PROG
 
     steady = Steady()  # the plans' defaults are the flags' defaults: one record of them
 
     p = FlagParser(prog=RUN_PROG, description=RUN_HELP)
-    p.add_argument("--plan", choices=PLANS, default="main", help="what to run")
+    p.add_argument("--plan", choices=PLANS, required=True, help="what to run")
     p.add_argument("--bundle", type=Path, help="sgl-site.tar.xz (default: the installed SGLang)")
     p.add_argument("--out", type=Path, required=True, help="results folder")
     p.add_argument("--work", type=Path, default=Path("/tmp/dynspec-gpu"), help="models, site")
@@ -311,16 +287,12 @@ def run_parser() -> FlagParser:
     p.add_argument(
         "--levels",
         type=parse_levels,
-        help=f"sweep concurrency levels (default {LEVELS}; pair-*, eight: to 256; router-cost: "
-        "16,64,128,256)",
+        help=f"sweep concurrency levels (default {PAIR_LEVELS}; router-cost: 16,64,128,256)",
     )
     p.add_argument(
         "--threshold",
         type=_threshold,
-        help="router threshold: N or auto (default: 32 for main, auto for pair-* and traffic)",
-    )
-    p.add_argument(
-        "--hysteresis", type=non_negative_int, default=8, help="router hysteresis (main)"
+        help="router threshold: N or auto (default: auto for pair-* and traffic)",
     )
     p.add_argument(
         "--repeats",
@@ -403,14 +375,7 @@ def run_parser() -> FlagParser:
     p.add_argument(
         "--start-timeout", type=positive_float, default=240.0, help="seconds per server start"
     )
-    p.add_argument(
-        "--deploy",
-        type=Path,
-        default=Path(__file__).resolve().parents[2] / "deploy",
-        help="the dashboard and alerts whose sglang:* metric names are checked",
-    )
     p.add_argument("--models", type=Path, help="prebuilt models (default: build into --work)")
-    p.add_argument("--servers", help="levels plan: which EAGLE servers (default: all, in order)")
     p.add_argument(
         "--ports", type=_ports, default="8000,30001,30002", help="router, EAGLE, baseline ports"
     )

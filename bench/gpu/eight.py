@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dynspec.bench.gpu import models70b
-from dynspec.bench.gpu.levels import ADAPTIVE_CONFIG, ADAPTIVE_FILE
 from dynspec.bench.gpu.steady import learned
 from dynspec.bench.gpu.steadyreport import markdown, read
 from dynspec.bench.gpu.toolkit import (
@@ -42,6 +41,16 @@ TITLE = "Eight H200s, SGLang 0.5.17, random 70B (tp 4)"
 NO_MULTICAST = {k: FIXED_ENV[k] for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
                                           "NVSHMEM_DISABLE_NVLS")}  # fmt: skip
 SERVER_ARGS = "--max-running-requests 128 --cuda-graph-max-bs-decode 128"
+# SGLang 0.5.17's default adaptive tiers (by running batch size: candidate draft steps; no drafting
+# from 64 up), with the steps capped at the 3 the other EAGLE servers run: with the default's 7
+# and 4 draft tokens, 0.5.17 hit an illegal memory access capturing the 7-step draft graphs.
+ADAPTIVE_CONFIG = {
+    "1": {"candidate_steps": [1, 3], "up_hysteresis": 0.0, "down_hysteresis": -0.25},
+    "8": {"candidate_steps": [0, 1, 3], "up_hysteresis": 0.0, "down_hysteresis": 0.0},
+    "32": {"candidate_steps": [0, 1], "up_hysteresis": 0.0, "down_hysteresis": 0.0},
+    "64": {"candidate_steps": [0], "up_hysteresis": 0.0, "down_hysteresis": 0.0},
+}
+ADAPTIVE_FILE = "{work}/adaptive.json"
 
 
 @dataclass

@@ -2,7 +2,7 @@
 set-up (the SGLang bundle, the test models), ``dynspec-launch`` started and stopped, and the
 steady-state sweep every plan measures with (``Steady``).
 
-Every plan module (``mainplan``, ``levels``, ``steady``, ``kill``, ``eight``) imports this one
+Every plan module (``steady``, ``kill``, ``eight``, ``trafficplan``) imports this one
 (``steady`` also ``attempt``'s session calls, ``eight`` a few of its siblings' helpers);
 ``attempt.py`` runs one device command around a plan; ``cli.py`` imports the plans and the
 attempt. Nothing here imports a plan, so there is no import loop.
@@ -51,15 +51,14 @@ SGLANG_ARGS = (
 )
 EAGLE_STEPS = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1")
 EAGLE_STEPS_ALL = (*EAGLE_STEPS, "--speculative-num-draft-tokens", "4")
-LEVELS = "1,2,4,8,16,32,64,128"
 PAIR_LEVELS = "1,2,4,8,16,32,64,128,256"
 SERVED = "llama8b-random"
 
-# Measured on the H200 (bench/results/h200/run-main.json, run-levels-*.json, kill/): the bundle
-# unpack, SGLang's import probe and the 8B models take about 50 s (68 s in kill-attempt-1);
-# dynspec-launch --gpus 0 was ready after 207 s (EAGLE first, then the baseline; a cold EAGLE
-# start alone took over 142 s, ~75 s of it compiling kernels for its verify graphs); the
-# launcher's SIGINT stop and the results ~25 s.
+# Measured on the H200 (the retired main and levels plans' run-*.json, at b22afdf, and kill/):
+# the bundle unpack, SGLang's import probe and the 8B models take about 50 s (68 s in
+# kill-attempt-1); dynspec-launch --gpus 0 was ready after 207 s (EAGLE first, then the
+# baseline; a cold EAGLE start alone took over 142 s, ~75 s of it compiling kernels for its
+# verify graphs); the launcher's SIGINT stop and the results ~25 s.
 SETUP_S = 60.0
 LAUNCH_S = 210.0
 STOP_S = 25.0
@@ -409,31 +408,6 @@ def sweep(
         run.say(f"{len(left)} points left (the budget): the next command with --keep resumes; "
                 "on a fresh machine, --resume-from this command's results")  # fmt: skip
     return not left
-
-
-def pending_points(
-    run: Run, targets: Sequence[Any], out: Path, levels: Sequence[int]
-) -> list[tuple[str, int, int]]:
-    """The (target, level, repeat) points of the sweep not in ``out`` yet."""
-    from dynspec.bench.sweep import pending
-
-    return pending(targets, sweep_config(run, levels, None), out)
-
-
-def accept_probe(run: Run, server: str) -> dict[str, float | None]:
-    """Short load at C=4, then SGLang's own ``sglang:spec_accept_length`` gauge."""
-    argv = [run.python, "-m", "dynspec.bench", "sweep", "--url", server, "--concurrency", "4"]
-    argv += ["--requests", "16", "--warmup", "4", "--output-len", "128", "--no-progress"]
-    argv += ["--out", str(run.work / f"probe-{time.monotonic_ns()}.jsonl")]
-    proc = run.spawn("probe", argv, run.logs / "sweep.log")
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(max(1.0, min(90.0, run.left())))
-    run.stop(proc)
-    text = fetch(f"{server}/metrics")
-    return {
-        "spec_accept_length": gauge(text, "sglang:spec_accept_length"),
-        "spec_accept_rate": gauge(text, "sglang:spec_accept_rate"),
-    }
 
 
 def last_line_of(text: str) -> str:

@@ -164,7 +164,7 @@ def capacity(profile: Mapping[str, Any], output_len: int) -> Capacity:
     rounded to 0.1 req/s. With the H200's
     pair-b-interval4 calibration: EAGLE 9,457 x 0.75 / 128 = 55.4, the baseline 9,722 x 0.935 /
     128 = 71.0, peak 62.7 (1.13x EAGLE's, 0.88x the baseline's). The p54 draft's EAGLE served
-    0.53x the hi draft's at C=128 (sweep-levels: 5,085 tok/s against 9,619): its capacity would
+    0.53x the hi draft's at C=128 (h200-8b.jsonl: 5,085 tok/s against 9,619): its capacity would
     read about 29, the peak about 46 (1.6x EAGLE's)."""
     eagle = top_throughput(profile, "eagle") * EAGLE_SCALE / output_len
     baseline = top_throughput(profile, "baseline") * BASELINE_SCALE / output_len

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dynspec.bench import harness
-from dynspec.bench.ways import Router, Servers, replica_router, variant_router, way_router
+from dynspec.bench.ways import Router, Servers, replica_router, way_router
 from dynspec.launcher.sim.profile import load_profile
 from dynspec.router.config import parse_config
 
@@ -81,9 +81,15 @@ def routers(profile: Path) -> list[tuple[Router, str]]:
             "--load-signal local",
         ),
         (
-            variant_router("paired-auto-seeded", SERVERS, profile=profile),
-            "--pair http://127.0.0.1:9005,http://127.0.0.1:9006 --threshold auto "
-            f"--speed-profile {profile}",
+            way_router(
+                "paired-auto",
+                SERVERS,
+                threshold=7,
+                hysteresis=2,
+                speed_profile=profile,
+                calibrated=True,
+            ),
+            pairs + f"--threshold auto --speed-profile {profile}",
         ),
     ]
 

@@ -3,6 +3,7 @@ as tables (met and missed), the report from its JSONL, bad usage, and one tiny r
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -200,6 +201,51 @@ def test_switches_are_read_per_label() -> None:
         'pair="1",to="eagle"': 2,
     }
     assert replicas.switches_by_label("") == {}
+
+
+@pytest.mark.parametrize(
+    ("peak", "cycles", "steps"),
+    [
+        (1, 1, [(1, 1)]),
+        (4, 1, [(1, 1), (1, 2), (1, 4), (1, 2), (1, 1)]),
+        (6, 1, [(1, 1), (1, 2), (1, 4), (1, 6), (1, 4), (1, 2), (1, 1)]),
+        (
+            4,
+            2,
+            [(1, 1), (1, 2), (1, 4), (1, 2), (1, 1), (2, 2), (2, 4), (2, 2), (2, 1)],
+        ),
+    ],
+)
+def test_ramp_schedule(peak: int, cycles: int, steps: list[tuple[int, int]]) -> None:
+    assert replicas.schedule(peak, cycles) == steps
+    with pytest.raises(ValueError):
+        replicas.schedule(0, 1)
+
+
+def test_ramp_clients_follow_the_steps_and_the_run_ends_on_time(eagle_sim: str) -> None:
+    async def go() -> tuple[list[Any], list[tuple[float, float]]]:
+        async with load.make_session(60) as session:
+            target = Target("sim", eagle_sim)
+            model = await load.model_name(session, target)
+            prompts = load.Prompts(load.random_prompts(16, 16, 16, 0))
+            return await replicas.drive(
+                session, target, model, prompts, steps=[1, 4, 1], step_seconds=1.5
+            )
+
+    traces, windows = asyncio.run(go())
+    assert len(windows) == 3
+    # Each step lasted its time; the run did not wait for requests after the last step.
+    for a, b in windows:
+        assert b - a >= 1.5
+    assert traces and all(t.send <= windows[-1][1] for t in traces)
+    recs = replicas.records_of("1-router", [(1, 1), (1, 4), (1, 1)], traces, windows, {})
+    steps = [r for r in recs if r["scope"] == "step"]
+    assert [r["max_concurrency"] for r in steps] == [1, 4, 1]
+    # At C=4 about four requests are in flight at a time, at C=1 about one.
+    assert 3.0 <= steps[1]["concurrency"] <= 4.05
+    assert steps[0]["concurrency"] <= 1.05
+    assert all(r["completed"] > 0 and r["output_throughput"] > 0 for r in steps)
+    assert [r["cycle"] for r in recs if r["scope"] == "cycle"] == [1]
 
 
 def test_requests_go_round_robin_over_the_replicas() -> None:

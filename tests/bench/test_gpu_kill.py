@@ -172,7 +172,7 @@ def test_dry_run_prints_the_launch_and_each_kill_and_starts_nothing(tmp_path: Pa
     assert ['"threshold": 4' in kills[0], '"threshold": 16' in kills[1]] == [True, True]
     assert sum("dynspec.bench.gpu.killload" in ln for ln in lines) == 2
     assert not (tmp_path / "out").exists()
-    other = gpu_run(tmp_path, "--plan", "main", "--dry-run")
+    other = gpu_run(tmp_path, "--plan", "pair-a", "--dry-run")
     assert other.returncode == 2 and "only the eight, kill and traffic plans" in other.stderr
 
 

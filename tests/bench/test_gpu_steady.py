@@ -360,7 +360,7 @@ def test_resume_from_refuses_another_plans_or_other_settings_results(tmp_path: P
 
 def test_bad_flags_are_usage_errors(tmp_path: Path) -> None:
     ports = f"{free_port()},{free_port()},{free_port()}"
-    bad = [["--plan", "pair-a", "--threshold", "often"], ["--plan", "main", "--keep"]]
+    bad = [["--plan", "pair-a", "--threshold", "often"], ["--plan", "eight", "--keep"]]
     bad += [["--plan", "router-cost", "--router-cost"], ["--plan", "kill", "--sweep-seconds", "5"]]
     bad += [
         ["--plan", "router-cost", "--baseline-from", "64"],
@@ -383,7 +383,7 @@ def test_resume_from_is_a_usage_error_off_the_steady_plans_or_without_their_swee
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "sweep-pair-b.jsonl").write_text("")
     bad = [
-        (["--plan", "main", "--resume-from", str(tmp_path)], "--resume-from: only the pair-a"),
+        (["--plan", "eight", "--resume-from", str(tmp_path)], "--resume-from: only the pair-a"),
         (["--plan", "pair-a", "--resume-from", str(tmp_path / "nope")], "no folder"),
         (["--plan", "pair-a", "--resume-from", str(tmp_path / "other")],
          "holds no sweep-pair-a.jsonl"),
