@@ -63,11 +63,14 @@ class PairChoice:
     reason: str = ""
 
 
-def route_pair(pairs: list[PairView], exclude: frozenset[str] = frozenset()) -> PairChoice:
+def route_pair(
+    pairs: list[PairView], exclude: frozenset[str] = frozenset(), turn: int = 0
+) -> PairChoice:
     """What ``Pools`` does with ``--pair`` groups, as a table: the least loaded group
-    (``least_loaded``), then the threshold policy on that group's snapshot."""
+    (``least_loaded``, ties taken in ``turn``), then the threshold policy on that group's
+    snapshot."""
     snapshots = [p.snapshot() for p in pairs]
-    i = least_loaded(snapshots, exclude)
+    i = least_loaded(snapshots, exclude, turn)
     if i is None:
         return PairChoice(None, None)
     choice = ThresholdPolicy().choose(snapshots[i], exclude)
@@ -104,7 +107,7 @@ def two(e0n: int = 0, b0n: int = 0, e1n: int = 0, b1n: int = 0, **kw: object) ->
 CASES: list[tuple[str, list[PairView], frozenset[str], tuple[int | None, str | None, str, str]]] = [
     ("idle: first pair, eagle", two(), frozenset(), (0, E0, "eagle", "mode")),
     ("least load wins", two(e0n=2, e1n=1), frozenset(), (1, E1, "eagle", "mode")),
-    ("tie goes to the order given", two(e0n=1, e1n=1), frozenset(), (0, E0, "eagle", "mode")),
+    ("a tie, turn 0: the first", two(e0n=1, e1n=1), frozenset(), (0, E0, "eagle", "mode")),
     (
         "pair load counts both servers",
         two(e0n=1, b0n=2, e1n=2),
@@ -183,6 +186,12 @@ def test_route_pair(
     assert isinstance(choice, PairChoice)
     url = choice.server.url if choice.server else None
     assert (choice.pair, url, choice.mode, choice.reason) == expected, case
+
+
+def test_tied_pairs_are_taken_in_turn() -> None:
+    assert [route_pair(two(e0n=1, e1n=1), turn=t).pair for t in range(4)] == [0, 1, 0, 1]
+    # Not a tie: the least loaded whatever the turn.
+    assert [route_pair(two(e0n=2, e1n=1), turn=t).pair for t in range(4)] == [1, 1, 1, 1]
 
 
 def test_pair_reasons_are_the_threshold_policy_s() -> None:
@@ -286,6 +295,42 @@ def test_pools_with_pairs_switch_each_pair_by_its_own_load() -> None:
     lease.release()
 
 
+def test_one_request_at_a_time_goes_to_every_pair_in_turn() -> None:
+    """C=1: each request finds both pairs idle. Ties to the first pair sent all of them to pair
+    0, so pair 1 was never seen at light load and kept its start threshold (simulated
+    ``h200-8b-accept2``, 0.875x the best pair at C=16)."""
+    pools = pair_pools()
+    served = []
+    for _ in range(6):
+        lease = pools.acquire()
+        served.append(lease.group.index)
+        lease.release()
+    assert served == [0, 1, 0, 1, 0, 1]
+
+
+def test_one_request_at_a_time_teaches_every_pair() -> None:
+    """With --threshold auto at C=1, each pair's EAGLE serves and its idle baseline is probed, so
+    every pair learns its own threshold from light load."""
+    now = [0.0]
+    pools = pair_pools(auto=True, clock=now)
+    lr = SpeedLearner(pools.servers, clock=lambda: now[0])
+    now[0] = PROBE_AFTER_S + 1  # nothing learned for a while: every server due a probe
+    seen: dict[str, int] = {}
+    for _ in range(8):
+        lease = pools.acquire()
+        now[0] += 1.0
+        lease.release()
+        seen[lease.server.url] = seen.get(lease.server.url, 0) + 1
+        # EAGLE 10 ms a token, the baseline 30 ms (alone, load 1).
+        tpot = 0.010 if lease.pool == "eagle" else 0.030
+        lr.finished(lease.server.url, 1, stay=tpot * 100, output_tokens=100)
+    assert set(seen) == {E0, B0, E1, B1}
+    lr.rebuild()
+    pools.derive()
+    # Both pairs measured both servers at load 1, EAGLE the faster: each derived its own.
+    assert all(g.settings.threshold == AUTO_START for g in pools.groups)
+
+
 def test_a_lease_knows_whether_its_pair_mate_ran_meanwhile() -> None:
     now = [0.0]
     pools = pair_pools(clock=now)
@@ -294,7 +339,7 @@ def test_a_lease_knows_whether_its_pair_mate_ran_meanwhile() -> None:
     now[0] = 1.0
     a.release()
     assert a.alone
-    # Pair 0 again (both idle: the first), then over its threshold to its baseline server.
+    # Pair 0 again (pair 1 down), then over its threshold to its baseline server.
     pools.groups[1].eagle.healthy = pools.groups[1].baseline.healthy = False
     x, y, z = pools.acquire(), pools.acquire(), pools.acquire()
     assert (x.pool, y.pool, z.pool) == ("eagle", "eagle", "baseline")
