@@ -382,9 +382,10 @@ def test_threshold_auto_learns_per_pair_and_an_operator_turns_it_off() -> None:
 
 
 def test_a_load_past_a_bound_held_threshold_derives_again_at_once() -> None:
-    """A closed loop stepping past a threshold its bound held down stays on EAGLE when the
-    curves allow it (on the real H200 each sweep level began with a switch to the baseline and
-    back, up to AUTO_EVERY_S later); past the curves' own crossover it switches."""
+    """A closed loop stepping past a threshold its bound held down stays on EAGLE when what
+    EAGLE was seen serving since allows it (on the real H200 each sweep level began with a
+    switch to the baseline and back, up to AUTO_EVERY_S later); past the curves' own crossover
+    it switches."""
     now = [0.0]
     pools = pair_pools(auto=True, clock=now)
     pools.groups[1].eagle.healthy = pools.groups[1].baseline.healthy = False
@@ -397,12 +398,16 @@ def test_a_load_past_a_bound_held_threshold_derives_again_at_once() -> None:
     leases = [pools.acquire() for _ in range(AUTO_START)]
     pair = pools.groups[0]
     assert pair.settings.threshold == AUTO_START and pair.held
-    # Within AUTO_EVERY_S of that derivation, the step past it: derived again, still EAGLE.
+    # EAGLE then seen serving 8, still the faster; within AUTO_EVERY_S of that derivation the
+    # step past it is derived again at once: twice what EAGLE was seen serving, still EAGLE.
+    for _ in range(20):
+        lr.finished(E0, AUTO_START, stay=1.2, output_tokens=100)
+    lr.rebuild()
     now[0] = 3.5
     leases += [pools.acquire() for _ in range(AUTO_START)]
     assert [x.pool for x in leases] == ["eagle"] * 2 * AUTO_START
     assert pair.mode == "eagle" and pair.switches == 0
-    assert pair.settings.threshold == 2 * AUTO_START  # twice the load carried (8)
+    assert pair.settings.threshold == 2 * AUTO_START
     # EAGLE measured slower than the baseline from load 12 on: the curves' crossover is below
     # the load, not held by the bound, and the next request past it switches.
     for _ in range(40):
@@ -413,6 +418,52 @@ def test_a_load_past_a_bound_held_threshold_derives_again_at_once() -> None:
     pools.acquire()
     assert not pair.held and pair.settings.threshold < 2 * AUTO_START
     assert pair.mode == "baseline" and pair.switches == 1
+    for lease in leases:
+        lease.release()
+
+
+def test_a_burst_does_not_ratchet_a_held_threshold_up() -> None:
+    """The load an EAGLE-mode group carries is what its threshold let in: a burst past a held
+    threshold is derived again at once, but not bounded by the load it brings. Before, each
+    request past it doubled the bound (simulated h200-8b-accept4 at C=64: 8 -> 15 -> 30 -> 60
+    within milliseconds, EAGLE seen only up to 8; the level then ran on EAGLE, 0.80x the best
+    pair)."""
+    now = [0.0]
+    pools = pair_pools(auto=True, clock=now)
+    pools.groups[1].eagle.healthy = pools.groups[1].baseline.healthy = False
+    lr = SpeedLearner(pools.servers, clock=lambda: now[0])
+    for _ in range(20):  # EAGLE 10 ms, baseline 30 ms, both seen at load 1: EAGLE wins on
+        lr.finished(E0, 1, stay=1.0, output_tokens=100)
+        lr.finished(B0, 1, stay=3.0, output_tokens=100)
+    lr.rebuild()
+    now[0] = 3.0
+    pair = pools.groups[0]
+    leases = [pools.acquire() for _ in range(64)]
+    assert pair.settings.threshold == AUTO_START and pair.held
+    assert [x.pool for x in leases] == ["eagle"] * AUTO_START + ["baseline"] * (64 - AUTO_START)
+    assert pair.switches == 1
+    for lease in leases:
+        lease.release()
+
+
+def test_parked_on_its_baseline_a_group_tries_eagle_at_the_load_carried() -> None:
+    """The load's share of the bound stays for a group in baseline mode: where the curves say
+    EAGLE wins at the load it carries, the threshold goes up to twice that load, once."""
+    now = [0.0]
+    pools = pair_pools(auto=True, clock=now)
+    pools.groups[1].eagle.healthy = pools.groups[1].baseline.healthy = False
+    lr = SpeedLearner(pools.servers, clock=lambda: now[0])
+    for _ in range(20):
+        lr.finished(E0, 1, stay=1.0, output_tokens=100)
+        lr.finished(B0, 1, stay=3.0, output_tokens=100)
+    lr.rebuild()
+    pair = pools.groups[0]
+    pair.settings = Thresholds(AUTO_START, 2)
+    pair.mode = "baseline"
+    leases = [pools.acquire() for _ in range(20)]
+    now[0] = 3.0
+    pools.derive()
+    assert pair.settings.threshold == 40  # twice the 20 carried
     for lease in leases:
         lease.release()
 
