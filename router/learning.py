@@ -21,8 +21,9 @@ every ``REBUILD_S`` when observations arrive, never per routed request. Each ser
 
 An observation made while something else ran on the server's GPUs (its pair-mate had requests in
 flight) is not its speed alone, and is not learned: a finished request says so through its lease
-(``alone``, over the request's life), a poll through the server's record (``Server.alone``, at
-the poll), and both end in the same check (``_learn``). The time comes from the clock passed in,
+(``alone``, over the request's life), a poll through the server's record (``Server.alone_since``,
+since the poll before last, whose interval the poll's gauges may cover), and both end in the
+same check (``_learn``). The time comes from the clock passed in,
 so tests feed observations at chosen times and read the curves.
 
 The two sources run on different clocks when a server's time is not real time (a simulator at
@@ -180,6 +181,7 @@ class SpeedLearner:
         previous, speed.previous = speed.previous, None
         if running is not None and gen_throughput is not None:
             speed.previous = (running, gen_throughput, moved(previous, running, gen_throughput))
+        alone = self._alone_since_polls(speed)
         if running is None or running < _MIN_RUNNING:
             return
         if queued is not None and queued > 0:
@@ -191,11 +193,25 @@ class SpeedLearner:
             return
         if not steady(previous, running, gen_throughput):
             return
-        alone = speed.server is None or speed.server.alone()
         # Every request there, queued ones included, gets its share of the tokens made: its stay
         # per token (``L / X``) at this load.
         load = running + (queued or 0.0)
         self._learn(speed, speed.polled, load, load / gen_throughput, alone, "poll")
+
+    def _alone_since_polls(self, speed: ServerSpeed) -> bool:
+        """Whether nothing else ran on the server's GPUs since the poll before last: the
+        interval a steady poll's gauges cover (``steady``) may begin there, so a mate that ran
+        in it shared the GPUs behind the reading, though it may be idle at the poll. On a
+        simulated shared pair (h200-8b-accept4, calibrated, C=256) a baseline's first poll
+        after its EAGLE mate drained read 838 ms a token at load 128 (63 ms a poll later): it
+        put the baseline's whole curve 2.6x above its calibration and both pairs derived 512."""
+        server = speed.server
+        if server is None or server.mate is None:
+            return True
+        now = self.clock()
+        marks, mark = speed.mate_marks, server.mate_area(now)
+        speed.mate_marks = (marks[1] if marks is not None else mark, mark)
+        return marks is not None and server.alone_since(marks[0], now)
 
     def _learn(  # noqa: PLR0917 - one call from each source
         self,
