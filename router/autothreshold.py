@@ -8,10 +8,11 @@ only as good as what was seen, so the rules around the derivation hold it to evi
   EAGLE already loses at it, the threshold is capped just below it, never raised to it;
 - **extrapolation**: past the load EAGLE was seen at, its TPOT is judged against the baseline's;
 - **bound**: the threshold goes at most twice past what EAGLE was seen serving, or, parked on
-  its baseline, the load the group carries now (``auto_bound``); in EAGLE mode the load is what
-  the threshold let in, not evidence, so it never raises the bound (nor does the bound lower a
-  threshold that stands); EAGLE's running limit does not bound it: the curves are a stay's
-  time per token, queue wait included, so past the limit they show what it costs;
+  its baseline, the load the group carries now as far as the baseline was seen serving it
+  (``auto_bound``); in EAGLE mode the load is what the threshold let in, not evidence, so it
+  never raises the bound (nor does the bound lower a threshold that stands); EAGLE's running
+  limit does not bound it: the curves are a stay's time per token, queue wait included, so past
+  the limit they show what it costs;
 - **hysteresis**: at least a quarter of the threshold (``auto_hysteresis``);
 - **step**: a change of one hysteresis step or less is not made (``learned_settings``), unless
   it would move the load an EAGLE-mode group carries now to the baseline;
@@ -179,9 +180,9 @@ def relearn(
     eagle, baseline = group.of("eagle"), group.of("baseline")
     if not eagle or not baseline or not (measured(eagle[0]) and measured(baseline[0])):
         return None
-    speed = eagle[0].speed
+    speed, bspeed = eagle[0].speed, baseline[0].speed
     e, b = eagle[0].curve, baseline[0].curve
-    assert speed is not None and e is not None and b is not None
+    assert speed is not None and bspeed is not None and e is not None and b is not None
     n = len(eagle)
     reach = None if speed.seeded else speed.reach
     floor = floor_of(eagle, baseline)
@@ -201,7 +202,12 @@ def relearn(
         # best pair). Nor does the bound take back a threshold EAGLE is trying: the curves do.
         bound = max(auto_bound(reach * n if reach is not None else None), current.threshold)
     else:
-        bound = auto_bound(reach * n if reach is not None else None, load)
+        # Parked on its baseline, the load it carries counts as far as the baseline was seen
+        # serving it: past that, both curves are guesses there. A pair that had just switched
+        # at an opening burst (its baseline seen only to 11) derived 42 from its load of 21, 5 ms
+        # after 20 from 11, and went back to EAGLE for the level (simulated h200-8b-accept4 C=64).
+        carried = load if bspeed.seeded else min(load, round(bspeed.reach * len(baseline)))
+        bound = auto_bound(reach * n if reach is not None else None, carried)
     new = learned_settings(
         derived, (current.threshold, current.hysteresis), configured_hysteresis, bound,
         eagle_load=load if group.mode == "eagle" else None,

@@ -55,8 +55,11 @@ RELEARN: list[tuple[Any, ...]] = [
     ("a profile: the curves' own crossover", {"seeded": True}, {"seeded": True}, 0, (4, 1),
      (10, 3), False),
     ("seen up to 3: held to the start value", SEEN, SEEN, 0, (4, 1), (8, 2), True),
-    ("seen up to 3, parked on its baseline carrying 10: twice that", SEEN, SEEN, 10, (4, 1),
-     (10, 3), False, "baseline"),
+    ("parked on its baseline carrying 10, seen serving it: twice that", SEEN,
+     {**SEEN, "reach": 10.0}, 10, (4, 1), (10, 3), False, "baseline"),
+    # An opening burst just sent to the baseline is no evidence either: it was seen only to 3.
+    ("on its baseline carrying 10, seen serving 3: held to the start value", SEEN, SEEN, 10,
+     (4, 1), (8, 2), True, "baseline"),
     # In EAGLE mode the load is what the threshold let in, not evidence: a burst past a held
     # threshold ratcheted it up (simulated h200-8b-accept4 at C=64: 8 -> 15 -> 30 -> 60).
     ("seen up to 3, carrying 10 on EAGLE: held to the start value", SEEN, SEEN, 10, (4, 1),

@@ -447,8 +447,11 @@ def test_a_burst_does_not_ratchet_a_held_threshold_up() -> None:
 
 
 def test_parked_on_its_baseline_a_group_tries_eagle_at_the_load_carried() -> None:
-    """The load's share of the bound stays for a group in baseline mode: where the curves say
-    EAGLE wins at the load it carries, the threshold goes up to twice that load, once."""
+    """The load's share of the bound stays for a group in baseline mode, as far as its baseline
+    was seen serving it: where the curves say EAGLE wins at the load it carries, the threshold
+    goes up to twice that load, once. A burst just switched to the baseline is not parked: in
+    the simulated h200-8b-accept4 at C=64 a pair derived 20 at load 11, then 42 at 21 within
+    5 ms, its baseline seen at neither."""
     now = [0.0]
     pools = pair_pools(auto=True, clock=now)
     pools.groups[1].eagle.healthy = pools.groups[1].baseline.healthy = False
@@ -463,7 +466,13 @@ def test_parked_on_its_baseline_a_group_tries_eagle_at_the_load_carried() -> Non
     leases = [pools.acquire() for _ in range(20)]
     now[0] = 3.0
     pools.derive()
-    assert pair.settings.threshold == 40  # twice the 20 carried
+    assert pair.settings.threshold == AUTO_START  # the baseline seen only at 1: a burst
+    for _ in range(20):
+        lr.finished(B0, 20, stay=4.0, output_tokens=100)
+    lr.rebuild()
+    now[0] = 6.0
+    pools.derive()
+    assert pair.settings.threshold == 40  # parked: twice the 20 carried
     for lease in leases:
         lease.release()
 
