@@ -97,9 +97,14 @@ def steady(
     - The first interval after an idle spell spans the idle time: the H200 read 56 running at
       231 tok/s (242 ms a token, against 7 ms) as EAGLE's first log line after 30 s idle, and a
       learned threshold fell from 128 to 20 on it. So the gauges must have moved at this poll
-      (fresh) AND at the poll before: then the interval began after the poll before last, while
-      the server was already logging. An idle spell shorter than one poll interval is not caught;
-      it dilutes one reading by the share of the interval it took."""
+      (fresh) AND at the poll before, with requests running at the poll before that (``polled``
+      keeps the flag): then the interval began after the poll before last, while the server was
+      already logging. A move from idle is the burst's start (the running count set by a
+      prefill, the throughput back from its idle 0), not a log interval: counted, a simulated
+      baseline's first poll after a burst ended its idle spell read 1,103 ms a token at load
+      128 (about 60 ms steady), its curve went 3x up and a pair learned 29 where the crossover
+      is 2. An idle spell shorter than one poll interval is not caught; it dilutes one reading
+      by the share of the interval it took."""
     if previous is None or not moved(previous, running, gen_throughput):
         return False  # not updated since the last poll: nothing new, or an idle server's last
     before, _, moved_before = previous
@@ -180,7 +185,11 @@ class SpeedLearner:
             speed.accept_length = accept_length
         previous, speed.previous = speed.previous, None
         if running is not None and gen_throughput is not None:
-            speed.previous = (running, gen_throughput, moved(previous, running, gen_throughput))
+            # Moved while the server was busy at the poll before: a move from idle is the
+            # burst's start, not a log interval (``steady``).
+            busy = previous is not None and previous[0] >= _MIN_RUNNING
+            fresh = busy and moved(previous, running, gen_throughput)
+            speed.previous = (running, gen_throughput, fresh)
         alone = self._alone_since_polls(speed)
         if running is None or running < _MIN_RUNNING:
             return

@@ -88,7 +88,7 @@ class ServerSpeed:
         self.direct = BucketSet(keep)
         self.polled = BucketSet(keep)
         # The last poll's (running, gen_throughput, whether they had moved since the poll before
-        # it): what tells a fresh, steady poll (``learning.steady``).
+        # it, requests running at that one): what tells a fresh, steady poll (``learning.steady``).
         self.previous: tuple[float, float, bool] | None = None
         # Its mate's request-seconds (``Server.mate_area``) at the poll before last and at the
         # last poll: a poll's gauges may cover the time since the poll before last, and it is

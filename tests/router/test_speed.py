@@ -412,6 +412,32 @@ def test_a_poll_whose_interval_spans_an_idle_spell_is_not_learned() -> None:
     assert lr.curve(E).at(64) == pytest.approx(64 / 8_582, rel=0.1)
 
 
+def test_a_poll_after_an_idle_spell_s_end_is_not_learned() -> None:
+    """Idle (nothing running, the throughput decayed to 0), then a burst of 128: the first poll
+    sees the gauges move from idle (the running count, the throughput back to its last value),
+    the next a throughput whose interval spans the idle spell. Learned, a simulated baseline
+    read 1,103 ms a token at load 128 where it runs about 60, and its curve went 3x up."""
+    lr, clock = learner()
+    for i in range(10):  # steady under load: learned
+        clock.now += 1
+        lr.polled(E, running=128, queued=0, gen_throughput=2_000.0 + i)
+    lr.rebuild()
+    at_load = lr.curve(E).at(128)
+    for _ in range(20):  # idle
+        clock.now += 1
+        lr.polled(E, running=0, queued=0, gen_throughput=0.0)
+    for throughput in (2_009.0, 116.0):  # the burst: its last value back, then the idle's
+        clock.now += 1
+        lr.polled(E, running=128, queued=0, gen_throughput=throughput)
+    lr.rebuild()
+    assert lr.curve(E).at(128) == pytest.approx(at_load)
+    for i in range(10):  # steady again: learned
+        clock.now += 1
+        lr.polled(E, running=128, queued=0, gen_throughput=1_000.0 + i)
+    lr.rebuild()
+    assert lr.curve(E).at(128) > 1.3 * at_load
+
+
 def test_polls_learn_the_running_limit_and_accept_length() -> None:
     lr, clock = learner()
     clock.now += 1
