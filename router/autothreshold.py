@@ -7,9 +7,12 @@ only as good as what was seen, so the rules around the derivation hold it to evi
 - **floor**: loads below the lowest at which both servers were seen are not compared; where
   EAGLE already loses at it, the threshold is capped just below it, never raised to it;
 - **extrapolation**: past the load EAGLE was seen at, its TPOT is judged against the baseline's;
-- **bound**: the threshold goes at most twice past what EAGLE was seen serving, or the load the
-  group carries now (``auto_bound``); EAGLE's running limit does not bound it: the curves are
-  a stay's time per token, queue wait included, so past the limit they show what it costs;
+- **bound**: the threshold goes at most twice past what EAGLE was seen serving, or, parked on
+  its baseline, the load the group carries now as far as the baseline was seen serving it
+  (``auto_bound``); in EAGLE mode the load is what the threshold let in, not evidence, so it
+  never raises the bound (nor does the bound lower a threshold that stands); EAGLE's running
+  limit does not bound it: the curves are a stay's time per token, queue wait included, so past
+  the limit they show what it costs;
 - **hysteresis**: at least a quarter of the threshold (``auto_hysteresis``);
 - **step**: a change of one hysteresis step or less is not made (``learned_settings``), unless
   it would move the load an EAGLE-mode group carries now to the baseline;
@@ -97,8 +100,8 @@ def derive_threshold(
 
 def auto_bound(reach: float | None, load: int = 0) -> int:
     """The largest threshold the curves may set: ``AUTO_GROWTH`` times ``reach`` (the load EAGLE
-    was seen serving; None: a profile says what lies beyond) or times the ``load`` carried now,
-    at least ``AUTO_START``.
+    was seen serving; None: a profile says what lies beyond) or times the ``load`` a group parked
+    on its baseline carries now (``relearn`` gives none in EAGLE mode), at least ``AUTO_START``.
 
     Past what was seen both curves are the prior's shape, which cannot say where the crossover
     is. The current load's share lets a group parked on its baseline at a load where the curves
@@ -177,9 +180,9 @@ def relearn(
     eagle, baseline = group.of("eagle"), group.of("baseline")
     if not eagle or not baseline or not (measured(eagle[0]) and measured(baseline[0])):
         return None
-    speed = eagle[0].speed
+    speed, bspeed = eagle[0].speed, baseline[0].speed
     e, b = eagle[0].curve, baseline[0].curve
-    assert speed is not None and e is not None and b is not None
+    assert speed is not None and bspeed is not None and e is not None and b is not None
     n = len(eagle)
     reach = None if speed.seeded else speed.reach
     floor = floor_of(eagle, baseline)
@@ -190,7 +193,21 @@ def relearn(
         # compared, so floor - 1 is only a cap. A threshold below it stands (else a pair whose
         # baseline was seen only at 32 went from 8 to 31 and sent C=64 to EAGLE).
         derived = min(derived, current.threshold)
-    bound = auto_bound(reach * n if reach is not None else None, load)
+    if group.mode == "eagle":
+        # The load an EAGLE-mode group carries is what its threshold let in, not what EAGLE was
+        # seen serving: counted in the bound, each request past a held threshold derived it
+        # again (``past_held``) at twice the load, and an opening burst ratcheted it up without
+        # one observation there (simulated h200-8b-accept4 at C=64: 8 -> 15 -> 30 -> 60 within
+        # milliseconds as a wave's requests came back, the whole level then on EAGLE, 0.80x the
+        # best pair). Nor does the bound take back a threshold EAGLE is trying: the curves do.
+        bound = max(auto_bound(reach * n if reach is not None else None), current.threshold)
+    else:
+        # Parked on its baseline, the load it carries counts as far as the baseline was seen
+        # serving it: past that, both curves are guesses there. A pair that had just switched
+        # at an opening burst (its baseline seen only to 11) derived 42 from its load of 21, 5 ms
+        # after 20 from 11, and went back to EAGLE for the level (simulated h200-8b-accept4 C=64).
+        carried = load if bspeed.seeded else min(load, round(bspeed.reach * len(baseline)))
+        bound = auto_bound(reach * n if reach is not None else None, carried)
     new = learned_settings(
         derived, (current.threshold, current.hysteresis), configured_hysteresis, bound,
         eagle_load=load if group.mode == "eagle" else None,
@@ -200,9 +217,10 @@ def relearn(
 
 def past_held(group: Group, load: int) -> bool:
     """Whether a new request would take the EAGLE-mode group (carrying ``load``) past a
-    threshold its bound held down. The bound grows with the load carried, but it was derived up
-    to ``AUTO_EVERY_S`` ago: a closed loop that steps up crosses it before the next derivation,
-    and each step would begin with a switch to the baseline and back."""
+    threshold its bound held down. The bound grows with the load EAGLE was seen serving, but it
+    was derived up to ``AUTO_EVERY_S`` ago: a closed loop that steps up crosses it before the
+    next derivation, and each step would begin with a switch to the baseline and back. The load
+    let in does not raise it (``relearn``): a burst past the threshold is not evidence."""
     return group.held and group.mode == "eagle" and load + 1 > group.settings.threshold
 
 

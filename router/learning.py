@@ -21,8 +21,9 @@ every ``REBUILD_S`` when observations arrive, never per routed request. Each ser
 
 An observation made while something else ran on the server's GPUs (its pair-mate had requests in
 flight) is not its speed alone, and is not learned: a finished request says so through its lease
-(``alone``, over the request's life), a poll through the server's record (``Server.alone``, at
-the poll), and both end in the same check (``_learn``). The time comes from the clock passed in,
+(``alone``, over the request's life), a poll through the server's record (``Server.alone_since``,
+since the poll before last, whose interval the poll's gauges may cover), and both end in the
+same check (``_learn``). The time comes from the clock passed in,
 so tests feed observations at chosen times and read the curves.
 
 The two sources run on different clocks when a server's time is not real time (a simulator at
@@ -96,9 +97,14 @@ def steady(
     - The first interval after an idle spell spans the idle time: the H200 read 56 running at
       231 tok/s (242 ms a token, against 7 ms) as EAGLE's first log line after 30 s idle, and a
       learned threshold fell from 128 to 20 on it. So the gauges must have moved at this poll
-      (fresh) AND at the poll before: then the interval began after the poll before last, while
-      the server was already logging. An idle spell shorter than one poll interval is not caught;
-      it dilutes one reading by the share of the interval it took."""
+      (fresh) AND at the poll before, with requests running at the poll before that (``polled``
+      keeps the flag): then the interval began after the poll before last, while the server was
+      already logging. A move from idle is the burst's start (the running count set by a
+      prefill, the throughput back from its idle 0), not a log interval: counted, a simulated
+      baseline's first poll after a burst ended its idle spell read 1,103 ms a token at load
+      128 (about 60 ms steady), its curve went 3x up and a pair learned 29 where the crossover
+      is 2. An idle spell shorter than one poll interval is not caught; it dilutes one reading
+      by the share of the interval it took."""
     if previous is None or not moved(previous, running, gen_throughput):
         return False  # not updated since the last poll: nothing new, or an idle server's last
     before, _, moved_before = previous
@@ -179,7 +185,12 @@ class SpeedLearner:
             speed.accept_length = accept_length
         previous, speed.previous = speed.previous, None
         if running is not None and gen_throughput is not None:
-            speed.previous = (running, gen_throughput, moved(previous, running, gen_throughput))
+            # Moved while the server was busy at the poll before: a move from idle is the
+            # burst's start, not a log interval (``steady``).
+            busy = previous is not None and previous[0] >= _MIN_RUNNING
+            fresh = busy and moved(previous, running, gen_throughput)
+            speed.previous = (running, gen_throughput, fresh)
+        alone = self._alone_since_polls(speed)
         if running is None or running < _MIN_RUNNING:
             return
         if queued is not None and queued > 0:
@@ -191,11 +202,25 @@ class SpeedLearner:
             return
         if not steady(previous, running, gen_throughput):
             return
-        alone = speed.server is None or speed.server.alone()
         # Every request there, queued ones included, gets its share of the tokens made: its stay
         # per token (``L / X``) at this load.
         load = running + (queued or 0.0)
         self._learn(speed, speed.polled, load, load / gen_throughput, alone, "poll")
+
+    def _alone_since_polls(self, speed: ServerSpeed) -> bool:
+        """Whether nothing else ran on the server's GPUs since the poll before last: the
+        interval a steady poll's gauges cover (``steady``) may begin there, so a mate that ran
+        in it shared the GPUs behind the reading, though it may be idle at the poll. On a
+        simulated shared pair (h200-8b-accept4, calibrated, C=256) a baseline's first poll
+        after its EAGLE mate drained read 838 ms a token at load 128 (63 ms a poll later): it
+        put the baseline's whole curve 2.6x above its calibration and both pairs derived 512."""
+        server = speed.server
+        if server is None or server.mate is None:
+            return True
+        now = self.clock()
+        marks, mark = speed.mate_marks, server.mate_area(now)
+        speed.mate_marks = (marks[1] if marks is not None else mark, mark)
+        return marks is not None and server.alone_since(marks[0], now)
 
     def _learn(  # noqa: PLR0917 - one call from each source
         self,

@@ -146,7 +146,7 @@ class Pools:
         for g in self.groups:
             self._calm(g, now)
         snapshots = [self._snapshot(g, now) for g in self.groups]
-        i = least_loaded(snapshots, exclude)
+        i = least_loaded(snapshots, exclude, self.seq - 1)
         if i is None:
             if self._whole is None:
                 raise NoServer("no pair has a healthy server that can take the request")

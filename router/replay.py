@@ -9,7 +9,7 @@ writes a decode-log line ("Decode batch, #running-req: N, ..., gen throughput (t
 #queue-req: Q"). So a run's ``eagle.log`` and ``baseline.log`` hold what each poll saw: here the
 poll at the end of each second sees the last line written up to then (the router polls once a
 second). A poll is not learned while the pair-mate wrote a line in the last second (it was
-busy: what ``Server.alone`` says in the router). Left out: the router's own finished requests
+busy: what ``Server.alone_since`` says in the router). Left out: the router's own finished requests
 (its second source), and the bound, hysteresis and hold rules around the derivation
 (``autothreshold.relearn``): this replays the curves and ``derive_threshold`` on them, to test a
 change of the poll rule against a real run, not to reproduce its router exactly.
@@ -107,7 +107,7 @@ def replay(logs: dict[str, list[str]], profile: object) -> Iterator[Derived]:
     )
     busy = {"eagle": False, "baseline": False}
     for mode, speed in learner.servers.items():
-        # What the router asks a server's record before learning a poll (``Server.alone``).
+        # What the router asks a server's record before learning a poll (``Server.alone_since``).
         speed.server = cast("Server", _Alone(busy, mode))
     last: dict[str, Gauges | None] = {"eagle": None, "baseline": None}
     seen = {"eagle": -(10**12), "baseline": -(10**12)}
@@ -134,7 +134,14 @@ class _Alone:
     busy: dict[str, bool]
     mode: str
 
-    def alone(self) -> bool:
+    @property
+    def mate(self) -> _Alone:
+        return self  # a pair: a poll is learned only when its mate was idle
+
+    def mate_area(self, now: float) -> float:
+        return 0.0
+
+    def alone_since(self, mate_area: float, now: float) -> bool:
         return not self.busy[self.mode]
 
 

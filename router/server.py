@@ -41,6 +41,7 @@ class ServerSpeed:
         "limit_profile",
         "limit_reported",
         "limit_seen",
+        "mate_marks",
         "polled",
         "pool",
         "previous",
@@ -87,8 +88,12 @@ class ServerSpeed:
         self.direct = BucketSet(keep)
         self.polled = BucketSet(keep)
         # The last poll's (running, gen_throughput, whether they had moved since the poll before
-        # it): what tells a fresh, steady poll (``learning.steady``).
+        # it, requests running at that one): what tells a fresh, steady poll (``learning.steady``).
         self.previous: tuple[float, float, bool] | None = None
+        # Its mate's request-seconds (``Server.mate_area``) at the poll before last and at the
+        # last poll: a poll's gauges may cover the time since the poll before last, and it is
+        # learned only if nothing else ran on the GPUs meanwhile (``learning``).
+        self.mate_marks: tuple[float, float] | None = None
         self.ratio = 1.0  # router-clock TPOT / server-clock TPOT
         # Whether ``ratio`` was measured on this server (else it is borrowed, or 1).
         self.calibrated = False

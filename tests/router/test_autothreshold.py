@@ -50,12 +50,22 @@ SEEN = {"reach": 3.0, "floor": 1.0, "scale": 1.0}  # seen at loads 1 to 3
 E, B = "http://e", "http://b"
 
 # (case, eagle speed, baseline speed, load, settings, expected (threshold, hysteresis) or None,
-# expected held); the configured hysteresis is 2.
-RELEARN: list[tuple[str, dict[str, Any], dict[str, Any], int, Any, Any, bool]] = [
+# expected held, optionally the group's mode (EAGLE else)); the configured hysteresis is 2.
+RELEARN: list[tuple[Any, ...]] = [
     ("a profile: the curves' own crossover", {"seeded": True}, {"seeded": True}, 0, (4, 1),
      (10, 3), False),
     ("seen up to 3: held to the start value", SEEN, SEEN, 0, (4, 1), (8, 2), True),
-    ("seen up to 3 but carrying 10: twice that", SEEN, SEEN, 10, (4, 1), (10, 3), False),
+    ("parked on its baseline carrying 10, seen serving it: twice that", SEEN,
+     {**SEEN, "reach": 10.0}, 10, (4, 1), (10, 3), False, "baseline"),
+    # An opening burst just sent to the baseline is no evidence either: it was seen only to 3.
+    ("on its baseline carrying 10, seen serving 3: held to the start value", SEEN, SEEN, 10,
+     (4, 1), (8, 2), True, "baseline"),
+    # In EAGLE mode the load is what the threshold let in, not evidence: a burst past a held
+    # threshold ratcheted it up (simulated h200-8b-accept4 at C=64: 8 -> 15 -> 30 -> 60).
+    ("seen up to 3, carrying 10 on EAGLE: held to the start value", SEEN, SEEN, 10, (4, 1),
+     (8, 2), True),
+    ("seen up to 3, trying EAGLE at 20: the bound does not take it back", SEEN,
+     {**SEEN, "prior": tuple(0.1 * b for b in BUCKETS)}, 20, (40, 10), None, True),
     # Past EAGLE's running limit of 6 its curve grows linearly (the queue): the curves cross
     # at 8-9, not at the limit (which once capped it at 6, held) nor at 10-11 (no limit).
     ("EAGLE's running limit: its queue in the curve, not a cap",
@@ -77,9 +87,12 @@ RELEARN: list[tuple[str, dict[str, Any], dict[str, Any], int, Any, Any, bool]] =
 
 @pytest.mark.parametrize("row", [c[1:] for c in RELEARN], ids=[c[0] for c in RELEARN])
 def test_relearn(row: tuple[Any, ...]) -> None:
-    eagle, baseline, load, settings, expected, held = row
+    eagle, baseline, load, settings, expected, held, *mode = row
     g = group(
-        server(E, "eagle", **eagle), server(B, "baseline", SLOW, **baseline), settings=settings
+        server(E, "eagle", **eagle),
+        server(B, "baseline", **{"prior": SLOW, **baseline}),
+        settings=settings,
+        mode=mode[0] if mode else "eagle",
     )
     new, was_held = relearn(g, load, 2) or (None, None)
     got = (new.threshold, new.hysteresis) if new is not None else None

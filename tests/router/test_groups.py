@@ -87,7 +87,13 @@ def snapshot(load: int, *servers: tuple[str, bool]) -> Snapshot:
 # (case, group snapshots, excluded, the group that takes the request)
 LEAST = [
     ("the least load", [snapshot(3, (E0, True)), snapshot(2, (E1, True))], set(), 1),
-    ("ties: the order given", [snapshot(2, (E0, True)), snapshot(2, (E1, True))], set(), 0),
+    ("ties: the first, turn 0", [snapshot(2, (E0, True)), snapshot(2, (E1, True))], set(), 0),
+    ("ties: the second, turn 1", [snapshot(2, (E0, True)), snapshot(2, (E1, True))], set(), 1, 1),
+    ("ties: in turn, turn 2", [snapshot(2, (E0, True)), snapshot(2, (E1, True))], set(), 0, 2),
+    ("ties: among the least only",
+     [snapshot(2, (E0, True)), snapshot(3, (E1, True)), snapshot(2, (E0, True))], set(), 2, 1),
+    ("ties: among those that can take it",
+     [snapshot(2, (E0, False)), snapshot(2, (E1, True)), snapshot(2, (E0, True))], set(), 2, 1),
     ("one that cannot take it is skipped", [snapshot(1, (E0, False)), snapshot(5, (E1, True))],
      set(), 1),
     ("excluded servers cannot", [snapshot(1, (E0, True)), snapshot(5, (E1, True))], {E0}, 1),
@@ -98,8 +104,8 @@ LEAST = [
 
 @pytest.mark.parametrize("row", [c[1:] for c in LEAST], ids=[c[0] for c in LEAST])
 def test_least_loaded(row: tuple[Any, ...]) -> None:
-    groups, exclude, expected = row
-    assert least_loaded(groups, frozenset(exclude)) == expected
+    groups, exclude, expected, *turn = row
+    assert least_loaded(groups, frozenset(exclude), *turn) == expected
 
 
 def test_a_server_s_counts_and_whether_it_ran_alone() -> None:

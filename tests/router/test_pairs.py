@@ -63,11 +63,14 @@ class PairChoice:
     reason: str = ""
 
 
-def route_pair(pairs: list[PairView], exclude: frozenset[str] = frozenset()) -> PairChoice:
+def route_pair(
+    pairs: list[PairView], exclude: frozenset[str] = frozenset(), turn: int = 0
+) -> PairChoice:
     """What ``Pools`` does with ``--pair`` groups, as a table: the least loaded group
-    (``least_loaded``), then the threshold policy on that group's snapshot."""
+    (``least_loaded``, ties taken in ``turn``), then the threshold policy on that group's
+    snapshot."""
     snapshots = [p.snapshot() for p in pairs]
-    i = least_loaded(snapshots, exclude)
+    i = least_loaded(snapshots, exclude, turn)
     if i is None:
         return PairChoice(None, None)
     choice = ThresholdPolicy().choose(snapshots[i], exclude)
@@ -104,7 +107,7 @@ def two(e0n: int = 0, b0n: int = 0, e1n: int = 0, b1n: int = 0, **kw: object) ->
 CASES: list[tuple[str, list[PairView], frozenset[str], tuple[int | None, str | None, str, str]]] = [
     ("idle: first pair, eagle", two(), frozenset(), (0, E0, "eagle", "mode")),
     ("least load wins", two(e0n=2, e1n=1), frozenset(), (1, E1, "eagle", "mode")),
-    ("tie goes to the order given", two(e0n=1, e1n=1), frozenset(), (0, E0, "eagle", "mode")),
+    ("a tie, turn 0: the first", two(e0n=1, e1n=1), frozenset(), (0, E0, "eagle", "mode")),
     (
         "pair load counts both servers",
         two(e0n=1, b0n=2, e1n=2),
@@ -183,6 +186,12 @@ def test_route_pair(
     assert isinstance(choice, PairChoice)
     url = choice.server.url if choice.server else None
     assert (choice.pair, url, choice.mode, choice.reason) == expected, case
+
+
+def test_tied_pairs_are_taken_in_turn() -> None:
+    assert [route_pair(two(e0n=1, e1n=1), turn=t).pair for t in range(4)] == [0, 1, 0, 1]
+    # Not a tie: the least loaded whatever the turn.
+    assert [route_pair(two(e0n=2, e1n=1), turn=t).pair for t in range(4)] == [1, 1, 1, 1]
 
 
 def test_pair_reasons_are_the_threshold_policy_s() -> None:
@@ -286,6 +295,42 @@ def test_pools_with_pairs_switch_each_pair_by_its_own_load() -> None:
     lease.release()
 
 
+def test_one_request_at_a_time_goes_to_every_pair_in_turn() -> None:
+    """C=1: each request finds both pairs idle. Ties to the first pair sent all of them to pair
+    0, so pair 1 was never seen at light load and kept its start threshold (simulated
+    ``h200-8b-accept2``, 0.875x the best pair at C=16)."""
+    pools = pair_pools()
+    served = []
+    for _ in range(6):
+        lease = pools.acquire()
+        served.append(lease.group.index)
+        lease.release()
+    assert served == [0, 1, 0, 1, 0, 1]
+
+
+def test_one_request_at_a_time_teaches_every_pair() -> None:
+    """With --threshold auto at C=1, each pair's EAGLE serves and its idle baseline is probed, so
+    every pair learns its own threshold from light load."""
+    now = [0.0]
+    pools = pair_pools(auto=True, clock=now)
+    lr = SpeedLearner(pools.servers, clock=lambda: now[0])
+    now[0] = PROBE_AFTER_S + 1  # nothing learned for a while: every server due a probe
+    seen: dict[str, int] = {}
+    for _ in range(8):
+        lease = pools.acquire()
+        now[0] += 1.0
+        lease.release()
+        seen[lease.server.url] = seen.get(lease.server.url, 0) + 1
+        # EAGLE 10 ms a token, the baseline 30 ms (alone, load 1).
+        tpot = 0.010 if lease.pool == "eagle" else 0.030
+        lr.finished(lease.server.url, 1, stay=tpot * 100, output_tokens=100)
+    assert set(seen) == {E0, B0, E1, B1}
+    lr.rebuild()
+    pools.derive()
+    # Both pairs measured both servers at load 1, EAGLE the faster: each derived its own.
+    assert all(g.settings.threshold == AUTO_START for g in pools.groups)
+
+
 def test_a_lease_knows_whether_its_pair_mate_ran_meanwhile() -> None:
     now = [0.0]
     pools = pair_pools(clock=now)
@@ -294,7 +339,7 @@ def test_a_lease_knows_whether_its_pair_mate_ran_meanwhile() -> None:
     now[0] = 1.0
     a.release()
     assert a.alone
-    # Pair 0 again (both idle: the first), then over its threshold to its baseline server.
+    # Pair 0 again (pair 1 down), then over its threshold to its baseline server.
     pools.groups[1].eagle.healthy = pools.groups[1].baseline.healthy = False
     x, y, z = pools.acquire(), pools.acquire(), pools.acquire()
     assert (x.pool, y.pool, z.pool) == ("eagle", "eagle", "baseline")
@@ -337,9 +382,10 @@ def test_threshold_auto_learns_per_pair_and_an_operator_turns_it_off() -> None:
 
 
 def test_a_load_past_a_bound_held_threshold_derives_again_at_once() -> None:
-    """A closed loop stepping past a threshold its bound held down stays on EAGLE when the
-    curves allow it (on the real H200 each sweep level began with a switch to the baseline and
-    back, up to AUTO_EVERY_S later); past the curves' own crossover it switches."""
+    """A closed loop stepping past a threshold its bound held down stays on EAGLE when what
+    EAGLE was seen serving since allows it (on the real H200 each sweep level began with a
+    switch to the baseline and back, up to AUTO_EVERY_S later); past the curves' own crossover
+    it switches."""
     now = [0.0]
     pools = pair_pools(auto=True, clock=now)
     pools.groups[1].eagle.healthy = pools.groups[1].baseline.healthy = False
@@ -352,12 +398,16 @@ def test_a_load_past_a_bound_held_threshold_derives_again_at_once() -> None:
     leases = [pools.acquire() for _ in range(AUTO_START)]
     pair = pools.groups[0]
     assert pair.settings.threshold == AUTO_START and pair.held
-    # Within AUTO_EVERY_S of that derivation, the step past it: derived again, still EAGLE.
+    # EAGLE then seen serving 8, still the faster; within AUTO_EVERY_S of that derivation the
+    # step past it is derived again at once: twice what EAGLE was seen serving, still EAGLE.
+    for _ in range(20):
+        lr.finished(E0, AUTO_START, stay=1.2, output_tokens=100)
+    lr.rebuild()
     now[0] = 3.5
     leases += [pools.acquire() for _ in range(AUTO_START)]
     assert [x.pool for x in leases] == ["eagle"] * 2 * AUTO_START
     assert pair.mode == "eagle" and pair.switches == 0
-    assert pair.settings.threshold == 2 * AUTO_START  # twice the load carried (8)
+    assert pair.settings.threshold == 2 * AUTO_START
     # EAGLE measured slower than the baseline from load 12 on: the curves' crossover is below
     # the load, not held by the bound, and the next request past it switches.
     for _ in range(40):
@@ -368,6 +418,61 @@ def test_a_load_past_a_bound_held_threshold_derives_again_at_once() -> None:
     pools.acquire()
     assert not pair.held and pair.settings.threshold < 2 * AUTO_START
     assert pair.mode == "baseline" and pair.switches == 1
+    for lease in leases:
+        lease.release()
+
+
+def test_a_burst_does_not_ratchet_a_held_threshold_up() -> None:
+    """The load an EAGLE-mode group carries is what its threshold let in: a burst past a held
+    threshold is derived again at once, but not bounded by the load it brings. Before, each
+    request past it doubled the bound (simulated h200-8b-accept4 at C=64: 8 -> 15 -> 30 -> 60
+    within milliseconds, EAGLE seen only up to 8; the level then ran on EAGLE, 0.80x the best
+    pair)."""
+    now = [0.0]
+    pools = pair_pools(auto=True, clock=now)
+    pools.groups[1].eagle.healthy = pools.groups[1].baseline.healthy = False
+    lr = SpeedLearner(pools.servers, clock=lambda: now[0])
+    for _ in range(20):  # EAGLE 10 ms, baseline 30 ms, both seen at load 1: EAGLE wins on
+        lr.finished(E0, 1, stay=1.0, output_tokens=100)
+        lr.finished(B0, 1, stay=3.0, output_tokens=100)
+    lr.rebuild()
+    now[0] = 3.0
+    pair = pools.groups[0]
+    leases = [pools.acquire() for _ in range(64)]
+    assert pair.settings.threshold == AUTO_START and pair.held
+    assert [x.pool for x in leases] == ["eagle"] * AUTO_START + ["baseline"] * (64 - AUTO_START)
+    assert pair.switches == 1
+    for lease in leases:
+        lease.release()
+
+
+def test_parked_on_its_baseline_a_group_tries_eagle_at_the_load_carried() -> None:
+    """The load's share of the bound stays for a group in baseline mode, as far as its baseline
+    was seen serving it: where the curves say EAGLE wins at the load it carries, the threshold
+    goes up to twice that load, once. A burst just switched to the baseline is not parked: in
+    the simulated h200-8b-accept4 at C=64 a pair derived 20 at load 11, then 42 at 21 within
+    5 ms, its baseline seen at neither."""
+    now = [0.0]
+    pools = pair_pools(auto=True, clock=now)
+    pools.groups[1].eagle.healthy = pools.groups[1].baseline.healthy = False
+    lr = SpeedLearner(pools.servers, clock=lambda: now[0])
+    for _ in range(20):
+        lr.finished(E0, 1, stay=1.0, output_tokens=100)
+        lr.finished(B0, 1, stay=3.0, output_tokens=100)
+    lr.rebuild()
+    pair = pools.groups[0]
+    pair.settings = Thresholds(AUTO_START, 2)
+    pair.mode = "baseline"
+    leases = [pools.acquire() for _ in range(20)]
+    now[0] = 3.0
+    pools.derive()
+    assert pair.settings.threshold == AUTO_START  # the baseline seen only at 1: a burst
+    for _ in range(20):
+        lr.finished(B0, 20, stay=4.0, output_tokens=100)
+    lr.rebuild()
+    now[0] = 6.0
+    pools.derive()
+    assert pair.settings.threshold == 40  # parked: twice the 20 carried
     for lease in leases:
         lease.release()
 

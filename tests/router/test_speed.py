@@ -278,6 +278,36 @@ def test_a_poll_is_not_learned_while_the_pair_mate_runs() -> None:
     assert lr.curve(E) != before and lr.servers[E].seen == clock.now
 
 
+def test_a_poll_whose_interval_the_pair_mate_ran_in_is_not_learned() -> None:
+    """The gauges a poll reads may cover the time since the poll before last: a mate idle at
+    the poll but busy in that interval shared the GPUs behind the reading. On a simulated shared
+    pair (h200-8b-accept4, calibrated, C=256) a baseline's first poll after its EAGLE mate
+    drained read 838 ms a token at load 128 (63 ms at the next): its whole curve went 2.6x
+    above the calibration, and the pairs derived 512 and held the level on EAGLE."""
+    clock = Clock()
+    eagle, baseline = Server(E, "eagle"), Server(B, "baseline")
+    eagle.mate, baseline.mate = baseline, eagle
+    lr = SpeedLearner([eagle, baseline], clock=clock)
+    seen = lr.servers[B].seen
+    eagle.admit(clock.now, 1)  # the mate runs...
+    clock.now += 1
+    lr.polled(B, running=128, queued=0, gen_throughput=2_000.0)
+    clock.now += 1
+    lr.polled(B, running=128, queued=0, gen_throughput=2_001.0)
+    clock.now += 0.5
+    eagle.finish(clock.now)  # ...and is done just before the next poll
+    clock.now += 0.5
+    lr.polled(B, running=128, queued=0, gen_throughput=150.0)  # steady, idle mate, not learned
+    assert lr.servers[B].seen == seen
+    clock.now += 1
+    # The mate ran since the poll before last: not learned.
+    lr.polled(B, running=128, queued=0, gen_throughput=150.5)
+    assert lr.servers[B].seen == seen
+    clock.now += 1
+    lr.polled(B, running=128, queued=0, gen_throughput=2_000.0)  # idle over its whole interval
+    assert lr.servers[B].seen == clock.now
+
+
 def test_polls_feed_the_curve_on_the_router_clock() -> None:
     lr, clock = learner()
     # The server's own clock runs twice as fast: its figures are twice the router's.
@@ -380,6 +410,32 @@ def test_a_poll_whose_interval_spans_an_idle_spell_is_not_learned() -> None:
         lr.polled(E, running=64, queued=0, gen_throughput=8_582.0 + i)
     lr.rebuild()
     assert lr.curve(E).at(64) == pytest.approx(64 / 8_582, rel=0.1)
+
+
+def test_a_poll_after_an_idle_spell_s_end_is_not_learned() -> None:
+    """Idle (nothing running, the throughput decayed to 0), then a burst of 128: the first poll
+    sees the gauges move from idle (the running count, the throughput back to its last value),
+    the next a throughput whose interval spans the idle spell. Learned, a simulated baseline
+    read 1,103 ms a token at load 128 where it runs about 60, and its curve went 3x up."""
+    lr, clock = learner()
+    for i in range(10):  # steady under load: learned
+        clock.now += 1
+        lr.polled(E, running=128, queued=0, gen_throughput=2_000.0 + i)
+    lr.rebuild()
+    at_load = lr.curve(E).at(128)
+    for _ in range(20):  # idle
+        clock.now += 1
+        lr.polled(E, running=0, queued=0, gen_throughput=0.0)
+    for throughput in (2_009.0, 116.0):  # the burst: its last value back, then the idle's
+        clock.now += 1
+        lr.polled(E, running=128, queued=0, gen_throughput=throughput)
+    lr.rebuild()
+    assert lr.curve(E).at(128) == pytest.approx(at_load)
+    for i in range(10):  # steady again: learned
+        clock.now += 1
+        lr.polled(E, running=128, queued=0, gen_throughput=1_000.0 + i)
+    lr.rebuild()
+    assert lr.curve(E).at(128) > 1.3 * at_load
 
 
 def test_polls_learn_the_running_limit_and_accept_length() -> None:
