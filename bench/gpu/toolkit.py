@@ -63,7 +63,6 @@ SETUP_S = 60.0
 LAUNCH_S = 210.0
 STOP_S = 25.0
 RESERVE_S = 45.0  # kept for stopping the launcher and writing the results
-DEVICE_LIMIT_S = 570.0  # one device command (the tool's limit is 600)
 
 
 class RunFailed(Exception):
