@@ -26,8 +26,7 @@ from pathlib import Path
 
 from dynspec.bench import report, simreport
 from dynspec.bench.envelope8 import EXPERIMENT, adaptive_counterpart
-from dynspec.bench.gpu.steadyreport import Spread, stats
-from dynspec.bench.report import Record
+from dynspec.bench.report import Record, Spread, stats
 from dynspec.bench.simreport import cell
 from dynspec.bench.ways import EIGHT_WAYS, HOMOGENEOUS, SHARED
 from dynspec.launcher.sim.profile import Profile, load_profile

@@ -13,6 +13,7 @@ import json
 import math
 import statistics
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,44 @@ COLUMNS: Sequence[tuple[str, str, int]] = (
     ("median_itl_ms", "ITL p50 ms", 2),
     ("median_e2e_latency_ms", "E2E p50 ms", 0),
 )
+
+
+# ---- repeats: each point's median and min-max -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    lo: float
+    hi: float
+    n: int
+
+    def cell(self, digits: int = 0) -> str:
+        if self.n == 1:
+            return f"{self.median:,.{digits}f}"
+        return f"{self.median:,.{digits}f} ({self.lo:,.{digits}f}-{self.hi:,.{digits}f})"
+
+
+def spread(values: Sequence[float]) -> Spread:
+    return Spread(statistics.median(values), min(values), max(values), len(values))
+
+
+def by_point(rows: Iterable[Record], key: str) -> dict[str, dict[int, dict[int, float]]]:
+    """target -> C -> repeat -> value (the last record of a point wins)."""
+    out: dict[str, dict[int, dict[int, float]]] = {}
+    for r in rows:
+        if r.get(key) is None:
+            continue
+        c, rep = int(r["max_concurrency"]), int(r.get("repeat") or 1)
+        out.setdefault(str(r["target"]), {}).setdefault(c, {})[rep] = float(r[key])
+    return out
+
+
+def stats(rows: Iterable[Record], key: str) -> dict[str, dict[int, Spread]]:
+    return {
+        t: {c: spread(list(reps.values())) for c, reps in sorted(per_c.items())}
+        for t, per_c in by_point(rows, key).items()
+    }
 
 
 def table(head: Sequence[str], body: Iterable[Sequence[str]]) -> list[str]:

@@ -17,12 +17,11 @@ The goals (issue 39), judged on medians:
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
 from dynspec.bench import simreport
-from dynspec.bench.report import Record, run_time_line
+from dynspec.bench.report import Record, Spread, run_time_line, spread
 
 ROUTED = "routed"
 SINGLES = ("eagle", "baseline")
@@ -30,19 +29,10 @@ ATTAINMENT_SLACK = 0.02
 SWITCHES_PER_MIN = 6.0
 
 
-def _med(values: Sequence[float | None]) -> tuple[float, float, float] | None:
-    xs = [float(v) for v in values if v is not None]
-    if not xs:
-        return None
-    return statistics.median(xs), min(xs), max(xs)
-
-
-def _cell(m: tuple[float, float, float] | None, digits: int = 1) -> str:
+def _cell(m: Spread | None, digits: int = 1) -> str:
     if m is None:
         return "-"
-    mid, lo, hi = m
-    text = f"{mid:,.{digits}f}"
-    return text if lo == hi else f"{text} ({lo:,.{digits}f}-{hi:,.{digits}f})"
+    return m.cell(digits) if m.lo != m.hi else f"{m.median:,.{digits}f}"
 
 
 def schedules(records: Sequence[Record]) -> list[str]:
@@ -78,13 +68,14 @@ def windows(records: Sequence[Record], schedule: str, target: str) -> dict[int, 
     return dict(sorted(out.items()))
 
 
-def med_of(recs: Sequence[Record], key: str) -> tuple[float, float, float] | None:
-    return _med([r.get(key) for r in recs])
+def med_of(recs: Sequence[Record], key: str) -> Spread | None:
+    xs = [float(r[key]) for r in recs if r.get(key) is not None]
+    return spread(xs) if xs else None
 
 
 def _mid(recs: Sequence[Record], key: str) -> float | None:
     m = med_of(recs, key)
-    return m[0] if m else None
+    return m.median if m else None
 
 
 def is_sweep(name: str) -> bool:
@@ -409,7 +400,7 @@ def plot_sweep(records: Sequence[Record], path: Path) -> None:
                     m = med_of(runs(records, n, t), key)
                     rate = _rate_of(records, n)
                     if m is not None and rate is not None:
-                        pts.append((rate, *m))
+                        pts.append((rate, m.median, m.lo, m.hi))
                 pts.sort()
                 if not pts:
                     continue
