@@ -15,7 +15,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dynspec.bench.metrics import samples
 from dynspec.bench.procs import Children, http_status, stop_group
 
 PROG = "dynspec-bench gpu run"
@@ -166,8 +166,9 @@ def fetch(
 
 
 def gauge(text: str, name: str) -> float | None:
-    found = re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.eE+-]+)$", text, re.M)
-    return sum(float(x) for x in found) / len(found) if found else None
+    """The mean of ``name``'s samples (over its label sets), None where the page has none."""
+    found = [v for _, v in samples(text, name)]
+    return sum(found) / len(found) if found else None
 
 
 def dry_run_commands(stdout: str) -> list[str]:
