@@ -286,7 +286,7 @@ def _labels(records: Sequence[Record], layout: str) -> list[str]:
 def plot(records: Sequence[Record], path: Path, title: str) -> None:
     layouts = [lay for lay in LAYOUTS if any(r.get("layout") == lay for r in records)]
     n = max(1, len(layouts))
-    with simreport.figure(path, title, 2, n, figsize=(5.5 * n, 6.5), squeeze=False) as (_, axes):
+    with report.figure(path, title, 2, n, figsize=(5.5 * n, 6.5), squeeze=False) as (_, axes):
         for j, layout in enumerate(layouts):
             rows = level_rows(records, layout)
             for v in _ran(records, layout):

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dynspec.bench import simreport
-from dynspec.bench.report import Record, Spread, run_time_line, spread
+from dynspec.bench.report import Record, Spread, figure, run_time_line, spread
 
 ROUTED = "routed"
 SINGLES = ("eagle", "baseline")
@@ -356,7 +356,7 @@ def plot_series(records: Sequence[Record], name: str, path: Path) -> None:
     """Rate and the routed pool share on top; TPOT p50 and p99 of every target below, then
     every target's SLO attainment."""
     title = f"{_label(records)}: open-loop `{name}`, medians of repeats"
-    with simreport.figure(path, title, 3, 1, figsize=(10, 9), sharex=True) as (_, axes):
+    with figure(path, title, 3, 1, figsize=(10, 9), sharex=True) as (_, axes):
         top, bottom, slo = axes
         xs, ys = _series(records, name, targets(records)[0], "scheduled_rate")
         top.plot(xs, ys, color="gray", label="scheduled rate")
@@ -392,7 +392,7 @@ def plot_sweep(records: Sequence[Record], path: Path) -> None:
     """Goodput and p99 TPOT against the request rate, one line per target with min-max bars."""
     names = [n for n in schedules(records) if is_sweep(n)]
     title = f"{_label(records)}: open-loop rate sweep, medians of repeats (min-max)"
-    with simreport.figure(path, title, 1, 2, figsize=(11, 4.5)) as (_, (left, right)):
+    with figure(path, title, 1, 2, figsize=(11, 4.5)) as (_, (left, right)):
         for t in targets(records):
             for ax, key in ((left, "goodput"), (right, "p99_tpot_ms")):
                 pts = []
