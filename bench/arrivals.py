@@ -97,13 +97,6 @@ class Schedule:
         """Expected arrivals from 0 to each segment's end."""
         return list(itertools.accumulate(s.expected(s.seconds) for s in self.segments))
 
-    def rate_at(self, t: float) -> float:
-        if not 0 <= t < self.duration:
-            return 0.0
-        s = self.segments[max(0, bisect.bisect_right(self._starts, t) - 1)]
-        u = min(t - s.start, s.seconds)
-        return s.rate_from + (s.rate_to - s.rate_from) * u / s.seconds
-
     def expected(self, t: float) -> float:
         """The integral of the rate from 0 to ``t``."""
         if t <= 0:
@@ -135,10 +128,6 @@ class Schedule:
     @property
     def peak(self) -> float:
         return max(max(s.rate_from, s.rate_to) for s in self.segments)
-
-    @property
-    def mean_rate(self) -> float:
-        return self._totals[-1] / self.duration
 
 
 def _positive(value: float, what: str) -> float:

@@ -124,20 +124,6 @@ def add_prompt_pool_flag(p: FlagParser | argparse.ArgumentParser) -> None:
     )
 
 
-def add_ramp_flags(
-    p: FlagParser | argparse.ArgumentParser, *, peak: int, cycles: int, step_seconds: float
-) -> None:
-    """--peak, --cycles, --step-seconds: a ramp 1, 2, 4 ... peak ... 2, 1."""
-    p.add_argument("--peak", type=positive_int, default=peak, help="the ramp's highest C")
-    p.add_argument("--cycles", type=positive_int, default=cycles, help="ramps up and down")
-    p.add_argument(
-        "--step-seconds",
-        type=positive_float,
-        default=step_seconds,
-        help="wall-clock seconds per concurrency step",
-    )
-
-
 def add_sharing_flag(p: FlagParser | argparse.ArgumentParser, where: str) -> None:
     p.add_argument(
         "--sharing",

@@ -121,6 +121,7 @@ def _report_of(records: Sequence[Record]) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dynspec.bench import envelope8, envelope8_report
     from dynspec.bench.sweep import ProgressLine
 
     if args.from_jsonl is not None:
@@ -128,28 +129,19 @@ def run(args: argparse.Namespace) -> int:
     prof = sim_profile(args)
     if not args.eight_gpus:
         raise UsageError(RETIRED)
-    return _eight_gpus(args, prof.name, ProgressLine(enabled=not args.no_progress))
-
-
-def _same(args: argparse.Namespace, more: str = "") -> dict[str, Any]:
-    """The settings both configs take from the flags of the same name."""
-    names = f"profile speed threshold hysteresis seed startup_timeout router_log_level {more}"
-    return {k: getattr(args, k) for k in names.split()}
-
-
-def _eight_gpus(args: argparse.Namespace, name: str, progress: Any) -> int:
-    from dynspec.bench import envelope8, envelope8_report
-
     suffix = ("-mps" if args.sharing == "mps" else "") + ("-calibrated" if args.calibrated else "")
-    out = out_path(args, f"envelope8-{name}{suffix}")
+    out = out_path(args, f"envelope8-{prof.name}{suffix}")
     if args.append and not (out.exists() and out.stat().st_size > 0):
         raise UsageError(f"--append: {out} does not exist or is empty")
+    names = "profile speed threshold hysteresis seed startup_timeout router_log_level ways"
+    names += " metrics_interval sharing adaptive_profile append repeats calibrated"
     cfg = envelope8.EightGpusConfig(
-        **_same(args, "ways metrics_interval sharing adaptive_profile append repeats calibrated"),
+        **{k: getattr(args, k) for k in names.split()},
         sweep=sweep_config(args),
         out=out,
         command=args.command_line,
     )
+    progress = ProgressLine(enabled=not args.no_progress)
 
     def go() -> None:  # the report reads OUT.jsonl back: with --append it holds earlier runs too
         envelope8.run(cfg, progress)

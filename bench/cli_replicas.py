@@ -9,7 +9,6 @@ import argparse
 from dynspec.bench import ways
 from dynspec.bench.cli_common import (
     add_load_flags,
-    add_ramp_flags,
     add_sharing_flag,
     add_simulate_flags,
     levels,
@@ -72,7 +71,15 @@ def add_arguments(p: FlagParser) -> None:
         help="the 3-servers replicas' --load-interval, wall-clock seconds (default: 0.25 / "
         "--speed, the router's default in model time)",
     )
-    add_ramp_flags(p, peak=128, cycles=1, step_seconds=5.0)
+    # The ramp 1, 2, 4 ... peak ... 2, 1 (replicas.schedule).
+    p.add_argument("--peak", type=positive_int, default=128, help="the ramp's highest C")
+    p.add_argument("--cycles", type=positive_int, default=1, help="ramps up and down")
+    p.add_argument(
+        "--step-seconds",
+        type=positive_float,
+        default=5.0,
+        help="wall-clock seconds per concurrency step",
+    )
     add_sharing_flag(p, "paired: ")
 
 

@@ -1,25 +1,11 @@
-"""Eight GPUs, seven ways: the same simulated GPUs behind the router setups that could use them.
-
-``dynspec-bench envelope --eight-gpus`` starts the ``dynspec-sim`` servers the chosen ways need
-(each stands for four GPUs) and one ``dynspec-router`` per way (``ways.EIGHT_WAYS``: the split
-layout with a suggested threshold and with ``balance``, two shared GPUs behind ``--pair`` with the
-suggested threshold and with ``auto``, and two servers of one kind in one pool). ``2x-adaptive``
-runs where the profile has an adaptive-EAGLE counterpart measured at its acceptance
-(``adaptive_counterpart``), or ``--adaptive-profile`` names one; else it is left out, and the
-records say why.
-
-Every level runs each way in turn (``sweep``'s order), so a drift of the machine spreads over all.
-``--repeats N`` runs the whole comparison N times, each on servers and routers started afresh
-(repeat r seeds the simulators and the prompts with seed + r - 1), so nothing a router learnt
-or a server held carries over; ``envelope8_report`` judges the medians.
-A way whose router learns from its servers (``ways.LEARNING``: ``split-balance``, ``paired-auto``)
-runs on simulators of its own (``ways.server_set``), seeded as the others are: with one set of
-servers for all, ``paired-auto``'s router learnt from the ``/metrics`` of the pairs that
-``paired-threshold`` was loading, and met what that way left on them. The ways that learn nothing
-share theirs, one after the other (``split-threshold`` and ``2x-eagle`` use the first EAGLE
-server, as the single-server sweeps do). Every record names the servers each way's router was
-pointed at (``way_servers``). ``envelope8_report.py`` holds the goals and the report. Everything
-is SIMULATED.
+"""Eight GPUs, seven ways (``dynspec-bench envelope --eight-gpus``): the same simulated GPUs
+behind each router setup that could use them (``ways.EIGHT_WAYS``; ``2x-adaptive`` only where the
+profile has a counterpart measured at its acceptance, ``adaptive_counterpart``), every level
+running each way in turn, ``--repeats`` times on servers and routers started afresh (seed + r - 1).
+A way whose router learns from its servers (``ways.LEARNING``) runs on simulators of its own
+(``ways.server_set``): sharing them, ``paired-auto`` learnt from the pairs ``paired-threshold``
+was loading. Every record names its way's servers (``way_servers``). The ways and why:
+docs/benchmarks.md, "Eight GPUs seven ways"; goals and report: ``envelope8_report.py``. SIMULATED.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""The eight-GPU comparison's goals and report (pure but for writing the files).
-
-Goals (issue 16 item 6), per concurrency C, for ``paired-auto`` (two shared GPUs, the router
-learning each pair's threshold):
-
-- ``best``: tok/s >= 0.95x the best homogeneous pair's (``2x-eagle``, ``2x-baseline``,
-  ``2x-adaptive``: whichever served most at that C), at every C;
-- ``tpot``: p50 TPOT <= 1.05x that best pair's, at every C below the crossover (where EAGLE stops
-  paying: ``suggest-threshold``'s crossover, else the threshold);
-- ``split``: tok/s >= 1.3x ``split-threshold``'s, at every C >= 2 x the threshold.
-
-Each goal is PASS (met at every C where it applies), MISS (with the Cs and figures), or not
-evaluated. A run of several repeats (``--repeats``, a record's ``repeat``; a record without one is
-repeat 1) is judged on the medians over its repeats, and the tables give each median with its
-min-max. A ``2x-adaptive`` that ran another profile's adaptive curve than the one measured at
-this profile's acceptance (records of runs before that rule) is no ceiling for this profile: it
-is left out of the goals and the tables, and the report says why. Everything is SIMULATED.
+"""The eight-GPU comparison's goals (``GOALS``, issue 16 item 6, for ``paired-auto`` per C;
+"the crossover" is ``suggest-threshold``'s, else the threshold) and report; pure but for writing
+the files. Each goal is PASS (met at every C where it applies), MISS (with the Cs and figures),
+or not evaluated; several repeats are judged on their medians (a record without ``repeat`` is
+repeat 1), the tables give each median with its min-max. A ``2x-adaptive`` that ran another
+profile's adaptive curve than the one measured at this profile's acceptance is no ceiling for it:
+left out of the goals and tables, and the report says why. Everything is SIMULATED.
 """
 
 from __future__ import annotations
@@ -26,8 +16,7 @@ from pathlib import Path
 
 from dynspec.bench import report, simreport
 from dynspec.bench.envelope8 import EXPERIMENT, adaptive_counterpart
-from dynspec.bench.gpu.steadyreport import Spread, stats
-from dynspec.bench.report import Record
+from dynspec.bench.report import Record, Spread, stats
 from dynspec.bench.simreport import cell
 from dynspec.bench.ways import EIGHT_WAYS, HOMOGENEOUS, SHARED
 from dynspec.launcher.sim.profile import Profile, load_profile

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import aiohttp
 
-from dynspec.bench.metrics import RequestTrace
+from dynspec.bench.metrics import RequestTrace, samples
 
 logger = logging.getLogger(__name__)
 
@@ -523,20 +523,12 @@ def mode_switches(metrics_text: str) -> int | None:
     """Sum of ``dynspec_mode_switches_total`` samples; None when this is not a dynspec router."""
     if "dynspec_" not in metrics_text:
         return None
-    total = 0.0
-    for line in metrics_text.splitlines():
-        if line.startswith("dynspec_mode_switches_total"):
-            total += float(line.rsplit(" ", 1)[-1])
-    return round(total)
+    return round(sum(v for _, v in samples(metrics_text, "dynspec_mode_switches_total")))
 
 
 def thresholds(metrics_text: str) -> list[float]:
     """Every ``dynspec_threshold`` sample (one per routing group); empty for another server."""
-    return [
-        float(line.rsplit(" ", 1)[-1])
-        for line in metrics_text.splitlines()
-        if line.startswith(("dynspec_threshold{", "dynspec_threshold "))
-    ]
+    return [v for _, v in samples(metrics_text, "dynspec_threshold")]
 
 
 async def model_name(

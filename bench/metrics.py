@@ -19,7 +19,9 @@ same naming pattern.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -207,3 +209,14 @@ def compute(
     )
     result.update(_summary("e2e_latency", latencies))
     return result
+
+
+def samples(text: str, name: str) -> list[tuple[str, float]]:
+    """``name``'s samples in a Prometheus text page, (labels, "" for none; value), NaN left out:
+    the bench's one reader of ``/metrics``."""
+    found: list[tuple[str, float]] = []
+    for labels, value in re.findall(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", text, re.M):
+        with contextlib.suppress(ValueError):
+            if not math.isnan(float(value)):
+                found.append((labels, float(value)))
+    return found

@@ -1,18 +1,8 @@
-"""Open-loop load: each request is sent at its arrival time, whatever is still in flight.
-
-A closed loop (``load.run_level``) waits for a request to end before it sends the next, so a
-slow server is sent less: the easiest case for a threshold router. Here the arrivals
-(``arrivals.Arrival``: a time and the request's lengths) come from a rate and a burstiness or a
-trace, and a request that is late to be served is late, not skipped: as SGLang's
-``bench_serving --request-rate`` sends.
-
-The run is bounded: after the last arrival every open request gets ``drain_s`` to finish; the
-rest are cancelled then (the server aborts them) and counted as ``cut``. A sampler reads what
-the caller watches (a router's mode-switch counter, its process's memory) every
-``sample_s`` seconds, so that a report can say what happened when.
-
-Times are the simulators' model time where ``speed`` != 1: an arrival at model second ``at`` is
-sent at wall second ``at / speed``; the report converts back (``traffic.windows``).
+"""Open-loop load: each request sent at its arrival time (``arrivals.Arrival``), whatever is
+still in flight, as ``bench_serving --request-rate`` sends; a closed loop (``load.run_level``)
+would send a slow server less. After the last arrival the open requests get ``drain_s``, then are
+cancelled and counted as ``cut``; a sampler reads what the caller watches every ``sample_s``.
+Arrival times are model time, sent at wall second ``at / speed`` (``traffic.windows`` converts).
 """
 
 from __future__ import annotations

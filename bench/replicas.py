@@ -127,12 +127,7 @@ def switch_load(
 def switches_by_label(text: str) -> dict[str, int]:
     """``dynspec_mode_switches_total`` per label set (``to="baseline"``, with pairs
     ``pair="0",to="eagle"``) from a router's ``/metrics`` text."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        if line.startswith(SWITCHES + "{"):
-            labels, _, value = line[len(SWITCHES) + 1 :].rpartition("} ")
-            out[labels] = round(float(value))
-    return out
+    return {labels: round(v) for labels, v in metrics.samples(text, SWITCHES) if labels}
 
 
 async def _switches(session: aiohttp.ClientSession, urls: Sequence[str]) -> list[dict[str, int]]:

@@ -1,18 +1,8 @@
-"""The replicas experiment's goals and report (pure but for writing the files).
-
-Goals (issue 19 item 2), per layout, for ``3-servers`` (three replicas, ``--load-signal
-servers``) against ``1-router`` (one router), the same figures for ``3-local`` showing the
-problem the shared signal is for:
-
-- ``switch_load``: the load at which new requests move to the baseline (``replicas.switch_load``:
-  on the ramp's first way up, the total in flight when the first request a baseline server
-  answered was sent) within +-25% of one router's;
-- ``tput``: output tok/s >= 0.95x one router's at every level C (the ramp's ``within``: a loss
-  of more than 5% misses, a gain does not);
-- ``switch_rate``: mode switches per minute of the busiest replica (its ``/metrics`` over the
-  whole run, model minutes) at most 1.5x one router's.
-
-Each is PASS, MISS (with the figures), or not evaluated. Everything is SIMULATED.
+"""The replicas experiment's goals (``GOALS``, issue 19 item 2: per layout, ``3-servers``
+against ``1-router``, ``3-local`` beside them to show the problem) and report; pure but for
+writing the files. ``switch_load`` is ``replicas.switch_load``'s; ``tput`` misses on a loss of
+more than 5%, never on a gain. Each goal is PASS, MISS (with the figures), or not evaluated.
+What they mean: docs/benchmarks.md, "Router replicas". Everything is SIMULATED.
 """
 
 from __future__ import annotations
@@ -286,7 +276,7 @@ def _labels(records: Sequence[Record], layout: str) -> list[str]:
 def plot(records: Sequence[Record], path: Path, title: str) -> None:
     layouts = [lay for lay in LAYOUTS if any(r.get("layout") == lay for r in records)]
     n = max(1, len(layouts))
-    with simreport.figure(path, title, 2, n, figsize=(5.5 * n, 6.5), squeeze=False) as (_, axes):
+    with report.figure(path, title, 2, n, figsize=(5.5 * n, 6.5), squeeze=False) as (_, axes):
         for j, layout in enumerate(layouts):
             rows = level_rows(records, layout)
             for v in _ran(records, layout):

@@ -8,11 +8,13 @@ exist (``max_concurrency``, ``completed``, ``duration``, ``output_throughput``, 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +123,44 @@ COLUMNS: Sequence[tuple[str, str, int]] = (
 )
 
 
+# ---- repeats: each point's median and min-max -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    lo: float
+    hi: float
+    n: int
+
+    def cell(self, digits: int = 0) -> str:
+        if self.n == 1:
+            return f"{self.median:,.{digits}f}"
+        return f"{self.median:,.{digits}f} ({self.lo:,.{digits}f}-{self.hi:,.{digits}f})"
+
+
+def spread(values: Sequence[float]) -> Spread:
+    return Spread(statistics.median(values), min(values), max(values), len(values))
+
+
+def by_point(rows: Iterable[Record], key: str) -> dict[str, dict[int, dict[int, float]]]:
+    """target -> C -> repeat -> value (the last record of a point wins)."""
+    out: dict[str, dict[int, dict[int, float]]] = {}
+    for r in rows:
+        if r.get(key) is None:
+            continue
+        c, rep = int(r["max_concurrency"]), int(r.get("repeat") or 1)
+        out.setdefault(str(r["target"]), {}).setdefault(c, {})[rep] = float(r[key])
+    return out
+
+
+def stats(rows: Iterable[Record], key: str) -> dict[str, dict[int, Spread]]:
+    return {
+        t: {c: spread(list(reps.values())) for c, reps in sorted(per_c.items())}
+        for t, per_c in by_point(rows, key).items()
+    }
+
+
 def table(head: Sequence[str], body: Iterable[Sequence[str]]) -> list[str]:
     """A Markdown table's lines: every report's tables are written by this one function."""
     return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)] + [
@@ -147,48 +187,60 @@ def plot(records: Sequence[Record], path: Path, title: str) -> None:
     """Output tok/s and p50 TPOT against concurrency, one line per target, log-scale x; where a
     level ran several times (``repeat``), the line goes through the medians and a bar spans the
     min-max."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    with figure(path, title, 1, 2, figsize=(11, 4.2)) as (_, (ax_tp, ax_tpot)):
+        levels: set[int] = set()
+        for name in targets(records):
+            by_c: dict[int, list[Record]] = {}
+            for r in records:
+                if str(r.get("target")) == name and r.get("completed"):
+                    by_c.setdefault(int(r["max_concurrency"]), []).append(r)
+            if not by_c:
+                continue
+            cs = sorted(by_c)
+            levels.update(cs)
+            for ax, key in ((ax_tp, "output_throughput"), (ax_tpot, "median_tpot_ms")):
+                values = [sorted(float(r[key]) for r in by_c[c]) for c in cs]
+                mid = [statistics.median(v) for v in values]
+                low = [m - v[0] for m, v in zip(mid, values, strict=True)]
+                high = [v[-1] - m for m, v in zip(mid, values, strict=True)]
+                ax.errorbar(cs, mid, yerr=[low, high], marker="o", capsize=3, label=name)
+        for ax, ylabel in ((ax_tp, "output tokens/s (all requests)"), (ax_tpot, "p50 TPOT (ms)")):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(levels))
+            ax.xaxis.set_major_formatter(plain)
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xlabel("concurrency (requests in flight, closed loop)")
+            ax.set_ylabel(ylabel)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend()
+        ax_tpot.set_yscale("log")
+        ax_tpot.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax_tpot.yaxis.set_major_formatter(plain)
+        ax_tpot.yaxis.set_minor_formatter(NullFormatter())
+        ax_tp.set_ylim(bottom=0)
+
+
+@contextlib.contextmanager
+def figure(
+    path: Path, title: str, rows: int, cols: int = 1, **kw: Any
+) -> Iterator[tuple[Any, Any]]:
+    """A matplotlib figure and its axes, saved to ``path`` under ``title`` when the block ends."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
 
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
-    fig, (ax_tp, ax_tpot) = plt.subplots(1, 2, figsize=(11, 4.2))
-    levels: set[int] = set()
-    for name in targets(records):
-        by_c: dict[int, list[Record]] = {}
-        for r in records:
-            if str(r.get("target")) == name and r.get("completed"):
-                by_c.setdefault(int(r["max_concurrency"]), []).append(r)
-        if not by_c:
-            continue
-        cs = sorted(by_c)
-        levels.update(cs)
-        for ax, key in ((ax_tp, "output_throughput"), (ax_tpot, "median_tpot_ms")):
-            values = [sorted(float(r[key]) for r in by_c[c]) for c in cs]
-            mid = [statistics.median(v) for v in values]
-            low = [m - v[0] for m, v in zip(mid, values, strict=True)]
-            high = [v[-1] - m for m, v in zip(mid, values, strict=True)]
-            ax.errorbar(cs, mid, yerr=[low, high], marker="o", capsize=3, label=name)
-    for ax, ylabel in ((ax_tp, "output tokens/s (all requests)"), (ax_tpot, "p50 TPOT (ms)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted(levels))
-        ax.xaxis.set_major_formatter(plain)
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xlabel("concurrency (requests in flight, closed loop)")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    ax_tpot.set_yscale("log")
-    ax_tpot.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    ax_tpot.yaxis.set_major_formatter(plain)
-    ax_tpot.yaxis.set_minor_formatter(NullFormatter())
-    ax_tp.set_ylim(bottom=0)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig, axes = plt.subplots(rows, cols, **kw)
+    try:
+        yield fig, axes
+        fig.suptitle(title)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
 
 
 def write_outputs(

@@ -6,11 +6,8 @@ figure. Pure but for the figure's file.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
 
 from dynspec.bench import threshold
 from dynspec.bench.report import Record, model_time, table
@@ -146,23 +143,3 @@ def suggestion_section(s: threshold.Suggestion | None) -> list[str]:
         return []
     title = "## SIMULATED: threshold suggestion from the single-server sweeps"
     return [title, "", threshold.render(s), ""]
-
-
-@contextlib.contextmanager
-def figure(
-    path: Path, title: str, rows: int, cols: int = 1, **kw: Any
-) -> Iterator[tuple[Any, Any]]:
-    """A matplotlib figure and its axes, saved to ``path`` under ``title`` when the block ends."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(rows, cols, **kw)
-    try:
-        yield fig, axes
-        fig.suptitle(title)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-    finally:
-        plt.close(fig)

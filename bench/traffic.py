@@ -1,22 +1,9 @@
-"""``dynspec-bench traffic``: open-loop traffic (a rate that changes, lengths that vary, a trace
-replayed) against the routed pair and each server alone, judged on SLOs.
-
-One *run* is one target under one schedule's arrivals (``openloop.replay``). The plan: for each
-repeat, for each schedule, every target in turn, the order rotated by one each repeat (so that no
-target always runs first, after the warm-up, or last); every target of a repeat gets the same
-arrivals (seed ``seed + repeat``), each target its own prompt words (``openloop.prompt_of``).
-A run's records (``slo.records``: its windows and the whole run) are appended to the JSONL as it
-ends; a run already there is skipped, so a second call on the same file resumes.
-
-Two ways to get the targets:
-
-- ``run_live``: targets that are already up (a GPU launch's router and its two servers' own
-  ports, or any OpenAI-compatible URLs); routers named in ``watch`` are sampled during their runs.
-- ``run_simulated``: ``dynspec-sim`` servers started FRESH for every run, and for the routed
-  target a ``dynspec-router`` in front of them (``split``: an EAGLE and a baseline server of
-  their own; ``paired``: one ``dynspec-sim --pair`` sharing one simulated GPU). No run sees load
-  or learned state that another run left. Its routers are sampled for mode switches, their
-  in-flight counts and their memory (RSS).
+"""``dynspec-bench traffic``: open-loop traffic against the routed pair and each server alone,
+judged on SLOs. A run is one target under one schedule's arrivals (``openloop.replay``); per
+repeat and schedule every target runs in turn on the same arrivals, the order rotated; a run
+already in the JSONL is skipped (resume). ``run_live`` loads targets that are up (``watch``:
+the routers sampled), ``run_simulated`` fresh ``dynspec-sim`` servers (and a router) for every
+run. The plan and what a window says: docs/benchmarks.md, "Open-loop traffic".
 """
 
 from __future__ import annotations

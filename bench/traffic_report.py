@@ -1,28 +1,16 @@
-"""The traffic experiment's report: medians over repeats with their spread, the goals, a
-Markdown file and two pictures (the time series of each changing schedule, and the rate sweep).
-
-Records come from ``slo.records`` (``traffic.py`` writes them): per run, its windows
-(``"scope": "window"``) and the whole run (``"scope": "run"``). A cell is the median of the
-repeats, with min-max beside it where there are several. Schedules named ``rate-R`` are the
-levels of a rate sweep; any other schedule (``day``, a ramp, a trace) is a time series.
-
-The goals (issue 39), judged on medians:
-
-- every window of a time series: the routed pair's SLO attainment >= the better single server's
-  minus 0.02; over the whole schedule its goodput >= 1.0x the better single server's;
-- the sweep's lowest rate: routed p50 TPOT within 5% of EAGLE alone's; its highest rate: routed
-  tok/s >= 0.95x the baseline alone's;
-- every routed run: at most one mode switch per 10 s on average (6 a minute).
+"""The traffic experiment's report: a Markdown file and two pictures (each changing schedule's
+time series; the rate sweep, whose schedules are named ``rate-R``) from ``slo.records``' window
+and run records, each cell the median of the repeats with min-max beside it. The goals (issue 39,
+on medians; ``ATTAINMENT_SLACK``, ``SWITCHES_PER_MIN``): docs/benchmarks.md, "Open-loop traffic".
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
 from dynspec.bench import simreport
-from dynspec.bench.report import Record, run_time_line
+from dynspec.bench.report import Record, Spread, figure, run_time_line, spread
 
 ROUTED = "routed"
 SINGLES = ("eagle", "baseline")
@@ -30,19 +18,10 @@ ATTAINMENT_SLACK = 0.02
 SWITCHES_PER_MIN = 6.0
 
 
-def _med(values: Sequence[float | None]) -> tuple[float, float, float] | None:
-    xs = [float(v) for v in values if v is not None]
-    if not xs:
-        return None
-    return statistics.median(xs), min(xs), max(xs)
-
-
-def _cell(m: tuple[float, float, float] | None, digits: int = 1) -> str:
+def _cell(m: Spread | None, digits: int = 1) -> str:
     if m is None:
         return "-"
-    mid, lo, hi = m
-    text = f"{mid:,.{digits}f}"
-    return text if lo == hi else f"{text} ({lo:,.{digits}f}-{hi:,.{digits}f})"
+    return m.cell(digits) if m.lo != m.hi else f"{m.median:,.{digits}f}"
 
 
 def schedules(records: Sequence[Record]) -> list[str]:
@@ -78,13 +57,14 @@ def windows(records: Sequence[Record], schedule: str, target: str) -> dict[int, 
     return dict(sorted(out.items()))
 
 
-def med_of(recs: Sequence[Record], key: str) -> tuple[float, float, float] | None:
-    return _med([r.get(key) for r in recs])
+def med_of(recs: Sequence[Record], key: str) -> Spread | None:
+    xs = [float(r[key]) for r in recs if r.get(key) is not None]
+    return spread(xs) if xs else None
 
 
 def _mid(recs: Sequence[Record], key: str) -> float | None:
     m = med_of(recs, key)
-    return m[0] if m else None
+    return m.median if m else None
 
 
 def is_sweep(name: str) -> bool:
@@ -365,7 +345,7 @@ def plot_series(records: Sequence[Record], name: str, path: Path) -> None:
     """Rate and the routed pool share on top; TPOT p50 and p99 of every target below, then
     every target's SLO attainment."""
     title = f"{_label(records)}: open-loop `{name}`, medians of repeats"
-    with simreport.figure(path, title, 3, 1, figsize=(10, 9), sharex=True) as (_, axes):
+    with figure(path, title, 3, 1, figsize=(10, 9), sharex=True) as (_, axes):
         top, bottom, slo = axes
         xs, ys = _series(records, name, targets(records)[0], "scheduled_rate")
         top.plot(xs, ys, color="gray", label="scheduled rate")
@@ -401,7 +381,7 @@ def plot_sweep(records: Sequence[Record], path: Path) -> None:
     """Goodput and p99 TPOT against the request rate, one line per target with min-max bars."""
     names = [n for n in schedules(records) if is_sweep(n)]
     title = f"{_label(records)}: open-loop rate sweep, medians of repeats (min-max)"
-    with simreport.figure(path, title, 1, 2, figsize=(11, 4.5)) as (_, (left, right)):
+    with figure(path, title, 1, 2, figsize=(11, 4.5)) as (_, (left, right)):
         for t in targets(records):
             for ax, key in ((left, "goodput"), (right, "p99_tpot_ms")):
                 pts = []
@@ -409,7 +389,7 @@ def plot_sweep(records: Sequence[Record], path: Path) -> None:
                     m = med_of(runs(records, n, t), key)
                     rate = _rate_of(records, n)
                     if m is not None and rate is not None:
-                        pts.append((rate, *m))
+                        pts.append((rate, m.median, m.lo, m.hi))
                 pts.sort()
                 if not pts:
                     continue

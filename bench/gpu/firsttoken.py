@@ -8,12 +8,12 @@ docs/benchmarks.md, "Where the first token waited".
 from __future__ import annotations
 
 import contextlib
-import re
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dynspec.bench import report
+from dynspec.bench.metrics import samples
 
 ROUTER_TTFT = "dynspec_time_to_first_token_seconds"
 ROUTER_DELAY = "dynspec_router_delay_seconds"
@@ -27,15 +27,10 @@ Fetch = Callable[[str], str]  # a URL -> its text (raises OSError or ValueError 
 def totals(text: str, name: str) -> Totals | None:
     """The ``_sum`` and ``_count`` of histogram ``name`` in a Prometheus text page, each added up
     over the histogram's series; None where the page has no ``_count`` of it."""
-    found: dict[str, float] = {"sum": 0.0, "count": 0.0}
-    seen = False
-    pattern = rf"^{re.escape(name)}_(sum|count)(?:\{{[^}}]*\}})? ([0-9.eE+-]+|NaN)$"
-    for part, value in re.findall(pattern, text, re.M):
-        if value == "NaN":
-            continue
-        found[part] += float(value)
-        seen = seen or part == "count"
-    return (found["sum"], found["count"]) if seen else None
+    count = samples(text, f"{name}_count")
+    if not count:
+        return None
+    return sum((v for _, v in samples(text, f"{name}_sum")), 0.0), sum(v for _, v in count)
 
 
 class FirstTokens:

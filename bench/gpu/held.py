@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dynspec.bench.gpu.toolkit import LogTail as FileTail
 from dynspec.common.sglanglog import SERVERS, Decode, decodes, read_logs, seconds
 
 # Which servers' lines a target's level is read from.
@@ -110,22 +111,10 @@ class LogTail:
     record as its level ends, without reading the whole log again)."""
 
     def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.offsets: dict[str, int] = {}
+        self.tails = {server: FileTail(folder / name) for server, name in SERVERS.items()}
         self.found: dict[str, list[Decode]] = {s: [] for s in SERVERS}
 
     def read(self) -> Samples:
-        for server, name in SERVERS.items():
-            path = self.folder / name
-            try:
-                with path.open("rb") as f:
-                    f.seek(self.offsets.get(name, 0))
-                    chunk = f.read()
-            except OSError:
-                continue
-            # Only whole lines: a line being written is read next time.
-            cut = chunk.rfind(b"\n") + 1
-            self.offsets[name] = self.offsets.get(name, 0) + cut
-            text = chunk[:cut].decode(errors="replace")
-            self.found[server] += decodes(text.splitlines())
+        for server, tail in self.tails.items():
+            self.found[server] += decodes(tail.lines())  # whole lines: a line being written waits
         return self.found

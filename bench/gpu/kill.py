@@ -42,6 +42,7 @@ from dynspec.bench.gpu.toolkit import (
     SERVED,
     SETUP_S,
     STOP_S,
+    LogTail,
     Run,
     RunFailed,
     check_model_loads,
@@ -125,31 +126,6 @@ def server_pid(launcher: int, port: int) -> int | None:
 
 
 # -- the router and the servers ------------------------------------------------------------------
-
-
-class LogTail:
-    """New complete lines of a growing log file."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.partial = b""
-
-    def skip(self) -> None:
-        with contextlib.suppress(OSError):
-            self.offset = self.path.stat().st_size
-        self.partial = b""
-
-    def lines(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return []
-        self.offset += len(data)
-        *done, self.partial = (self.partial + data).split(b"\n")
-        return [ln.decode("utf-8", "replace").rstrip("\r") for ln in done]
 
 
 @dataclass

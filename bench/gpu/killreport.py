@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dynspec.bench.metrics import samples
 from dynspec.bench.report import table
 
 POOLS = ("eagle", "baseline")
@@ -30,12 +31,11 @@ def gpu_pids(text: str) -> list[int]:
 
 def counters(text: str, name: str) -> dict[str, float]:
     """``name``'s samples by their labels, sorted: {"kind=connect,pool=eagle": 3.0}."""
-    found: dict[str, float] = {}
-    for labels, value in re.findall(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", text, re.M):
-        key = ",".join(sorted(f"{k}={v}" for k, v in re.findall(r'(\w+)="([^"]*)"', labels)))
-        with contextlib.suppress(ValueError):
-            found[key] = float(value)
-    return found
+    return {
+        ",".join(sorted(f"{k}={v}" for k, v in re.findall(r'(\w+)="([^"]*)"', labels))): value
+        for labels, value in samples(text, name)
+        if labels
+    }
 
 
 def outcome(r: Mapping[str, Any]) -> str:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dynspec.bench.gpu import firsttoken, held
-from dynspec.bench.report import Record, load_jsonl, table
+from dynspec.bench.report import Record, Spread, by_point, load_jsonl, spread, stats, table
 
 PAIR_GOAL = 0.95  # routed >= 0.95 x the better server alone, at every C
 COST_GOAL = 0.97  # routed >= 0.97 x direct at every C ...
@@ -22,46 +21,11 @@ ROUTED = ("routed",)
 COST = ("routed_eagle", "eagle")
 
 
-@dataclass(frozen=True)
-class Spread:
-    median: float
-    lo: float
-    hi: float
-    n: int
-
-    def cell(self, digits: int = 0) -> str:
-        if self.n == 1:
-            return f"{self.median:,.{digits}f}"
-        return f"{self.median:,.{digits}f} ({self.lo:,.{digits}f}-{self.hi:,.{digits}f})"
-
-
-def spread(values: Sequence[float]) -> Spread:
-    return Spread(statistics.median(values), min(values), max(values), len(values))
-
-
 def read(paths: Iterable[Path]) -> list[Record]:
     rows: list[Record] = []
     for path in paths:
         rows += load_jsonl(path)
     return rows
-
-
-def by_point(rows: Iterable[Record], key: str) -> dict[str, dict[int, dict[int, float]]]:
-    """target -> C -> repeat -> value (the last record of a point wins)."""
-    out: dict[str, dict[int, dict[int, float]]] = {}
-    for r in rows:
-        if r.get(key) is None:
-            continue
-        c, rep = int(r["max_concurrency"]), int(r.get("repeat") or 1)
-        out.setdefault(str(r["target"]), {}).setdefault(c, {})[rep] = float(r[key])
-    return out
-
-
-def stats(rows: Iterable[Record], key: str) -> dict[str, dict[int, Spread]]:
-    return {
-        t: {c: spread(list(reps.values())) for c, reps in sorted(per_c.items())}
-        for t, per_c in by_point(rows, key).items()
-    }
 
 
 def pair_ratios(

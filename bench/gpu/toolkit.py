@@ -15,7 +15,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dynspec.bench.metrics import samples
 from dynspec.bench.procs import Children, http_status, stop_group
 
 PROG = "dynspec-bench gpu run"
@@ -63,7 +63,6 @@ SETUP_S = 60.0
 LAUNCH_S = 210.0
 STOP_S = 25.0
 RESERVE_S = 45.0  # kept for stopping the launcher and writing the results
-DEVICE_LIMIT_S = 570.0  # one device command (the tool's limit is 600)
 
 
 class RunFailed(Exception):
@@ -167,8 +166,9 @@ def fetch(
 
 
 def gauge(text: str, name: str) -> float | None:
-    found = re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.eE+-]+)$", text, re.M)
-    return sum(float(x) for x in found) / len(found) if found else None
+    """The mean of ``name``'s samples (over its label sets), None where the page has none."""
+    found = [v for _, v in samples(text, name)]
+    return sum(found) / len(found) if found else None
 
 
 def dry_run_commands(stdout: str) -> list[str]:
@@ -178,10 +178,34 @@ def dry_run_commands(stdout: str) -> list[str]:
 
 def last_line(path: Path) -> str:
     try:
-        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+        return last_line_of(path.read_text(errors="replace"))
     except OSError:
         return ""
-    return lines[-1] if lines else ""
+
+
+class LogTail:
+    """New complete lines of a growing log file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def skip(self) -> None:
+        with contextlib.suppress(OSError):
+            self.offset = self.path.stat().st_size
+        self.partial = b""
+
+    def lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        self.offset += len(data)
+        *done, self.partial = (self.partial + data).split(b"\n")
+        return [ln.decode("utf-8", "replace").rstrip("\r") for ln in done]
 
 
 # -- set-up --------------------------------------------------------------------------------------

@@ -1,26 +1,9 @@
 """The ``traffic`` plan: open-loop traffic on one GPU, the routed pair against each of its
-servers alone (``dynspec.bench.traffic.run_live``).
-
-One ``dynspec-launch --gpus 0 --threshold auto --mps`` (``pair-b``'s launch: the EAGLE-3 server,
-then the baseline once EAGLE is healthy, both capped at 128 running as in ``pair-b-interval4``,
-the router in front, calibrated at launch), a short warm pass (every server at C=1..256 once, so
-no triton kernel compiles inside a measured run), then ``run_live`` over the router and the two
-servers' own ports: per repeat, per schedule, every target in turn with the same arrivals. The
-schedules: ``day`` (the compressed day over ``--traffic-day-seconds``, peak ``--traffic-peak``
-req/s) and, with ``--traffic-rates``, one constant rate a schedule (``rate-R``, R req/s for
-``--traffic-rate-seconds``).
-
-The peak, unless given, comes from the launch's calibration (``capacity``): each server's top
-calibrated output tok/s, scaled by what that calibration overstated with prefill paid, over the
-output length, is what it can serve a second; the peak is the geometric mean of EAGLE's and the
-baseline's, as far above EAGLE's capacity (overloaded alone) as below the baseline's (still
-served). It is chosen once, by the first launch, and kept in ``meta.json``: every later command
-(a kept launch, or ``--resume-from`` on a fresh machine) sends the same arrivals.
-
-One device command holds a launch and a run or two, not a plan: ``--keep`` leaves the launch
-running for the next command, whose ``run_live`` skips the runs already in ``traffic.jsonl``;
-on a fresh machine ``--resume-from`` an earlier command's results keeps its whole (schedule,
-repeat) groups and runs the rest in a new launch.
+servers alone (``dynspec.bench.traffic.run_live``), on ``pair-b``'s launch (MPS, calibrated, both
+servers capped at 128 running) after a short warm pass. The day's peak, unless given, comes from
+the launch's calibration (``capacity``) and is chosen once, in ``meta.json``, so every later
+command (``--keep``, ``--resume-from``) sends the same arrivals (``settle_peak``). What it runs
+and its flags: docs/benchmarks.md, "The plans" and "Flags of dynspec-bench gpu run".
 """
 
 from __future__ import annotations

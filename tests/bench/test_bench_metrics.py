@@ -18,7 +18,7 @@ from dynspec.bench.load import (
     random_prompts,
     sharegpt_prompts,
 )
-from dynspec.bench.metrics import RequestTrace, compute, percentile, window
+from dynspec.bench.metrics import RequestTrace, compute, percentile, samples, window
 
 MS = 1000.0
 
@@ -170,6 +170,13 @@ def test_parse_target_and_router_metrics() -> None:
     assert mode_switches(text) == 5
     assert mode_switches("# TYPE dynspec_load gauge\ndynspec_load 0.0\n") == 0
     assert mode_switches("sglang:num_running_reqs 0.0\n") is None
+    # The one reader of /metrics pages: labels or none, a longer name is another metric, NaN out.
+    page = text + 'dynspec_mode_switches_totalx 9\ndynspec_mode_switches_total NaN\nx{a="b"} 1e3\n'
+    assert samples(page, "dynspec_mode_switches_total") == [
+        ('to="baseline"', 3.0),
+        ('to="eagle"', 2.0),
+    ]
+    assert samples(page, "x") == [('a="b"', 1000.0)] and samples(page, "y") == []
 
 
 def test_random_prompts_fixed_and_ranged_lengths() -> None:

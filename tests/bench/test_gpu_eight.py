@@ -13,7 +13,7 @@ import pytest
 
 from dynspec.bench.gpu import eight, models70b
 from dynspec.bench.gpu.eight import LAYOUTS as EIGHT_LAYOUTS
-from dynspec.bench.gpu.steadyreport import stats
+from dynspec.bench.report import stats
 
 MULTICAST_OFF = (
     "NCCL_NVLS_ENABLE=0",
