@@ -197,10 +197,6 @@ class Server:
         mate = self.mate
         return mate is None or (mate.area_at(now) - mate_area <= 0 and mate.in_flight == 0)
 
-    def alone(self) -> bool:
-        """Whether nothing else runs on its GPUs now."""
-        return self.mate is None or self.mate.in_flight == 0
-
 
 class Group:
     __slots__ = (

@@ -114,11 +114,11 @@ def test_a_server_s_counts_and_whether_it_ran_alone() -> None:
     e.admit(1.0, 7)
     assert (e.in_flight, e.routed, e.routed_at, e.area_at(3.0)) == (1, 7, 1.0, 2.0)
     mark = e.mate_area(3.0)
-    assert e.alone() and e.alone_since(mark, 4.0)
+    assert e.alone_since(e.mate_area(4.0), 4.0) and e.alone_since(mark, 4.0)
     b.admit(4.0, 8)  # the mate runs: not alone, now or since the mark
-    assert not e.alone() and not e.alone_since(mark, 4.0)
+    assert not e.alone_since(e.mate_area(4.0), 4.0) and not e.alone_since(mark, 4.0)
     b.finish(5.0)
-    assert e.alone() and not e.alone_since(mark, 6.0)  # it ran meanwhile
+    assert e.alone_since(e.mate_area(6.0), 6.0) and not e.alone_since(mark, 6.0)  # it ran meanwhile
     assert e.alone_since(e.mate_area(6.0), 6.0)
     e.finish(6.0)
     assert (e.in_flight, e.area) == (0, 5.0)
