@@ -29,8 +29,9 @@ so tests feed observations at chosen times and read the curves.
 The two sources run on different clocks when a server's time is not real time (a simulator at
 ``--speed 2``), and a real server's gauges are not its clients' view at every load (on the H200,
 SGLang's baseline read about twice what its clients got at 256 in flight, and right at 16): the
-server's figures are scaled by the ratio of the two at the nearest load where both saw it
-(``speed.local_ratios``), so where the router's own requests saw a load theirs is the figure. A
+server's figures are scaled by the ratio of the two at the nearest load where both saw it, if
+it is within a factor of two (``speed.local_ratios``; farther, the ratio pooled over every
+load both saw), so where the router's own requests saw a load theirs is the figure. A
 profile (or the neutral prior) gives the
 shape where nothing was seen, scaled to the server's measured level (a profile, being a
 measurement, counts as ``PROFILE_FIT_WEIGHT`` observations there; the neutral guess as none); a

@@ -230,7 +230,9 @@ def local_ratios(
 ) -> list[float]:
     """Router-measured over server-reported time per bucket: where both sources saw the bucket
     (at least ``MIN_RATIO_WEIGHT`` each), their own ratio; elsewhere the nearest such bucket's (the
-    mean of the two at a tie), or ``fallback`` if there is none.
+    mean of the two at a tie) up to a factor ``RATIO_REACH`` of load away, fading from there
+    into ``fallback`` (the ratio pooled over every load both saw: the clocks'), reached at twice
+    that distance in log-load.
 
     One ratio per server is the clocks' (a simulator at ``--speed 2``) only where the gauges are
     true; a real server's are not at every load (on the H200 the baseline's polls read about
@@ -245,14 +247,26 @@ def local_ratios(
         for i, ((wd, md), (ws, ms)) in enumerate(zip(direct, server, strict=True))
         if min(wd, ws) >= MIN_RATIO_WEIGHT and ms > 0
     ]
-    if not known:
-        return [fallback] * len(direct)
     out: list[float] = []
     for i in range(len(direct)):
-        gap = min(abs(i - j) for j, _ in known)
-        near = [r for j, r in known if abs(i - j) == gap]
-        out.append(sum(near) / len(near))
+        gap = min((abs(_LOGS[i] - _LOGS[j]) for j, _ in known), default=math.inf)
+        near = [r for j, r in known if abs(_LOGS[i] - _LOGS[j]) == gap]
+        # 1 within the reach, 0 at twice it, linear in log-load between: no step in the curve.
+        f = min(1.0, max(0.0, 2.0 - gap / _RATIO_REACH_LOG)) if near else 0.0
+        out.append(f * sum(near) / len(near) + (1.0 - f) * fallback if f else fallback)
     return out
+
+
+# A load's own ratio speaks for loads up to this factor away (log-load), no further: on the H100
+# (traffic-day, 624866c) EAGLE's polls at 2 in flight read 5.5 ms a token where its requests
+# took 3.0 (light-load gauges count the arrivals' prefills), and the moment that bucket's ratio
+# (0.54) was known it was the nearest one to every load above, halved EAGLE's curve at 32-256
+# and took the learned threshold from 74 to 512 for 7 s. Farther out the clocks' pooled ratio
+# stands, which that one bucket moved by 1%; between, a blend, since a cut put a step in the
+# curve there (the same log, a ratio of 1.11 known at 32 against a pooled 0.87: EAGLE's curve
+# flat from 96 to 128, and the threshold 201 for 2 s).
+RATIO_REACH = 2.0
+_RATIO_REACH_LOG = math.log(RATIO_REACH)
 
 
 # A measured profile (``--speed-profile``: a calibration of these servers) counts as this many

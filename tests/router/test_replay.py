@@ -4,6 +4,7 @@ where EAGLE alone served 8,812 tok/s against the baseline's 8,122 (the rule befo
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dynspec.router import learning, replay
+from dynspec.router import learning, replay, speed
 
 RUN = Path(__file__).resolve().parents[2] / "bench" / "results" / "h200" / "pair-a-calibrated"
 PROFILE = RUN / "calibration-llama8b-random-45e2ab5788a2fde3.json"
@@ -70,8 +71,9 @@ def test_observations_replay_the_h100_days_learner_exactly_and_the_anchor_holds_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The H100 day's router ran at --log-level debug (f9cbcc9, before the profile counted as
-    observations): replayed under its rule, every derivation's curves are the ones it logged
-    (to the rebuilds' timing), and the threshold reached 512 in the first routed run's ramp (it
+    observations, and before a load's ratio of the two sources stopped reaching every load):
+    replayed under its rules, every derivation's curves are the ones it logged (to the
+    rebuilds' timing), and the threshold reached 512 in the first routed run's ramp (it
     held up to 141 in flight on EAGLE). Under speed.PROFILE_FIT_WEIGHT the same observations
     keep it at 50-80."""
     lines = replay.read_logs(DAY / "logs.tar.gz")["router.log"]
@@ -84,6 +86,7 @@ def test_observations_replay_the_h100_days_learner_exactly_and_the_anchor_holds_
 
     with monkeypatch.context() as m:
         m.setattr(learning, "PROFILE_FIT_WEIGHT", 0.0)
+        m.setattr(speed, "_RATIO_REACH_LOG", math.inf)  # the nearest ratio at any distance then
         before = list(replay.replay_observations(lines, profile))
     assert len(before) == len(logged) > 80
     errors = []
@@ -114,3 +117,29 @@ def test_a_bench_runs_router_log_is_found_by_its_name(tmp_path: Path) -> None:
     assert replay.router_log(tmp_path)[:3] == lines[:3]
     (tmp_path / "router-other.log").write_text("")
     assert replay.router_log(tmp_path) == []  # two: which one is not guessed
+
+
+DAY3 = Path(__file__).resolve().parents[2] / "bench" / "results" / "h100" / "traffic-day-624866c"
+
+
+def test_a_light_load_ratio_of_the_sources_does_not_rescale_the_busy_loads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The H100 day at 624866c (debug log): in the second routed run EAGLE's polls at 2 in flight
+    read 5.5 ms a token against its requests' 3.0. Once that bucket's ratio (0.54) was known it
+    was the nearest to every load above, halved EAGLE's curve at 32-256 and took the threshold
+    to 512 for 7 s (03:22:34). Within speed.RATIO_REACH of its load only, the clocks' pooled
+    ratio beyond: the same observations keep it at 55-90 from there to the day's end."""
+    lines = replay.read_logs(DAY3 / "logs.tar.gz")["router.log"]
+    profile = replay.load_profile_json(DAY3 / "calibration-llama8b-random-2f973cb3fa6cafa4.json")
+    second_run = replay.seconds("2026-12-06 03:22:00")
+
+    def thresholds(steps: list[replay.Logged]) -> list[int]:
+        return [s.threshold for s in steps if s.at >= second_run]
+
+    with monkeypatch.context() as m:
+        m.setattr(speed, "_RATIO_REACH_LOG", math.inf)
+        before = thresholds(list(replay.replay_observations(lines, profile)))
+    assert max(before) == 512
+    after = thresholds(list(replay.replay_observations(lines, profile)))
+    assert len(after) > 20 and min(after) >= 55 and max(after) <= 90, sorted(set(after))

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from dynspec.router import speed
 from dynspec.router.learning import SpeedLearner
 from dynspec.router.server import Server
 from dynspec.router.speed import (
@@ -512,3 +513,21 @@ def test_profile_curves_and_limits() -> None:
     # Past the limit the running batch stays at 2 and the third request waits: its tokens are
     # batch 2's, shared by 3 in flight (a stay's time per token, as a closed loop measures it).
     assert base.prior[2] == pytest.approx(3 / 75)
+
+
+def test_a_loads_ratio_reaches_twice_its_load_and_fades_into_the_pooled_one() -> None:
+    """speed.local_ratios: a bucket both sources saw gives its own ratio up to RATIO_REACH
+    (2x) of load away, the pooled ``fallback`` from twice that (4x) on, a blend between; with
+    nothing known, the fallback everywhere."""
+    n = len(speed.BUCKETS)
+    at = {b: i for i, b in enumerate(speed.BUCKETS)}
+    direct = [(0.0, 0.0)] * n
+    server = [(0.0, 0.0)] * n
+    direct[at[2]], server[at[2]] = (10.0, 0.003), (4.0, 0.006)  # 0.5 at 2 in flight
+    ratios = speed.local_ratios(direct, server, 0.9)
+    assert ratios[at[2]] == pytest.approx(0.5)
+    assert [ratios[at[1]], ratios[at[4]]] == pytest.approx([0.5] * 2)  # 2x away: its own
+    assert ratios[at[3]] == pytest.approx(0.5)
+    assert 0.5 < ratios[at[6]] < 0.9  # 3x: between
+    assert [ratios[at[b]] for b in (8, 64, 512)] == pytest.approx([0.9] * 3)  # 4x and more
+    assert speed.local_ratios([(0.0, 0.0)] * n, server, 0.9) == [0.9] * n
