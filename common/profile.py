@@ -64,9 +64,10 @@ of sharing, ``timeslice`` (CUDA time-slicing) and ``mps`` (CUDA MPS)::
       "mps": { ... }
     }
 
-While both servers have running requests, each one's step takes its alone time divided by its
-share (0 < share <= 1). With ``points`` the share is that of the measured point nearest to the
-current running counts ``(e, b)`` (distance in log2 of each count), else the mode's constant. A
+While both servers are busy (requests running or in a prefill), each one's work goes at its
+share of its alone speed (0 < share <= 1; the simulator reads it again as a step goes on). With
+``points`` the share is that of the measured point nearest to the current counts ``(e, b)``
+(distance in log2 of each count), else the mode's constant. A
 profile without ``sharing`` (or without one of the entries) gets ``DEFAULT_SHARING``.
 """
 

@@ -44,9 +44,9 @@ ROUTER_SETTINGS = (
     RouterSetting(
         "--return-delay",
         non_negative_float,
-        0.0,
+        None,
         "seconds the load must stay at or below threshold - hysteresis before new requests go "
-        "back to the EAGLE pool (0: at once)",
+        "back to the EAGLE pool (0: at once; default: 1 with pairs, else 0)",
     ),
     RouterSetting(
         "--max-concurrency",

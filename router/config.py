@@ -39,7 +39,8 @@ class RouterConfig:
     threshold: int = 8
     hysteresis: int = 2
     # Seconds a group's load must stay at or below threshold - hysteresis before its new
-    # requests go back to EAGLE (0: at once).
+    # requests go back to EAGLE (0: at once). The flag's default: PAIR_RETURN_DELAY_S with
+    # --pair, else 0.
     return_delay: float = 0.0
     host: str = "127.0.0.1"
     port: int = 8000
@@ -169,6 +170,14 @@ def parse_urls(text: str) -> tuple[str, ...]:
 
 # -- pairs and the learned threshold (issue 16) ----------------------------------------------------
 
+# --return-delay's default with --pair: a pair's EAGLE server shares its baseline's GPU, so a
+# request sent to EAGLE in a dip of the load (a closed loop's wave ending: the load falls to 1 for
+# milliseconds, then its next wave comes) runs beside the baseline's next batch and slows all of
+# it. Simulated h200-8b-accept2 (envelope --eight-gpus, with the share read as a step goes on):
+# 1-2 requests a dip on EAGLE made paired-auto 0.81x 2x-baseline at C=64. A load that stays low
+# this long goes back to EAGLE; the split layout's servers have GPUs of their own (0).
+PAIR_RETURN_DELAY_S = 1.0
+
 
 def parse_pairs(text: str) -> tuple[tuple[str, str], ...]:
     """``EAGLE_URL,BASELINE_URL`` entries, separated by whitespace or ';' (DYNSPEC_PAIR may hold
@@ -295,11 +304,12 @@ def build_parser() -> FlagParser:
     p.add_argument(
         "--return-delay",
         type=non_negative_float,
-        default=0.0,
+        default=None,
         help="seconds the load must stay at or below threshold - hysteresis, at every request "
         "routed, before new requests go back to the eagle pool (0: at once); leaving it is never "
         "delayed. Stops a load that hovers near the threshold, or a learned threshold that "
-        "moves, from switching the mode back and forth",
+        f"moves, from switching the mode back and forth (default: {PAIR_RETURN_DELAY_S:g} with "
+        "--pair, where EAGLE shares the baseline's GPU; else 0)",
     )
     p.add_argument(
         "--host",
@@ -498,7 +508,11 @@ def config_from_args(ns: argparse.Namespace) -> RouterConfig:
         policy=ns.policy,
         threshold=threshold,
         hysteresis=ns.hysteresis,
-        return_delay=ns.return_delay,
+        return_delay=(
+            ns.return_delay
+            if ns.return_delay is not None
+            else (PAIR_RETURN_DELAY_S if pairs else 0.0)
+        ),
         host=ns.host,
         port=ns.port,
         api_key=_key(ns.api_key),

@@ -198,8 +198,15 @@ class Pools:
 
     def _snapshot(self, group: Group, now: float) -> Snapshot:
         # Probes go out under ``balance`` always, under ``threshold`` with --threshold auto; one
-        # at a time per group.
+        # at a time per group. A group in baseline mode probes EAGLE only once its load has
+        # stayed low for the return delay, as it would go back: the mate idle at one instant is
+        # a wave's dip as often as a light load (a closed loop's 128 requests end in one step
+        # and the next 128 come within milliseconds), and a probe then runs beside the mate's
+        # next batch, slows all of it and is not learned (simulated h200-8b-accept2 C=256: one
+        # probe a pair a wave, PROBE_AFTER_REQUESTS being less than a wave, 0.94x 2x-baseline).
         probes = (self.auto or not self.policy.switches_modes) and not group.probing
+        if probes and self.policy.switches_modes and group.mode == "baseline":
+            probes = self._may_return(group, now)
         settings = group.settings
         return Snapshot(
             servers=tuple(self._view(s, now, probes) for s in group.servers),

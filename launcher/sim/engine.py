@@ -29,13 +29,10 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from dynspec.launcher.sim.metrics import Metrics
 from dynspec.launcher.sim.profile import ModeProfile
-
-if TYPE_CHECKING:
-    from dynspec.launcher.sim.shared_gpu import SharedGpu
+from dynspec.launcher.sim.shared_gpu import SHARE_SLICE_S, SharedGpu
 
 logger = logging.getLogger(__name__)
 
@@ -246,6 +243,8 @@ class Engine:
         self._win_prefill_tokens = 0
         self.last_gen_throughput = 0.0
         self.last_accept_length = 0.0
+        # The requests in the prefill step under way (0 between steps and in a decode step).
+        self.prefilling = 0
         # (running, waiting) as last published for /v1/loads, and decode steps since then.
         self.load_snapshot = (0, 0)
         self._decodes_unpublished = 0
@@ -313,6 +312,11 @@ class Engine:
     def queued(self) -> int:
         return len(self.waiting)
 
+    def busy(self) -> int:
+        """What it runs on the GPU now, as its pair-mate's share counts it: its running requests
+        and those in its prefill step (a wave's first prefill runs none yet)."""
+        return len(self.running) + self.prefilling
+
     def used_tokens(self) -> int:
         return sum(r.prompt_tokens + r.generated for r in self.running)
 
@@ -361,9 +365,19 @@ class Engine:
                 room -= 1
             if admit:
                 duration = self.profile.prefill_time(sum(r.prompt_tokens for r in admit))
+                self.prefilling = len(admit)
             else:
                 duration = self.profile.step_time(len(self.running))
             if self.shared is not None:
+                # On a shared GPU the step's work goes at the share of the moment, read again
+                # every SHARE_SLICE_S of it (``shared_gpu``): the mate's load changes within a
+                # long step. The last slice is the step's own end (its lateness counted below).
+                while duration > SHARE_SLICE_S:
+                    deadline += SHARE_SLICE_S * self.shared.slowdown(self.mode) / self.speed
+                    duration -= SHARE_SLICE_S
+                    delay = deadline - loop.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
                 duration *= self.shared.slowdown(self.mode)
             deadline += duration / self.speed
             delay = deadline - loop.time()
@@ -384,6 +398,7 @@ class Engine:
                     deadline = loop.time()
                 await asyncio.sleep(0)
             self.stats.steps += 1
+            self.prefilling = 0
             if admit:
                 self.stats.prefill_steps += 1
                 self._prefilled([r for r in admit if not r.done])

@@ -23,7 +23,7 @@ from dynspec.router.autothreshold import (
     derive_threshold,
     learned_settings,
 )
-from dynspec.router.config import parse_config
+from dynspec.router.config import PAIR_RETURN_DELAY_S, parse_config
 from dynspec.router.learning import SpeedLearner
 from dynspec.router.policy import (
     PoolName,
@@ -293,6 +293,49 @@ def test_pools_with_pairs_switch_each_pair_by_its_own_load() -> None:
     lease = pools.acquire()
     assert lease.pool == "baseline"
     lease.release()
+
+
+def test_pairs_wait_before_going_back_to_eagle_so_a_wave_s_dip_stays_on_the_baseline() -> None:
+    """With --pair the return delay is PAIR_RETURN_DELAY_S unless given: a closed loop's wave
+    ends all at once, the load falls to 0, and the next wave's first requests went to EAGLE,
+    which shares the GPU with the baseline's next batch (simulated h200-8b-accept2, the share
+    read as a step goes on: 1-2 a dip made paired-auto 0.81x 2x-baseline at C=64). A load that
+    stays low that long goes back; the split layout (GPUs of their own) goes back at once."""
+    cfg = parse_config(["--pair", f"{E0},{B0}", "--threshold", "auto"], {})
+    assert cfg.return_delay == PAIR_RETURN_DELAY_S > 0
+    assert parse_config(["--pair", f"{E0},{B0}", "--return-delay", "0"], {}).return_delay == 0
+    assert parse_config(["--eagle-url", E0, "--baseline-url", B0], {}).return_delay == 0
+    now = [0.0]
+    pools = Pools(
+        [(E0, "eagle"), (B0, "baseline")],
+        ThresholdPolicy(),
+        threshold=4,
+        hysteresis=1,
+        pairs=cfg.pairs,
+        clock=lambda: now[0],
+        return_delay=cfg.return_delay,
+    )
+    for s in pools.servers:
+        s.healthy = True
+    wave = [pools.acquire() for _ in range(32)]
+    assert pools.mode == "baseline"
+    for n in range(3):  # three waves: each ends at once, the next one comes 5 ms later
+        now[0] += 1.0
+        for lease in wave:
+            lease.release()
+        now[0] += 0.005
+        wave = [pools.acquire() for _ in range(32)]
+        assert [x.pool for x in wave] == ["baseline"] * 32, n
+    for lease in wave:
+        lease.release()
+    # A light load that lasts: back to EAGLE once it has for the delay.
+    routed = []
+    for _ in range(4):
+        now[0] += 0.4
+        lease = pools.acquire()
+        routed.append(lease.pool)
+        lease.release()
+    assert routed == ["baseline", "baseline", "baseline", "eagle"]
 
 
 def test_one_request_at_a_time_goes_to_every_pair_in_turn() -> None:
@@ -604,6 +647,48 @@ def test_a_pair_server_is_probed_only_while_its_mate_is_idle() -> None:
     probe = pools.acquire()  # the mate idle: the probe goes, and is learned alone
     assert probe.probe and probe.pool == "baseline"
     probe.release()
+
+
+def test_in_baseline_mode_a_pair_probes_eagle_only_after_the_return_delay() -> None:
+    """A wave's dip leaves the pair's baseline idle for milliseconds, so the probe rule (mate
+    idle) let a stale EAGLE server get one request a wave at C=256 (PROBE_AFTER_REQUESTS is
+    less than a wave), beside the baseline's next batch: not learned, and it slowed the batch
+    (simulated h200-8b-accept2, 0.94x 2x-baseline with no other request on EAGLE), once the
+    return delay kept the mode on the baseline there. In baseline mode the probe waits as the
+    mode does: until the load has stayed low for the return delay."""
+    now = [0.0]
+    pools = Pools(
+        [(E0, "eagle"), (B0, "baseline")],
+        ThresholdPolicy(),
+        threshold=8,
+        hysteresis=2,
+        pairs=[(E0, B0)],
+        auto=True,
+        clock=lambda: now[0],
+        return_delay=1.0,
+    )
+    for s in pools.servers:
+        s.healthy = True
+    SpeedLearner(pools.servers, clock=lambda: now[0])
+    wave = [pools.acquire() for _ in range(128)]
+    assert pools.mode == "baseline"
+    now[0] = PROBE_AFTER_S + 1  # EAGLE is stale
+    for lease in wave:
+        lease.release()
+    now[0] += 0.005
+    wave = [pools.acquire() for _ in range(128)]  # the dip: load 1, the mate idle
+    assert [(x.pool, x.probe) for x in wave] == [("baseline", False)] * 128
+    for lease in wave:
+        lease.release()
+    # A light load that lasts: the mode goes back to EAGLE (no probe needed to measure it).
+    now[0] += 1.0
+    routed = []
+    for _ in range(3):
+        now[0] += 0.6
+        lease = pools.acquire()
+        routed.append(lease.pool)
+        lease.release()
+    assert routed == ["baseline", "baseline", "eagle"]
 
 
 def test_a_server_left_out_of_many_requests_gets_a_probe() -> None:

@@ -13,7 +13,7 @@ import contextlib
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -207,3 +207,89 @@ def test_sigterm_stops_both_servers(tmp_path: Path) -> None:
         for port in (e, b):
             with pytest.raises(httpx.ConnectError):
                 httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+# -- the share over a step's length, not at its start ----------------------------------------------
+
+
+async def _wave(eagle_requests: int, *, after_first: bool) -> tuple[float, float]:
+    """One shared GPU (``h200-8b-accept2``, timeslice) at the turn of a closed loop's wave:
+    ``eagle_requests`` go to EAGLE, then the baseline gets one prompt and, once that one runs
+    (``after_first``: and EAGLE's too), 123 more, as a wave's sends trickle in. The simulated
+    seconds until EAGLE's last and the baseline's last request end."""
+    from dynspec.launcher.sim.engine import Engine, SimRequest
+    from dynspec.launcher.sim.metrics import Metrics
+    from dynspec.launcher.sim.profile import load_profile
+    from dynspec.launcher.sim.shared_gpu import SharedGpu
+
+    profile = load_profile("h200-8b-accept2")
+    shared = SharedGpu(profile.share_model("timeslice"), "timeslice")
+    engines: dict[str, Engine] = {}
+    for mode in ("eagle", "baseline"):
+        engine = Engine(
+            mode_profile=profile.mode(mode),
+            speculative=mode == "eagle",
+            max_running=1024,
+            speed=4.0,
+            seed=1,
+            metrics=Metrics("m", mode == "eagle"),
+            max_total_tokens=10**7,
+            shared=shared,
+        )
+        shared.join(mode, engine)
+        engine.open()
+        engines[mode] = engine
+    tasks = [asyncio.create_task(e.run()) for e in engines.values()]
+
+    def request(mode: str, i: int) -> SimRequest:
+        key = f"{mode}{i}"
+        return SimRequest(
+            rid=key, prompt_tokens=256, max_new_tokens=64, limit=64, stream=False, seed=1,
+            prompt_key=key, ignore_eos=True,
+        )  # fmt: skip
+
+    async def until(done: Callable[[], bool]) -> None:
+        for _ in range(2000):
+            if done():
+                return
+            await asyncio.sleep(0.002)
+        raise AssertionError("the simulated GPU never got there")
+
+    eagle, baseline = engines["eagle"], engines["baseline"]
+    try:
+        ours = [request("eagle", i) for i in range(eagle_requests)]
+        for r in ours:
+            eagle.submit(r)
+        first = request("baseline", 0)
+        baseline.submit(first)
+        await until(lambda: bool(baseline.running) and (not after_first or bool(eagle.running)))
+        wave = [first] + [request("baseline", i) for i in range(1, 124)]
+        for r in wave[1:]:
+            baseline.submit(r)
+        await until(lambda: all(r.done for r in ours + wave))
+        return max((r.finished_at for r in ours), default=0.0), max(r.finished_at for r in wave)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_long_step_is_slowed_while_its_mate_runs_not_for_all_of_it() -> None:
+    """A baseline prefill of a wave's 123 prompts (2 simulated seconds) that starts beside one
+    EAGLE request (0.3 s) is slowed while that request runs, not for the whole step: the share
+    was once read at a step's start only, and the wave took 1.6x as long (simulated `paired-auto`
+    at C=256 on `h200-8b-accept2`, 0.82x `2x-baseline`). The request beside it still costs."""
+    _, alone = await _wave(0, after_first=False)
+    eagle_end, wave_end = await _wave(1, after_first=True)
+    assert eagle_end < 0.2 * alone
+    assert alone < wave_end < 1.15 * alone, (alone, wave_end)
+
+
+async def test_a_prefill_counts_as_busy_for_its_mate() -> None:
+    """EAGLE requests beside the baseline's prefill of a wave (no baseline request running yet)
+    share the GPU with it: they were once counted alone, and so was the prefill, so sending a
+    wave's first 4-8 requests to EAGLE cost nothing (the same pairs at threshold 8: 1.00-1.05x
+    `2x-baseline` at C=256)."""
+    _, alone = await _wave(0, after_first=False)
+    _, wave_end = await _wave(4, after_first=False)
+    assert 1.05 * alone < wave_end, (alone, wave_end)
