@@ -208,7 +208,10 @@ def replica_router(
     """One of several router replicas in front of the same servers: the way's router with a set
     threshold, and ``--load-signal`` (``--load-interval`` with ``servers``)."""
     r = way_router(way, servers, threshold=threshold, hysteresis=hysteresis)
+    # No return delay (a pair's router default is 1 s since cad4789): the ramp measures the
+    # switch up from EAGLE mode, which a level before it left in baseline mode would hide, as
+    # the committed runs (with none) measured it.
     more: tuple[str, ...] = ("--load-signal", signal)
     if signal == "servers" and load_interval is not None:
         more += ("--load-interval", repr(load_interval))
-    return replace(r, settings=r.settings + more)
+    return replace(r, settings=r.settings + more + ("--return-delay", "0"))

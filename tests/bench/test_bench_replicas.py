@@ -265,19 +265,21 @@ def test_requests_go_round_robin_over_the_replicas() -> None:
             "split-threshold",
             "servers",
             "--eagle-url E --baseline-url B",
-            "--threshold 8 --hysteresis 2 --load-signal servers --load-interval 0.0625",
+            "--threshold 8 --hysteresis 2 --load-signal servers --load-interval 0.0625"
+            " --return-delay 0",
         ),
         (
             "split-threshold",
             "local",
             "--eagle-url E --baseline-url B",
-            "--threshold 8 --hysteresis 2 --load-signal local",
+            "--threshold 8 --hysteresis 2 --load-signal local --return-delay 0",
         ),
         (
             "paired-threshold",
             "servers",
             "--pair PE1,PB1 --pair PE2,PB2",
-            "--threshold 8 --hysteresis 2 --load-signal servers --load-interval 0.0625",
+            "--threshold 8 --hysteresis 2 --load-signal servers --load-interval 0.0625"
+            " --return-delay 0",
         ),
     ],
 )
