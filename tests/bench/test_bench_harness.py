@@ -73,12 +73,13 @@ def routers(profile: Path) -> list[tuple[Router, str]]:
                 signal="servers",
                 load_interval=0.0625,
             ),
-            pairs + "--threshold 8 --hysteresis 2 --load-signal servers --load-interval 0.0625",
+            pairs + "--threshold 8 --hysteresis 2 --load-signal servers --load-interval 0.0625"
+            " --return-delay 0",
         ),
         (
             replica_router("split-threshold", SERVERS, threshold=8, hysteresis=2, signal="local"),
             f"--eagle-url {E} --baseline-url {B} --policy threshold --threshold 8 --hysteresis 2 "
-            "--load-signal local",
+            "--load-signal local --return-delay 0",
         ),
         (
             way_router(
