@@ -257,7 +257,8 @@ def local_ratios(
     return out
 
 
-# A load's own ratio speaks for loads up to this factor away (log-load), no further: on the H100
+# A load's own ratio speaks in full for loads up to this factor away, and fades into the pooled
+# ratio by this factor squared (``local_ratios``), no further: on the H100
 # (traffic-day, 624866c) EAGLE's polls at 2 in flight read 5.5 ms a token where its requests
 # took 3.0 (light-load gauges count the arrivals' prefills), and the moment that bucket's ratio
 # (0.54) was known it was the nearest one to every load above, halved EAGLE's curve at 32-256
