@@ -10,17 +10,25 @@ from dynspec.router.pool import Pools
 E0, B0 = "http://e0:1", "http://b0:1"
 
 
-def one_pair_pools(now: list[float], *, threshold: int = 8, hysteresis: int) -> Pools:
-    """One pair (E0, B0) under ``--threshold auto`` from ``threshold``, both healthy, on the clock
-    ``now``."""
+def one_pair_pools(
+    now: list[float],
+    *,
+    threshold: int = 8,
+    hysteresis: int,
+    auto: bool = True,
+    return_delay: float = 0.0,
+) -> Pools:
+    """One pair (E0, B0) under ``--threshold auto`` from ``threshold`` (a set threshold with
+    ``auto`` False), both healthy, on the clock ``now``."""
     pools = Pools(
         [(E0, "eagle"), (B0, "baseline")],
         ThresholdPolicy(),
         threshold=threshold,
         hysteresis=hysteresis,
         pairs=[(E0, B0)],
-        auto=True,
+        auto=auto,
         clock=lambda: now[0],
+        return_delay=return_delay,
     )
     for s in pools.servers:
         s.healthy = True

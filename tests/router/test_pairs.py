@@ -295,6 +295,17 @@ def test_pools_with_pairs_switch_each_pair_by_its_own_load() -> None:
     lease.release()
 
 
+def one_at_a_time(pools: Pools, now: list[float], every: float, n: int) -> list[str]:
+    """The pool of each of ``n`` requests sent alone, ``every`` seconds apart on clock ``now``."""
+    routed = []
+    for _ in range(n):
+        now[0] += every
+        lease = pools.acquire()
+        routed.append(lease.pool)
+        lease.release()
+    return routed
+
+
 def test_pairs_wait_before_going_back_to_eagle_so_a_wave_s_dip_stays_on_the_baseline() -> None:
     """With --pair the return delay is PAIR_RETURN_DELAY_S unless given: a closed loop's wave
     ends all at once, the load falls to 0, and the next wave's first requests went to EAGLE,
@@ -305,18 +316,11 @@ def test_pairs_wait_before_going_back_to_eagle_so_a_wave_s_dip_stays_on_the_base
     assert cfg.return_delay == PAIR_RETURN_DELAY_S > 0
     assert parse_config(["--pair", f"{E0},{B0}", "--return-delay", "0"], {}).return_delay == 0
     assert parse_config(["--eagle-url", E0, "--baseline-url", B0], {}).return_delay == 0
+    assert cfg.pairs == ((E0, B0),)
     now = [0.0]
-    pools = Pools(
-        [(E0, "eagle"), (B0, "baseline")],
-        ThresholdPolicy(),
-        threshold=4,
-        hysteresis=1,
-        pairs=cfg.pairs,
-        clock=lambda: now[0],
-        return_delay=cfg.return_delay,
+    pools = one_pair_pools(
+        now, threshold=4, hysteresis=1, auto=False, return_delay=cfg.return_delay
     )
-    for s in pools.servers:
-        s.healthy = True
     wave = [pools.acquire() for _ in range(32)]
     assert pools.mode == "baseline"
     for n in range(3):  # three waves: each ends at once, the next one comes 5 ms later
@@ -329,13 +333,7 @@ def test_pairs_wait_before_going_back_to_eagle_so_a_wave_s_dip_stays_on_the_base
     for lease in wave:
         lease.release()
     # A light load that lasts: back to EAGLE once it has for the delay.
-    routed = []
-    for _ in range(4):
-        now[0] += 0.4
-        lease = pools.acquire()
-        routed.append(lease.pool)
-        lease.release()
-    assert routed == ["baseline", "baseline", "baseline", "eagle"]
+    assert one_at_a_time(pools, now, 0.4, 4) == ["baseline", "baseline", "baseline", "eagle"]
 
 
 def test_one_request_at_a_time_goes_to_every_pair_in_turn() -> None:
@@ -657,18 +655,7 @@ def test_in_baseline_mode_a_pair_probes_eagle_only_after_the_return_delay() -> N
     return delay kept the mode on the baseline there. In baseline mode the probe waits as the
     mode does: until the load has stayed low for the return delay."""
     now = [0.0]
-    pools = Pools(
-        [(E0, "eagle"), (B0, "baseline")],
-        ThresholdPolicy(),
-        threshold=8,
-        hysteresis=2,
-        pairs=[(E0, B0)],
-        auto=True,
-        clock=lambda: now[0],
-        return_delay=1.0,
-    )
-    for s in pools.servers:
-        s.healthy = True
+    pools = one_pair_pools(now, threshold=8, hysteresis=2, return_delay=1.0)
     SpeedLearner(pools.servers, clock=lambda: now[0])
     wave = [pools.acquire() for _ in range(128)]
     assert pools.mode == "baseline"
@@ -682,13 +669,7 @@ def test_in_baseline_mode_a_pair_probes_eagle_only_after_the_return_delay() -> N
         lease.release()
     # A light load that lasts: the mode goes back to EAGLE (no probe needed to measure it).
     now[0] += 1.0
-    routed = []
-    for _ in range(3):
-        now[0] += 0.6
-        lease = pools.acquire()
-        routed.append(lease.pool)
-        lease.release()
-    assert routed == ["baseline", "baseline", "eagle"]
+    assert one_at_a_time(pools, now, 0.6, 3) == ["baseline", "baseline", "eagle"]
 
 
 def test_a_server_left_out_of_many_requests_gets_a_probe() -> None:
