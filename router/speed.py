@@ -251,8 +251,9 @@ def local_ratios(
     for i in range(len(direct)):
         gap = min((abs(_LOGS[i] - _LOGS[j]) for j, _ in known), default=math.inf)
         near = [r for j, r in known if abs(_LOGS[i] - _LOGS[j]) == gap]
-        # 1 within the reach, 0 at twice it, linear in log-load between: no step in the curve.
-        f = min(1.0, max(0.0, 2.0 - gap / _RATIO_REACH_LOG)) if near else 0.0
+        # 1 within the reach, 0 at twice it (and with none known: gap inf), linear in log-load
+        # between: no step in the curve.
+        f = min(1.0, max(0.0, 2.0 - gap / _RATIO_REACH_LOG))
         out.append(f * sum(near) / len(near) + (1.0 - f) * fallback if f else fallback)
     return out
 
