@@ -70,6 +70,9 @@ REBUILD_S = 0.05
 _MIN_RUNNING = 1
 # A poll is learned when the running count moved by at most this share since the last (``steady``).
 STEADY_SHARE = 0.25
+# A poll reading more than this factor off what the server's own data already say at that load
+# is a gauge artefact, not its speed (``plausible``).
+OUTLIER = 8.0
 
 
 def moved(
@@ -112,6 +115,21 @@ def steady(
     if not moved_before:
         return False  # the gauges had held still: this interval may span an idle spell
     return abs(running - before) <= max(1.0, STEADY_SHARE * max(running, before))
+
+
+def plausible(speed: ServerSpeed, load: float, per_token: float) -> bool:
+    """Whether a poll's reading (server time a token) lies within ``OUTLIER`` of the server's
+    curve at that load, put on the server's clock; any reading passes while the curve is still a
+    guess (no profile, no data of its own). A steady poll can still read wrong: on a simulated
+    shared pair (h200-8b-accept2, calibrated) a baseline's polls at load 30 read 9,061 and
+    12,819 ms a token where its requests took 30 (22-429x its curve); mixed in, they took the
+    baseline's curve 43x up and the learned threshold to 512. A server that truly slows down
+    moves its curve through its finished requests, which are always learned, and its polls
+    agree again."""
+    if not speed.calibrated:
+        return True
+    expected = speed.curve.at(load) / speed.ratio
+    return expected / OUTLIER <= per_token <= expected * OUTLIER
 
 
 class SpeedLearner:
@@ -206,7 +224,15 @@ class SpeedLearner:
         # Every request there, queued ones included, gets its share of the tokens made: its stay
         # per token (``L / X``) at this load.
         load = running + (queued or 0.0)
-        self._learn(speed, speed.polled, load, load / gen_throughput, alone, "poll")
+        per_token = load / gen_throughput
+        if not plausible(speed, load, per_token):
+            logger.debug(
+                "%s (%s): poll, %.2f ms a token at load %.1f: not learned, %.0fx its curve",
+                speed.url, speed.pool, per_token * 1e3, load,
+                per_token * speed.ratio / speed.curve.at(load),
+            )  # fmt: skip
+            return
+        self._learn(speed, speed.polled, load, per_token, alone, "poll")
 
     def _alone_since_polls(self, speed: ServerSpeed) -> bool:
         """Whether nothing else ran on the server's GPUs since the poll before last: the

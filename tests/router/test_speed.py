@@ -439,6 +439,42 @@ def test_a_poll_after_an_idle_spell_s_end_is_not_learned() -> None:
     assert lr.curve(E).at(128) > 1.3 * at_load
 
 
+def test_a_poll_far_off_the_servers_own_curve_is_not_learned() -> None:
+    """A simulated shared pair's baseline (h200-8b-accept2, calibrated) read 9,061 and 12,819 ms
+    a token at load 30 in steady polls where its requests took 30: learned, its curve went 43x
+    up. Once the server's clock ratio is measured, a poll more than 8x off its curve is not
+    learned; one 2x off is."""
+    lr, clock = learner(DEMO)
+    for i in range(12):  # requests and polls at the same load: the clock ratio is measured
+        feed(lr, clock, B, 30, 0.030, n=1)
+        clock.now += 0.25
+        lr.polled(B, running=30, queued=0, gen_throughput=30 / 0.030 + i % 2 / 1e6)
+    lr.rebuild()
+    assert lr.servers[B].calibrated
+    before = lr.curve(B).at(30)
+
+    def polled_weight() -> float:
+        return sum(w for w, _ in lr.servers[B].polled.read(clock.now))
+
+    weight = polled_weight()
+    polls(lr, clock, B, 30, 9.061, n=6)
+    lr.rebuild()
+    assert lr.curve(B).at(30) == pytest.approx(before)
+    assert polled_weight() == pytest.approx(weight)
+    polls(lr, clock, B, 30, 0.060, n=6)
+    assert polled_weight() > weight + 4
+
+
+def test_a_far_off_poll_is_learned_while_the_servers_clock_is_unknown() -> None:
+    """Before its requests and polls overlap, the server's clock (a simulator's --speed) may be
+    any multiple of the router's: its polls are learned as they come."""
+    lr, clock = learner(DEMO)
+    before = lr.curve(B).at(30)
+    polls(lr, clock, B, 30, 20 * before, n=6)
+    lr.rebuild()
+    assert lr.curve(B).at(30) > 2 * before
+
+
 def test_polls_learn_the_running_limit_and_accept_length() -> None:
     lr, clock = learner()
     clock.now += 1
