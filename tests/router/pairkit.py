@@ -8,6 +8,7 @@ from dynspec.router.policy import ThresholdPolicy
 from dynspec.router.pool import Pools
 
 E0, B0 = "http://e0:1", "http://b0:1"
+E1, B1 = "http://e1:1", "http://b1:1"
 
 
 def one_pair_pools(
