@@ -386,6 +386,25 @@ def test_a_poll_is_learned_only_when_fresh_and_steady() -> None:
     assert 4 <= lr.servers[E].reach <= 5
 
 
+def test_a_running_count_that_moves_under_a_held_throughput_is_not_fresh() -> None:
+    """A ramp's prefills move the running count while the throughput gauge holds the last decode
+    interval's figure: a simulated shared baseline (h200-8b-accept2, calibrated) read 22,118 and
+    1,996 ms a token at 63 and 66 running that way, where its requests took 92."""
+    lr, clock = learner()
+    before = lr.curve(B)
+    for running, throughput in ((60, 3.0), (63, 2.85), (66, 2.85), (66, 33.0), (67, 33.0)):
+        clock.now += 1
+        lr.polled(B, running=running, queued=0, gen_throughput=throughput)
+    lr.rebuild()
+    assert lr.curve(B) == before and lr.servers[B].reach == 0
+    # A new interval at each of two polls: learned.
+    for throughput in (2_000.0, 2_001.0):
+        clock.now += 1
+        lr.polled(B, running=67, queued=0, gen_throughput=throughput)
+    lr.rebuild()
+    assert lr.servers[B].reach == 67
+
+
 def test_a_poll_whose_interval_spans_an_idle_spell_is_not_learned() -> None:
     """EAGLE's gauges on the H200 (pair-a-calibrated, eagle.log): 64 running at ~9,400 tok/s, then
     30 s idle with the gauges held, then its first log line of the next level, 56 running at
