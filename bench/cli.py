@@ -44,11 +44,6 @@ COMMANDS = {
         "cli_envelope",
         True,
     ),
-    "replicas": Command(
-        "simulated: 1 and 3 router replicas, own counts vs the servers' shared load signal",
-        "cli_replicas",
-        True,
-    ),
     "traffic": Command(
         "open-loop traffic (rates, a day, a trace) on routed vs each server alone: SLO goodput",
         "cli_traffic",

@@ -1,4 +1,4 @@
-"""The one home of what every simulated experiment (eight GPUs, replicas, traffic) does
+"""The one home of what every simulated experiment (eight GPUs, traffic) does
 around its load: start ``dynspec-sim`` servers (on GPUs of their own or two on a shared GPU) and
 the ``dynspec-router``s that ``ways.py`` plans, on free loopback ports, wait until they are
 healthy, stop their process groups, write the router's ``--speed-profile`` at the simulators'
@@ -248,25 +248,6 @@ def start_router(
         f"dynspec-router ({name}) does not see its {router.healthy} servers healthy "
         f"(log: {procs.logs.get(proc.pid)})"
     )
-
-
-def wait_idle(urls: Sequence[str], timeout: float) -> bool:
-    """Until every router's ``/status`` shows nothing in flight, by its own count and by the load
-    its mode is switched by (``signal_load``: with ``--load-signal servers``, the servers' last
-    readings); False at the deadline. Between two loads, so that the next does not start in the
-    mode the last one left behind."""
-    deadline = time.monotonic() + timeout
-    while True:
-        idle = 0
-        for url in urls:
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                st = httpx.get(url + "/status", timeout=2.0).json()
-                idle += st.get("load") == 0 and st.get("signal_load") in (0, None)
-        if idle == len(urls):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
 
 
 def wall_clock_profile(profile: Profile, speed: float) -> Profile:

@@ -64,8 +64,6 @@ class Target:
     endpoint: str = "chat"
     # The levels this target runs at in a sweep (None: every level of the sweep).
     levels: frozenset[int] | None = None
-    # Router replicas behind this one name: requests go to them in turn (``spread``).
-    replicas: tuple[Target, ...] = ()
 
     @property
     def url(self) -> str:
@@ -305,27 +303,13 @@ async def send_request(
     return trace
 
 
-def spread(target: Target, replicas: Sequence[Target] = ()) -> Callable[[int], Target]:
-    """Where request ``i`` goes: ``target``, or with ``replicas`` the next one in turn.
-
-    Round-robin per request, as a Kubernetes Service spreads a router Deployment's load when
-    every request opens a connection (kube-proxy's IPVS ``rr``) or an L7 proxy spreads requests;
-    a Service balances connections, so clients that keep few long-lived connections spread
-    less evenly than this.
-    """
-    if not replicas:
-        return lambda i: target
-    ring = tuple(replicas)
-    return lambda i: ring[i % len(ring)]
-
-
 STOPPED = "stopped by the load generator"
 
 
 class ClosedLoop:
     """Closed-loop clients (each sends its next request when its last one ends), ``set(c)`` of
-    them; those over ``c`` leave as their request ends. With ``replicas``: ``spread``. A
-    request cancelled by ``stop`` ends then, with the error ``STOPPED``."""
+    them; those over ``c`` leave as their request ends. A request cancelled by ``stop`` ends
+    then, with the error ``STOPPED``."""
 
     def __init__(
         self,
@@ -333,12 +317,10 @@ class ClosedLoop:
         target: Target,
         model: str,
         prompts: Prompts,
-        replicas: Sequence[Target] = (),
     ) -> None:
         self.session, self.target, self.model, self.prompts = session, target, model, prompts
-        self.dest = spread(target, replicas)
         self.traces: list[RequestTrace] = []
-        self.want = self.active = self.sent = 0
+        self.want = self.active = 0
         self.tasks: set[asyncio.Task[None]] = set()
 
     def set(self, want: int) -> None:
@@ -364,11 +346,10 @@ class ClosedLoop:
         try:
             while self.active <= self.want:
                 body, prompt = self.prompts.take(self.target, self.model)
-                i, self.sent = self.sent, self.sent + 1
                 trace = RequestTrace(send=time.perf_counter())
                 self.traces.append(trace)
                 try:
-                    await send_request(self.session, self.dest(i), body, prompt, hdrs, trace=trace)
+                    await send_request(self.session, self.target, body, prompt, hdrs, trace=trace)
                 except asyncio.CancelledError:
                     trace.error, trace.end = STOPPED, time.perf_counter()
                     raise
@@ -405,13 +386,9 @@ async def run_level(
     headers: dict[str, str] | None = None,
     progress: Progress | None = None,
     on_measure: Callable[[], Awaitable[None]] | None = None,
-    replicas: Sequence[Target] = (),
     min_seconds: float = 0.0,
 ) -> LevelRun:
     """One level: ``concurrency`` closed-loop workers, measured in a steady state.
-
-    With ``replicas`` (routers behind one address), request i goes to ``replicas[i % n]``:
-    ``spread``'s round-robin. ``target`` still names the level and builds the bodies.
 
     1. Warm-up: the first ``warmup`` requests. Measuring starts when all of them have ended, so
        that a slow one (e.g. a request a router sent to the pool it then left) is gone; requests
@@ -426,7 +403,6 @@ async def run_level(
     throughputs count every token delivered inside it (measured, warm-up and filler requests all
     share the server), so neither a ramp-up nor a ramp-down dilutes them.
     """
-    dest = spread(target, replicas)
     measured: list[RequestTrace] = []
     every: list[RequestTrace] = []
     hdrs = {"Content-Type": "application/json", **(headers or {})}
@@ -461,7 +437,6 @@ async def run_level(
             if measuring and hook is not None:
                 h, hook = hook, None
                 await h()
-            i = state["sent"]
             body, prompt = prompts.take(target, model)
             state["sent"] += 1
             trace = RequestTrace(send=time.perf_counter())
@@ -470,7 +445,7 @@ async def run_level(
                 measured.append(trace)
             elif state["warm_left"] > 0:
                 state["warm_sent"] += 1
-            await send_request(session, dest(i), body, prompt, hdrs, trace=trace)
+            await send_request(session, target, body, prompt, hdrs, trace=trace)
             if measuring:
                 state["ended"] += 1
                 if progress is not None:

@@ -1,4 +1,4 @@
-"""What the simulated experiments' reports share (eight GPUs, replicas, traffic): table
+"""What the simulated experiments' reports share (eight GPUs, traffic): table
 cells, records in model time, what the profile predicts and the table that holds the simulators
 to it, the header lines (profile, machine, code, prompts), the threshold suggestion and the
 figure. Pure but for the figure's file.
@@ -13,28 +13,16 @@ from dynspec.bench import threshold
 from dynspec.bench.report import Record, model_time, table
 from dynspec.launcher.sim.profile import Profile
 
-# Wall-clock seconds in a record beyond report.model_time's keys: run lengths and offsets.
-SECONDS = ("run_seconds", "ramp_seconds", "step_start_s", "switch_at_s")
 
-
-def cell(v: float | None, digits: int = 1, thousands: bool = False) -> str:
+def cell(v: float | None, digits: int = 1) -> str:
     """A number as a table cell: '-' for none or NaN."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
-    return f"{v:,.{digits}f}" if thousands else f"{v:.{digits}f}"
+    return f"{v:.{digits}f}"
 
 
 def in_model_time(records: Sequence[Record]) -> list[Record]:
-    """Copies in each record's model time (``report.model_time``, and SECONDS x speed)."""
-    out = []
-    for r in records:
-        speed = float(r.get("speed") or 1.0)
-        m = model_time(r, speed)
-        for key in SECONDS:
-            if isinstance(r.get(key), (int, float)):
-                m[key] = float(r[key]) * speed
-        out.append(m)
-    return out
+    return [model_time(r) for r in records]
 
 
 # ---- what the profile predicts -----------------------------------------------------------------

@@ -166,11 +166,10 @@ def sweep_prompts(cfg: SweepConfig) -> load.Prompts:
     )
 
 
-async def _switches(session: aiohttp.ClientSession, target: load.Target) -> list[int | None]:
-    """Each router's mode switches so far: the target's, or each of its replicas'."""
-    urls = [r.base_url for r in target.replicas] or [target.base_url]
-    texts = await asyncio.gather(*(load.fetch_text(session, u + "/metrics") for u in urls))
-    return [None if t is None else load.mode_switches(t) for t in texts]
+async def _switches(session: aiohttp.ClientSession, target: load.Target) -> int | None:
+    """The router's mode switches so far (None: not a dynspec router)."""
+    text = await load.fetch_text(session, target.base_url + "/metrics")
+    return None if text is None else load.mode_switches(text)
 
 
 Point = tuple[str, int, int]  # (target label, concurrency, repeat from 1)
@@ -305,12 +304,10 @@ async def sweep(
                     break
             n, w = cfg.level_requests(c), cfg.level_warmup(c)
             progress.begin(f"{label} C={c}" + (f" #{rep}" if cfg.repeats > 1 else ""))
-            before: list[list[int | None]] = [[]]
+            before: list[int | None] = []  # the switches when measuring began
 
-            async def snapshot(
-                t: load.Target = target, box: list[list[int | None]] = before
-            ) -> None:
-                box[0] = await _switches(session, t)
+            async def snapshot(t: load.Target = target, box: list[int | None] = before) -> None:
+                box.append(await _switches(session, t))
 
             if on_start is not None:
                 on_start(label)
@@ -319,16 +316,11 @@ async def sweep(
                 session, target, models[target], prompts,
                 concurrency=c, requests=n, warmup=w, headers=headers,
                 progress=progress.update, on_measure=snapshot, min_seconds=cfg.min_seconds,
-                replicas=target.replicas,
             )  # fmt: skip
             after = await _switches(session, target)
-            pairs = zip(after, before[0], strict=False)  # before: [] if never measured
-            each = [a - b for a, b in pairs if a is not None and b is not None]
-            if before[0] and len(each) == len(after):
-                run.mode_switches = sum(each)
+            if before and before[0] is not None and after is not None:
+                run.mode_switches = after - before[0]
             rec = build_record(target, c, run, cfg=cfg, warmup=w, model=models[target])
-            if target.replicas:
-                rec["replica_switches"] = each
             rec["repeat"] = rep
             # This process's CPU over the level: a load generator that saturates a core is
             # measuring itself (its sends and reads), not the server.
