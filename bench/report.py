@@ -89,14 +89,11 @@ def targets(records: Iterable[Record]) -> list[str]:
     return list(seen)
 
 
-def _fmt(value: object, digits: int = 1) -> str:
-    if value is None:
+def cell(value: object, digits: int = 1) -> str:
+    """A table cell: '-' for none or NaN, a float to ``digits``."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "-"
-        return f"{value:.{digits}f}"
-    return str(value)
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
 def _share(rec: Record) -> str:
@@ -176,9 +173,9 @@ def markdown_table(records: Sequence[Record], title: str | None = None) -> str:
     body = []
     for r in records:
         cells = [str(r.get("target", "?"))]
-        cells += [_fmt(r.get(key), digits) for key, _, digits in COLUMNS]
+        cells += [cell(r.get(key), digits) for key, _, digits in COLUMNS]
         if routed:
-            cells += [_share(r), _fmt(r.get("mode_switches"))]
+            cells += [_share(r), cell(r.get("mode_switches"))]
         body.append(cells)
     return "\n".join([*([f"### {title}", ""] if title else []), *table(head, body)]) + "\n"
 

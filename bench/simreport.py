@@ -10,20 +10,8 @@ import math
 from collections.abc import Sequence
 
 from dynspec.bench import threshold
-from dynspec.bench.report import Record, model_time, table
+from dynspec.bench.report import Record, cell, table
 from dynspec.launcher.sim.profile import Profile
-
-
-def cell(v: float | None, digits: int = 1) -> str:
-    """A number as a table cell: '-' for none or NaN."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    return f"{v:.{digits}f}"
-
-
-def in_model_time(records: Sequence[Record]) -> list[Record]:
-    return [model_time(r) for r in records]
-
 
 # ---- what the profile predicts -----------------------------------------------------------------
 
