@@ -1,6 +1,5 @@
-"""``dynspec-bench envelope --eight-gpus``: simulated servers + routers, the same eight GPUs used
-seven ways (bench/envelope8.py, bench/envelope8_report.py). The single-pair envelope (without
-``--eight-gpus``) is retired: its code and results are in git history, last at b22afdf."""
+"""``dynspec-bench envelope --eight-gpus``: the same eight simulated GPUs used seven ways
+(``envelope8.py``, ``envelope8_report.py``)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Sweep results: JSONL (one level per line), a Markdown table, a PNG plot.
-
-A JSONL line holds one target at one concurrency, with ``bench_serving``'s key names where they
-exist (``max_concurrency``, ``completed``, ``duration``, ``output_throughput``, ``median_tpot_ms``,
-``concurrency`` ...) and ours for the rest (``target``, ``url``, ``failed``, ``backend_share``,
-``mode_switches``, ``p90_*``).
+"""What every report writes with: JSONL (a line per target and level, with ``bench_serving``'s
+key names where they exist), Markdown tables, medians over repeats, figures; the sweep's own
+table and plot.
 """
 
 from __future__ import annotations
@@ -50,10 +47,8 @@ _RATE_KEYS = ("request_throughput", "input_throughput", "output_throughput", "to
 
 
 def model_time(rec: Record, speed: float | None = None) -> Record:
-    """A copy of a level record in a simulator's model time: durations x speed, rates / speed.
-
-    ``speed`` defaults to the record's own ``speed`` (a simulated run), else 1.
-    """
+    """A copy of a level record in a simulator's model time: durations x speed, rates / speed
+    (``speed``: the record's own, else 1)."""
     if speed is None:
         speed = float(rec.get("speed") or 1.0)
     if speed == 1.0:
@@ -120,9 +115,6 @@ COLUMNS: Sequence[tuple[str, str, int]] = (
 )
 
 
-# ---- repeats: each point's median and min-max -------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Spread:
     median: float
@@ -181,9 +173,8 @@ def markdown_table(records: Sequence[Record], title: str | None = None) -> str:
 
 
 def plot(records: Sequence[Record], path: Path, title: str) -> None:
-    """Output tok/s and p50 TPOT against concurrency, one line per target, log-scale x; where a
-    level ran several times (``repeat``), the line goes through the medians and a bar spans the
-    min-max."""
+    """Output tok/s and p50 TPOT against C, one line per target through the medians of the
+    repeats, a bar spanning their min-max."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
 
     plain = FuncFormatter(lambda v, _: f"{v:g}")
