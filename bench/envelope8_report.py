@@ -374,7 +374,7 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
         "## SIMULATED: p50 TPOT per way (ms, model time)",
         "",
         way_table(routed, columns, "median_tpot_ms", "TPOT p50 ms"),
-        *simreport.suggestion_section(simreport.suggestion(model)),
+        *simreport.suggestion_section(model),
         "## SIMULATED: did the simulators keep their schedule?",
         "",
         simreport.SCHEDULE_TEXT,

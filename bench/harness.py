@@ -89,10 +89,9 @@ def load_average() -> float | None:
         return None
 
 
-def run_metadata(
-    experiment: str | None, profile: str, speed: float, command: str
-) -> dict[str, Any]:
-    meta: dict[str, Any] = {
+def run_metadata(experiment: str, profile: str, speed: float, command: str) -> dict[str, Any]:
+    """The fields every record of one run carries: what ran, where, on which code, since when."""
+    return {
         "simulated": True,
         "profile": profile,
         "speed": speed,
@@ -100,10 +99,8 @@ def run_metadata(
         "machine": machine(),
         "code_commit": code_commit(),
         "run_started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "experiment": experiment,
     }
-    if experiment is not None:
-        meta["experiment"] = experiment
-    return meta
 
 
 class SimSettings(Protocol):

@@ -231,12 +231,10 @@ def figure(
         plt.close(fig)
 
 
-def write_outputs(
-    jsonl: Path, records: Sequence[Record], title: str, table_heading: str | None = None
-) -> tuple[Path, Path]:
+def write_outputs(jsonl: Path, records: Sequence[Record], title: str) -> tuple[Path, Path]:
     """The Markdown table and the PNG next to ``jsonl`` (same stem)."""
     md = jsonl.with_suffix(".md")
     png = jsonl.with_suffix(".png")
-    md.write_text(markdown_table(records, table_heading or title), encoding="utf-8")
+    md.write_text(markdown_table(records, title), encoding="utf-8")
     plot(records, png, title)
     return md, png
