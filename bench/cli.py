@@ -1,11 +1,7 @@
-"""``dynspec-bench``: concurrency sweeps, threshold suggestion, profile export, the simulated
-experiments and the real-GPU runs.
-
-This module only dispatches. Each command lives in a module that exports ``DESCRIPTION``,
-``add_arguments(parser)`` and ``run(args) -> int``; here it gets a ``FlagParser`` (so its flags
-also read ``DYNSPEC_<FLAG>``), ``--log-level``, ``args.command_line`` (the command as typed, for
-the records) and the one-line error handling of ``run_main``. ``gpu`` has subcommands of its own
-and gets its argv.
+"""``dynspec-bench``: only dispatches. Each command module exports ``DESCRIPTION``,
+``add_arguments(parser)`` and ``run(args) -> int``, and gets here a ``FlagParser`` (flags also
+read from ``DYNSPEC_<FLAG>``), ``--log-level``, ``args.command_line`` (the command as typed, for
+the records) and ``run_main``'s one-line errors. ``gpu`` has subcommands and gets its argv.
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ PROG = "dynspec-bench"
 class Command:
     help: str
     module: str  # dynspec.bench.MODULE
-    # Commands that load servers or draw plots need the bench extra (aiohttp, matplotlib); the
-    # others read files and run on the base install. Their modules are imported once it is checked.
+    # Commands that load servers or draw plots need the bench extra (aiohttp, matplotlib).
     needs_extra: bool = False
 
 
@@ -42,11 +37,6 @@ COMMANDS = {
     "envelope": Command(
         "simulated: eight GPUs seven ways, split, paired and homogeneous (--eight-gpus)",
         "cli_envelope",
-        True,
-    ),
-    "replicas": Command(
-        "simulated: 1 and 3 router replicas, own counts vs the servers' shared load signal",
-        "cli_replicas",
         True,
     ),
     "traffic": Command(

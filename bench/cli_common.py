@@ -1,7 +1,6 @@
-"""What several ``dynspec-bench`` commands share: flag types, the load flags, reading JSONL,
-loading a simulator profile, the results path, re-rendering ``--from-jsonl`` and the
-run-then-report tail (SIGTERM as Ctrl-C, finished levels kept). Imports nothing heavy: the CLI
-builds every command's parser from it before the bench extra is needed.
+"""What several ``dynspec-bench`` commands share: flags, reading JSONL, the simulator profile,
+the results path, ``--from-jsonl`` and the run-then-report tail. Imports nothing heavy: every
+parser is built from it before the bench extra is needed.
 """
 
 from __future__ import annotations
@@ -212,7 +211,7 @@ def read(path: Path) -> list[Record]:
 
 
 def sim_profile(args: argparse.Namespace) -> Profile:
-    """``--profile`` for a simulated run: both modes or a usage error; ``--simulate`` required."""
+    """``--profile`` for a simulated run (``--simulate`` required): both modes, else UsageError."""
     if not args.simulate:
         raise UsageError(
             "only --simulate is supported; on real servers run 'sweep' against each server "
@@ -242,15 +241,18 @@ class Report(Protocol):
     def summary(self, records: Sequence[Record], /) -> str: ...
 
 
-def rerender(path: Path, pick: Callable[[Sequence[Record]], Report]) -> int:
-    """``--from-jsonl``: the report and plot again from ``path``'s records, nothing run;
-    ``pick`` gives the report module for the records."""
-    records = read(path)
-    mod = pick(records)
-    md, png = mod.write_report(path, records)
-    print(mod.summary(records), end="")
-    print(f"results: {md}, {png}", file=sys.stderr)
+def _report(kind: Report, out: Path, records: Sequence[Record], *written: Path) -> int:
+    paths = [*written, *kind.write_report(out, records)]
+    print(kind.summary(records), end="")
+    print(f"results: {', '.join(map(str, paths))}", file=sys.stderr)
     return 0
+
+
+def rerender(path: Path, pick: Callable[[Sequence[Record]], Report]) -> int:
+    """``--from-jsonl``: the report and plot again from ``path``'s records (``pick`` gives the
+    report module for them), nothing run."""
+    records = read(path)
+    return _report(pick(records), path, records)
 
 
 class Terminated(KeyboardInterrupt):
@@ -268,7 +270,7 @@ def stopped_code(exc: KeyboardInterrupt) -> int:
 def run_then_report(
     run: Callable[[], Sequence[Record] | None], out: Path, finished: str, kind: Report
 ) -> int:
-    """Run an experiment that writes OUT.jsonl, then its report; Ctrl-C or SIGTERM keeps what
+    """Run an experiment that writes ``out``, then its report; Ctrl-C or SIGTERM keeps what
     finished. ``run`` returns the records to report, or None to read them back from ``out``."""
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
@@ -276,9 +278,4 @@ def run_then_report(
     except KeyboardInterrupt as exc:
         print(f"\n{PROG}: interrupted; the finished {finished} are in {out}", file=sys.stderr)
         return stopped_code(exc)
-    if records is None:
-        records = read(out)
-    md, png = kind.write_report(out, records)
-    print(kind.summary(records), end="")
-    print(f"results: {out}, {md}, {png}", file=sys.stderr)
-    return 0
+    return _report(kind, out, read(out) if records is None else records, out)

@@ -1,6 +1,5 @@
-"""``dynspec-bench envelope --eight-gpus``: simulated servers + routers, the same eight GPUs used
-seven ways (bench/envelope8.py, bench/envelope8_report.py). The single-pair envelope (without
-``--eight-gpus``) is retired: its code and results are in git history, last at b22afdf."""
+"""``dynspec-bench envelope --eight-gpus``: the same eight simulated GPUs used seven ways
+(``envelope8.py``, ``envelope8_report.py``)."""
 
 from __future__ import annotations
 
@@ -56,17 +55,10 @@ def add_arguments(p: FlagParser) -> None:
     p.add_argument(
         "--eight-gpus",
         action="store_true",
-        help="eight GPUs, each simulated server four of them, used these ways: "
-        "split-threshold (one EAGLE + one baseline server, the suggested threshold), "
-        "split-balance (the same layout, --policy balance --speed-profile PROFILE), "
-        "paired-threshold (two shared GPUs, dynspec-sim --pair, router --pair ... with "
-        "the suggested threshold), paired-auto (the same layout, --threshold auto, no profile), "
-        "2x-eagle, 2x-baseline and 2x-adaptive (one pool of two servers, least in flight; "
-        "2x-adaptive where the profile has an adaptive counterpart); reports paired-auto "
-        "against its goals (default --out: envelope8-PROFILE[-mps]). The ways whose router "
-        "learns from its servers (split-balance, paired-auto) get simulators of their own; the "
-        "others share theirs, one after the other. With --threshold and "
-        "--hysteresis both given, the single-server sweeps that suggest them are skipped",
+        help="eight GPUs (each simulated server four of them) used the --ways ways (docs/"
+        "benchmarks.md, 'Eight GPUs seven ways'); reports paired-auto against its goals "
+        "(default --out: envelope8-PROFILE[-mps]). With --threshold and --hysteresis both "
+        "given, the single-server sweeps that suggest them are skipped",
     )
     p.add_argument(
         "--ways",

@@ -1,11 +1,7 @@
 """Eight GPUs, seven ways (``dynspec-bench envelope --eight-gpus``): the same simulated GPUs
-behind each router setup that could use them (``ways.EIGHT_WAYS``; ``2x-adaptive`` only where the
-profile has a counterpart measured at its acceptance, ``adaptive_counterpart``), every level
-running each way in turn, ``--repeats`` times on servers and routers started afresh (seed + r - 1).
-A way whose router learns from its servers (``ways.LEARNING``) runs on simulators of its own
-(``ways.server_set``): sharing them, ``paired-auto`` learnt from the pairs ``paired-threshold``
-was loading. Every record names its way's servers (``way_servers``). The ways and why:
-docs/benchmarks.md, "Eight GPUs seven ways"; goals and report: ``envelope8_report.py``. SIMULATED.
+behind each router setup that could use them (``ways.py``), every level running each way in
+turn, ``--repeats`` times on servers and routers started afresh. The ways and why:
+docs/benchmarks.md, "Eight GPUs seven ways"; goals and report: ``envelope8_report.py``.
 """
 
 from __future__ import annotations
@@ -27,18 +23,15 @@ from dynspec.launcher.sim.profile import Profile, load_profile, shipped_profiles
 
 logger = logging.getLogger(__name__)
 
-# The records' "experiment" since the comparison had four ways; --from-jsonl reads it.
-EXPERIMENT = "four-way"
-# An adaptive-EAGLE curve stands in for another profile's only when its draft acceptance was the
-# same (tokens per step): SGLang's adaptive tiers were measured with one draft, and a ceiling
-# measured at another acceptance is not that profile's (issue 24 item 5).
+EXPERIMENT = "four-way"  # the records' "experiment" since it had four ways; --from-jsonl reads it
+# An adaptive-EAGLE curve stands in for another profile's only at the same draft acceptance: a
+# ceiling measured at another acceptance is not that profile's.
 SAME_ACCEPT = 0.1
 
 
 def adaptive_counterpart(profile: Profile) -> tuple[str | None, str]:
-    """The shipped profile whose eagle mode is an adaptive-EAGLE server measured beside
-    ``profile``'s EAGLE server (``X-adaptive`` for ``X-acceptN``, at the same acceptance), or
-    None and why there is none (pure but for the shipped profiles)."""
+    """The shipped ``X-adaptive`` profile for ``X-acceptN`` measured at the same acceptance, or
+    None and why there is none."""
     want = re.sub(r"-(accept\d+|adaptive)$", "", profile.name) + "-adaptive"
     if want not in shipped_profiles():
         return None, f"profile {profile.name} has no adaptive counterpart"
@@ -66,16 +59,15 @@ class EightGpusConfig:
     adaptive_profile: str | None = None  # None: adaptive_counterpart(profile)
     seed: int = 0
     startup_timeout: float = 60.0
-    router_log_level: str = "warning"  # the routers' --log-level
+    router_log_level: str = "warning"
     append: bool = False
     command: str = ""
-    repeats: int = 1  # runs of the whole comparison, each on servers and routers started afresh
+    repeats: int = 1
     calibrated: bool = False  # paired-auto starts from the profile (a launch's --calibrate)
 
 
 def plan_ways(cfg: EightGpusConfig) -> tuple[list[str], str | None, list[str]]:
-    """The ways to run, the adaptive profile (if any) and one note per way left out (pure but
-    for the shipped profiles)."""
+    """The ways to run, the adaptive profile (if any) and one note per way left out."""
     run = list(cfg.ways)
     adaptive, why = cfg.adaptive_profile, ""
     if adaptive is None and "2x-adaptive" in run:
@@ -93,8 +85,7 @@ def _sweep_levels(
     progress: ProgressLine | None,
     repeat: int = 1,
 ) -> list[Record]:
-    """``sweep`` one level at a time, so each level's records carry the machine's load then
-    (and ``repeat``, which run of the servers they came from)."""
+    """``sweep`` one level at a time, so each level's records carry the machine's load then."""
     records: list[Record] = []
 
     def mark(rec: Record) -> None:
@@ -108,8 +99,7 @@ def _sweep_levels(
 
 
 def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Record]:
-    """Run the comparison ``cfg.repeats`` times, each on servers and routers started afresh;
-    each finished level is appended to ``cfg.out`` as it ends."""
+    """Run the comparison ``cfg.repeats`` times; each finished level is appended to ``cfg.out``."""
     run_ways, adaptive, notes = plan_ways(cfg)
     for note in notes:
         logger.warning("not run: %s", note)
@@ -130,8 +120,7 @@ def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Reco
         cfg.out.write_text("", encoding="utf-8")
     records: list[Record] = []
     for rep in range(1, cfg.repeats + 1):
-        # Repeat r: the simulators' and the prompts' seeds + r - 1 (repeat 1 is a run without
-        # repeats), and nothing left of the repeat before: no server's load, no learned curve.
+        # Repeat r: seeds + r - 1 (repeat 1 is a run without repeats), nothing left of the last.
         sweep_cfg = dataclasses.replace(
             cfg.sweep, seed=cfg.sweep.seed + rep - 1, extra={**cfg.sweep.extra, **extra}
         )
@@ -147,7 +136,7 @@ def _one_run(
     repeat: int,
     progress: ProgressLine | None,
 ) -> list[Record]:
-    """One repeat: every server and router started fresh, each level's ways in turn."""
+    """One repeat: every server and router started afresh, each level's ways in turn."""
     prof = load_profile(cfg.profile)
     scfg = cfg.sweep
     records: list[Record] = []
@@ -163,7 +152,7 @@ def _one_run(
         }
         crossover = None
         if thr is None or hyst is None:
-            # As the envelope does: each server alone, then suggest-threshold on those sweeps.
+            # Each server alone, then suggest-threshold on those sweeps.
             shared = sets[ways.SHARED]
             alone = [Target("eagle", shared.eagle[0]), Target("baseline", shared.baseline[0])]
             records += _sweep_levels(alone, scfg, cfg.out, progress, repeat)

@@ -1,10 +1,7 @@
-"""The eight-GPU comparison's goals (``GOALS``, issue 16 item 6, for ``paired-auto`` per C;
-"the crossover" is ``suggest-threshold``'s, else the threshold) and report; pure but for writing
-the files. Each goal is PASS (met at every C where it applies), MISS (with the Cs and figures),
-or not evaluated; several repeats are judged on their medians (a record without ``repeat`` is
-repeat 1), the tables give each median with its min-max. A ``2x-adaptive`` that ran another
-profile's adaptive curve than the one measured at this profile's acceptance is no ceiling for it:
-left out of the goals and tables, and the report says why. Everything is SIMULATED.
+"""The eight-GPU comparison's goals (``GOALS``, for ``paired-auto`` per C) and its report,
+from the level records alone (so ``--from-jsonl`` re-renders it). Each goal is PASS (met at
+every C where it applies), MISS (with the Cs and figures) or not evaluated; repeats are judged on
+their medians, and the tables give each median with its min-max. SIMULATED.
 """
 
 from __future__ import annotations
@@ -16,12 +13,10 @@ from pathlib import Path
 
 from dynspec.bench import report, simreport
 from dynspec.bench.envelope8 import EXPERIMENT, adaptive_counterpart
-from dynspec.bench.report import Record, Spread, stats
-from dynspec.bench.simreport import cell
+from dynspec.bench.report import Record, Spread, cell, model_time, stats, table
 from dynspec.bench.ways import EIGHT_WAYS, HOMOGENEOUS, SHARED
 from dynspec.launcher.sim.profile import Profile, load_profile
 
-WAYS = EIGHT_WAYS
 VS_BEST_TPUT = 0.95  # paired-auto tok/s >= 0.95x the best homogeneous pair's, every C
 VS_BEST_TPOT = 1.05  # paired-auto p50 TPOT <= 1.05x the best's, C below the crossover
 VS_SPLIT_GAIN = 1.3  # paired-auto tok/s >= 1.3x split-threshold's, C >= 2 x threshold
@@ -47,9 +42,9 @@ GOALS = {
 
 
 def comparable(records: Sequence[Record], profile: Profile) -> tuple[list[Record], list[str]]:
-    """The records the goals may judge, and one note per way absent from them: each way the run
-    left out (its own notes) and a ``2x-adaptive`` that ran an adaptive curve not measured at
-    ``profile``'s acceptance (unless ``--adaptive-profile`` chose it)."""
+    """The records the goals may judge, and one note per way absent: each way the run left out,
+    and a ``2x-adaptive`` that ran an adaptive curve not measured at ``profile``'s acceptance
+    (no ceiling for it; unless ``--adaptive-profile`` chose it)."""
     notes = [f"Not run: {n}" for n in records[0].get("not_run") or []] if records else []
     ran = next((r for r in records if r.get("target") == "2x-adaptive"), None)
     if ran is None or ran.get("adaptive_by_hand"):
@@ -71,8 +66,7 @@ def _ratio(a: float, b: float) -> float:
 
 @dataclass(frozen=True)
 class GoalRow:
-    """paired-auto against the best homogeneous pair and split-threshold at one C, on the
-    medians over the repeats."""
+    """paired-auto against the best homogeneous pair and split-threshold at one C (medians)."""
 
     c: int
     tput: Mapping[str, float]  # way -> output tok/s (median)
@@ -87,14 +81,13 @@ class GoalRow:
 
 
 def evaluate(records: Sequence[Record], thr: int, crossover: float | None = None) -> list[GoalRow]:
-    """Per C where paired-auto and at least one homogeneous pair ran, on each way's medians
-    over its repeats (records in model time; ratios do not depend on it). ``thr``: the threshold
-    split-threshold ran with; ``crossover``: where EAGLE stops paying (None: ``thr``)."""
+    """Per C where paired-auto and a homogeneous pair ran. ``thr``: the threshold split-threshold
+    ran with; ``crossover``: where EAGLE stops paying (None: ``thr``)."""
     tok, tpot_of = stats(records, "output_throughput"), stats(records, "median_tpot_ms")
     below = float(thr) if crossover is None else float(crossover)
     rows: list[GoalRow] = []
-    for c in sorted({c for w in WAYS for c in tok.get(w, {})}):
-        ran = [w for w in WAYS if c in tok.get(w, {})]
+    for c in sorted({c for w in EIGHT_WAYS for c in tok.get(w, {})}):
+        ran = [w for w in EIGHT_WAYS if c in tok.get(w, {})]
         homo = [w for w in HOMOGENEOUS if w in ran]
         if SUBJECT not in ran or not homo:
             continue
@@ -174,34 +167,37 @@ def _tok(r: GoalRow, way: str) -> str:
 
 
 def goal_table(rows: Sequence[GoalRow]) -> str:
-    head = (
-        f"| C | {SUBJECT} tok/s | best pair | best pair tok/s | {SUBJECT} / best tok/s"
-        f" | {SUBJECT} / best TPOT | split-threshold tok/s | {SUBJECT} / split"
-        f" | >= {VS_BEST_TPUT}x best | TPOT <= {VS_BEST_TPOT}x | >= {VS_SPLIT_GAIN}x split |"
-    )
-    lines = [head, "|" + " --- |" * 11]
-    for r in rows:
-        lines.append(
-            f"| {r.c} | {_tok(r, SUBJECT)} | {r.best_pair} | {_tok(r, r.best_pair)}"
-            f" | {r.vs_best_tput:.3f} | {r.vs_best_tpot:.3f}"
-            f" | {cell(r.tput.get('split-threshold', math.nan))}"
-            f" | {cell(r.vs_split_tput, 3)} | {_mark(r.checks['best'])}"
-            f" | {_mark(r.checks['tpot'])} | {_mark(r.checks['split'])} |"
-        )
-    return "\n".join(lines) + "\n"
+    head = [
+        "C",
+        f"{SUBJECT} tok/s",
+        "best pair",
+        "best pair tok/s",
+        f"{SUBJECT} / best tok/s",
+        f"{SUBJECT} / best TPOT",
+        "split-threshold tok/s",
+        f"{SUBJECT} / split",
+        f">= {VS_BEST_TPUT}x best",
+        f"TPOT <= {VS_BEST_TPOT}x",
+        f">= {VS_SPLIT_GAIN}x split",
+    ]
+    body = [
+        [str(r.c), _tok(r, SUBJECT), r.best_pair, _tok(r, r.best_pair), f"{r.vs_best_tput:.3f}",
+         f"{r.vs_best_tpot:.3f}", cell(r.tput.get("split-threshold", math.nan)),
+         cell(r.vs_split_tput, 3), *(_mark(r.checks[goal]) for goal in GOALS)]
+        for r in rows
+    ]  # fmt: skip
+    return "\n".join(table(head, body)) + "\n"
 
 
 def way_table(records: Sequence[Record], ways: Sequence[str], key: str, unit: str) -> str:
-    """One column per way: ``key`` of each way at each C, the median over the repeats with
-    their min-max where there are several ("-" where it has none)."""
+    """``key`` per C (rows) and way (columns): the median over the repeats, with their min-max
+    where there are several ("-" where the way has none)."""
     by = stats(records, key)
     digits = 2 if key.endswith("_ms") else 1
-    lines = ["| C | " + " | ".join(f"{w} {unit}" for w in ways) + " |"]
-    lines.append("|" + " --- |" * (len(ways) + 1))
-    for c in sorted({c for per_c in by.values() for c in per_c}):
-        cells = [by[w][c].cell(digits) if c in by.get(w, {}) else "-" for w in ways]
-        lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    levels = sorted({c for per_c in by.values() for c in per_c})
+    body = [[str(c), *(by[w][c].cell(digits) if c in by.get(w, {}) else "-" for w in ways)]
+            for c in levels]  # fmt: skip
+    return "\n".join(table(["C", *(f"{w} {unit}" for w in ways)], body)) + "\n"
 
 
 def _runs_line(records: Sequence[Record]) -> str:
@@ -253,7 +249,7 @@ def _threshold_line(thr_rec: Record | None, thr: int, records: Sequence[Record] 
     )
     cross = thr_rec.get("crossover")
     at = f"; crossover C={float(cross):.1f}" if cross is not None else ""
-    # Each repeat suggests its own: say so where they differ (the goals use the first's).
+    # Each repeat suggests its own: said where they differ (the goals use the first's).
     each = {
         int(r.get("repeat") or 1): (r.get("threshold"), r.get("hysteresis"), r.get("crossover"))
         for r in records
@@ -272,7 +268,7 @@ def _threshold_line(thr_rec: Record | None, thr: int, records: Sequence[Record] 
 def _judged(records: Sequence[Record]) -> tuple[list[Record], list[str], list[GoalRow]]:
     """The model-time records the goals judge, the notes on ways absent, the goal rows."""
     profile = load_profile(str(records[0].get("profile", "demo")))
-    model, notes = comparable(simreport.in_model_time(records), profile)
+    model, notes = comparable([model_time(r) for r in records], profile)
     thr_rec = next((r for r in model if r.get("threshold") is not None), None)
     thr = int(thr_rec["threshold"]) if thr_rec is not None else 0
     cross = thr_rec.get("crossover") if thr_rec is not None else None
@@ -280,8 +276,7 @@ def _judged(records: Sequence[Record]) -> tuple[list[Record], list[str], list[Go
 
 
 def _servers_lines(records: Sequence[Record], ran: Sequence[str]) -> list[str]:
-    """Which ways ran on simulators of their own (``way_servers``; records before it have none:
-    there every way shared one set)."""
+    """Which ways ran on simulators of their own (``way_servers``; older records have none)."""
     used = next((r["way_servers"] for r in records if r.get("way_servers")), None)
     if not used:
         return []
@@ -338,11 +333,11 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
     speed = float(meta.get("speed", 1.0))
     profile = load_profile(str(meta.get("profile", "demo")))
     model, notes, rows = _judged(records)
-    routed = [r for r in model if r.get("target") in WAYS]
-    ran = [w for w in WAYS if any(r["target"] == w for r in routed)]
+    routed = [r for r in model if r.get("target") in EIGHT_WAYS]
+    ran = [w for w in EIGHT_WAYS if any(r["target"] == w for r in routed)]
     # The ways absent get their column too, and the line that says why under the table.
-    absent = [w for w in WAYS if any(n.split(": ")[1] == w for n in notes)]
-    columns = [w for w in WAYS if w in ran or w in absent]
+    absent = [w for w in EIGHT_WAYS if any(n.split(": ")[1] == w for n in notes)]
+    columns = [w for w in EIGHT_WAYS if w in ran or w in absent]
     why = [f"- {n}." for n in notes]
     md, png = out.with_suffix(".md"), out.with_suffix(".png")
     sharing = meta.get("sharing", "timeslice")
@@ -379,14 +374,14 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
         "## SIMULATED: p50 TPOT per way (ms, model time)",
         "",
         way_table(routed, columns, "median_tpot_ms", "TPOT p50 ms"),
-        *simreport.suggestion_section(simreport.suggestion(model)),
+        *simreport.suggestion_section(model),
         "## SIMULATED: did the simulators keep their schedule?",
         "",
         simreport.SCHEDULE_TEXT,
         "",
         simreport.schedule_table(model, profile),
         report.markdown_table(
-            simreport.in_model_time(records),
+            [model_time(r) for r in records],
             "SIMULATED: all levels (model time"
             + ("; every repeat, in the order run)" if n > 1 else ")"),
         ),
@@ -407,4 +402,4 @@ def summary(records: Sequence[Record]) -> str:
 
 
 def is_eight_gpus(records: Sequence[Record]) -> bool:
-    return any(r.get("experiment") == EXPERIMENT or r.get("target") in WAYS for r in records)
+    return any(r.get("experiment") == EXPERIMENT or r.get("target") in EIGHT_WAYS for r in records)

@@ -1,11 +1,7 @@
-"""The one home of what every simulated experiment (eight GPUs, replicas, traffic) does
-around its load: start ``dynspec-sim`` servers (on GPUs of their own or two on a shared GPU) and
-the ``dynspec-router``s that ``ways.py`` plans, on free loopback ports, wait until they are
-healthy, stop their process groups, write the router's ``--speed-profile`` at the simulators'
-wall-clock speed, and the run metadata (machine, code commit, command) every record carries.
-
-The low-level child handling (process groups, readiness polling) is ``bench/procs.py``, which the
-tests use too.
+"""What every simulated experiment does around its load: ``dynspec-sim`` servers and the
+``dynspec-router``s ``ways.py`` plans, started on free loopback ports, waited for and stopped
+(through ``procs.py``); the router's ``--speed-profile`` at the simulators' wall-clock speed;
+the run metadata (machine, code commit, command) every record carries.
 """
 
 from __future__ import annotations
@@ -39,19 +35,13 @@ logger = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def processes() -> Iterator[Children]:
-    """The experiment's children, logs in a fresh temporary folder (``NAME.log`` each, kept
-    after the run, and said at the start), all stopped at the end.
-
-    The children get their settings from argv only: a DYNSPEC_* variable meant for another run
-    (an API key, a port) must not leak into the experiment.
-    """
+    """The experiment's children, each logging to NAME.log in a fresh temporary folder (kept),
+    all stopped at the end. They get no DYNSPEC_* variable: one meant for another run (a key, a
+    port) must not leak into the experiment."""
     folder = Path(tempfile.mkdtemp(prefix="dynspec-envelope-"))
     logger.info("the servers' and routers' logs: %s", folder)
     with Children(folder, drop_env=("DYNSPEC_",)) as children:
         yield children
-
-
-# ---- run metadata ------------------------------------------------------------------------------
 
 
 def machine() -> dict[str, Any]:
@@ -75,18 +65,14 @@ def _git(folder: Path, *args: str) -> str:
 
 
 def code_commit() -> str:
-    """The git commit of the router code that the children run (``+dirty`` with local edits
-    outside ``bench/results``), or "unknown" outside a git checkout."""
-    # Where the router's code lies (the children run it), found without importing it.
+    """The git commit of the router code the children run (``+dirty`` with local edits outside
+    ``bench/results``: earlier results of the same session are data), or "unknown"."""
     spec = importlib.util.find_spec("dynspec.router")
     if spec is None or spec.origin is None:
         return "unknown"
     folder = Path(spec.origin).resolve().parent
     try:
         head = _git(folder, "rev-parse", "--short", "HEAD")
-        # Results written by earlier runs of the same session are data, not code: they do not
-        # make the code dirty (a series of runs on one commit would otherwise read "+dirty"
-        # from its second run on).
         dirty = _git(
             folder, "status", "--porcelain", "--untracked-files=no", "--", ":/",
             ":(exclude,top)bench/results",
@@ -103,11 +89,9 @@ def load_average() -> float | None:
         return None
 
 
-def run_metadata(
-    experiment: str | None, profile: str, speed: float, command: str
-) -> dict[str, Any]:
+def run_metadata(experiment: str, profile: str, speed: float, command: str) -> dict[str, Any]:
     """The fields every record of one run carries: what ran, where, on which code, since when."""
-    meta: dict[str, Any] = {
+    return {
         "simulated": True,
         "profile": profile,
         "speed": speed,
@@ -115,18 +99,11 @@ def run_metadata(
         "machine": machine(),
         "code_commit": code_commit(),
         "run_started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "experiment": experiment,
     }
-    if experiment is not None:
-        meta["experiment"] = experiment
-    return meta
-
-
-# ---- simulators --------------------------------------------------------------------------------
 
 
 class SimSettings(Protocol):
-    """What starting an experiment's simulators takes from its config."""
-
     @property
     def profile(self) -> str: ...
     @property
@@ -160,14 +137,11 @@ def start_servers(
     *,
     launch_intervals: bool = False,
 ) -> Servers:
-    """The simulated servers ``want`` counts per kind (``Servers``' fields, as ``ways.needs``
-    gives them), once healthy: ``eagle`` / ``baseline`` servers of their own, ``adaptive`` ones
-    (the ``adaptive`` profile's eagle mode; none without it) and ``shared_gpus``, each a
-    ``dynspec-sim --pair`` (``sim.sharing``); the k-th of a kind gets ``sim.seed + k``, whoever
-    it is for. ``owner`` (a way with servers of its own) goes into the children's names, so
-    that each set's logs are apart. ``launch_intervals``: each server streams as
-    ``dynspec-launch`` makes its real one stream (the baseline a chunk every
-    ``BASELINE_STREAM_INTERVAL`` tokens, EAGLE every step), not every server every token."""
+    """The simulated servers ``want`` counts per kind (``Servers``' fields), once healthy;
+    ``adaptive`` ones run the ``adaptive`` profile's eagle mode, each ``shared_gpus`` is a
+    ``dynspec-sim --pair``. The k-th of a kind gets ``sim.seed + k``; ``owner`` names the
+    children (each set's logs apart). ``launch_intervals``: the baseline streams a chunk every
+    ``BASELINE_STREAM_INTERVAL`` tokens, as ``dynspec-launch`` makes its real one stream."""
     every = str(launch_spec.BASELINE_STREAM_INTERVAL)
     interval = {"baseline": ["--stream-interval", every]} if launch_intervals else {}
     at = f"{owner}-" if owner else ""
@@ -200,15 +174,10 @@ def start_servers(
     return Servers(**got, shared_gpus=tuple(shared))
 
 
-# ---- routers -----------------------------------------------------------------------------------
-
-
 def router_argv(router: Router, port: int) -> list[str]:
-    """``router``'s command line on 127.0.0.1:``port``, made by the launcher's own builder from
-    its settings, so that how a router's settings become its flags has one home
-    (``launcher/spec.py``). Only the servers are the bench's own (a launch has no layout of two
-    servers of one kind in one pool, nor of a baseline pool alone): they stand where the
-    launcher puts its servers' URLs. The server ports given to the launcher are placeholders."""
+    """``router``'s command line on 127.0.0.1:``port``, by the launcher's own builder (one home
+    for how settings become flags); the bench's server flags replace the launcher's (whose ports
+    are placeholders): a launch has no layout of two servers of one kind in one pool."""
     launch = ["--simulate", "--port", str(port), "--eagle-port", "1", "--baseline-port", "2"]
     flags = [*launch, "--log-level", router.log_level, *router.settings]
     config = launch_config.load_config(flags, {})
@@ -232,8 +201,7 @@ def _healthy(status: dict[str, Any]) -> int:
 def start_router(
     procs: Children, name: str, router: Router, timeout: float
 ) -> tuple[str, subprocess.Popen[bytes]]:
-    """A ``dynspec-router``, once its ``/status`` shows ``router.healthy`` healthy servers
-    (``/health`` is 200 with one; the experiment needs them all)."""
+    """A ``dynspec-router``, once its ``/status`` shows ``router.healthy`` healthy servers."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = procs.start(name, router_argv(router, port))
@@ -250,32 +218,10 @@ def start_router(
     )
 
 
-def wait_idle(urls: Sequence[str], timeout: float) -> bool:
-    """Until every router's ``/status`` shows nothing in flight, by its own count and by the load
-    its mode is switched by (``signal_load``: with ``--load-signal servers``, the servers' last
-    readings); False at the deadline. Between two loads, so that the next does not start in the
-    mode the last one left behind."""
-    deadline = time.monotonic() + timeout
-    while True:
-        idle = 0
-        for url in urls:
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                st = httpx.get(url + "/status", timeout=2.0).json()
-                idle += st.get("load") == 0 and st.get("signal_load") in (0, None)
-        if idle == len(urls):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-
-
 def wall_clock_profile(profile: Profile, speed: float) -> Profile:
-    """``profile`` as the router sees servers that run ``speed`` times faster than modelled.
-
-    The router measures TPOT on the wall clock; a simulator at ``--speed 4`` serves four times the
-    profile's tok/s per wall-clock second, so the curve the router is given must say so too, or its
-    profile and its own observations would disagree by that factor.
-    """
+    """``profile`` as the router sees servers that run ``speed`` times faster than modelled: it
+    measures on the wall clock, so its curve must say so too, or its profile and its own
+    observations would disagree by that factor."""
     if speed == 1.0:
         return profile
     modes = {
@@ -297,8 +243,7 @@ def wall_clock_profile(profile: Profile, speed: float) -> Profile:
 
 
 def router_profile(procs: Children, profile: Profile, speed: float) -> Path:
-    """The file given to ``--speed-profile``: ``profile`` at the simulators' wall-clock speed,
-    next to the children's logs."""
+    """The ``--speed-profile`` file: ``profile`` at wall-clock speed, beside the children's logs."""
     folder = procs.log_dir or Path(tempfile.mkdtemp(prefix="dynspec-envelope-"))
     path = folder / f"{profile.name}-router.json"
     path.write_text(wall_clock_profile(profile, speed).dumps(), encoding="utf-8")

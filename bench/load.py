@@ -1,14 +1,10 @@
-"""Closed-loop load at a fixed concurrency against an OpenAI-compatible server or a dynspec router.
+"""Closed-loop load at a fixed concurrency against an OpenAI-compatible server or a router:
+``C`` workers each send their next request as soon as the last one ends (``sglang.bench_serving
+--max-concurrency C`` at an infinite rate), after warm-up requests through the same workers.
 
-One shared aiohttp session; ``C`` workers each send their next request as soon as the last one
-ends (the same load as ``sglang.bench_serving --max-concurrency C`` with an infinite request rate).
-Each level first runs warm-up requests through the same workers, so the measured requests start
-with ``C`` already in flight (a router is already in the mode that load puts it in).
-
-Per chunk the client does as little as it can, so that it is not the bottleneck at C=256 on a
-small machine: it looks for the content and ``"completion_tokens":`` by byte search instead of
-parsing the JSON. Token counts come from the usage the server sends (``stream_options``
-``include_usage`` and ``continuous_usage_stats``, which SGLang honours).
+Per chunk the client only byte-searches for the content and ``"completion_tokens":`` (no JSON
+parse), so that it is not the bottleneck at C=256 on a small machine; token counts come from the
+usage SGLang sends (``include_usage``, ``continuous_usage_stats``).
 """
 
 from __future__ import annotations
@@ -34,14 +30,12 @@ _DONE = b"[DONE]"
 _COMPLETION_TOKENS = b'"completion_tokens":'
 _PROMPT_TOKENS = b'"prompt_tokens":'
 _CONTENT = {"chat": b'"content":', "completions": b'"text":'}
-# Some words to build prompts from; a word is about one token for most tokenizers.
+# Words to build prompts from; a word is about one token for most tokenizers.
 _WORDS = (
     "the of and to in is that for it as was with be by on not he this are or his from at which "
     "but have an they you were her she there been one all we their has would when if so no what "
     "up out more said time about can some could into them other then than its two these may do"
 )
-
-
 _WORD_LIST = _WORDS.split(" ")
 
 
@@ -64,8 +58,6 @@ class Target:
     endpoint: str = "chat"
     # The levels this target runs at in a sweep (None: every level of the sweep).
     levels: frozenset[int] | None = None
-    # Router replicas behind this one name: requests go to them in turn (``spread``).
-    replicas: tuple[Target, ...] = ()
 
     @property
     def url(self) -> str:
@@ -107,13 +99,10 @@ def _random_prompt(
 
 
 class Prompts:
-    """Where a load's requests take their prompts, request after request, across every level
-    that shares this object: ``fixed`` in turn (a dataset's, or a pool of random ones), or, with
-    ``fixed`` empty, a new random prompt for every request (the ``seed`` and the request's number
-    make it), as bench_serving's random dataset sends. A pool reused in turn is what SGLang's
-    radix cache then holds: in ``pair-a-interval4`` (512 prompts) 97% of the prompt tokens the
-    baseline served came from its cache, so prefill cost next to nothing. A fixed prompt's body
-    is encoded once per target and model."""
+    """The prompts of a load, request after request across the levels that share it: ``fixed``
+    in turn (a dataset's, or a pool of random ones), or, with ``fixed`` empty, a new random one
+    for every request, as bench_serving's random dataset sends. A fixed prompt's body is encoded
+    once per target and model."""
 
     def __init__(
         self,
@@ -158,11 +147,8 @@ class Prompts:
 def sharegpt_prompts(
     path: Path, n: int, output_len: int | None = None, seed: int = 0
 ) -> list[Prompt]:
-    """Prompts from a ShareGPT-format JSON file (first human turn, first reply's length).
-
-    Without a tokenizer, lengths are estimated at 4 characters per token; ``output_len`` overrides
-    the reply-derived output length.
-    """
+    """Prompts from a ShareGPT-format JSON file (first human turn, first reply's length), at an
+    estimated 4 characters per token; ``output_len`` overrides the reply's length."""
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     if not isinstance(data, list):
@@ -185,16 +171,15 @@ def sharegpt_prompts(
     return [rows[i % len(rows)] for i in range(n)]
 
 
-def request_body(target: Target, model: str, prompt: Prompt, stream: bool = True) -> bytes:
+def request_body(target: Target, model: str, prompt: Prompt) -> bytes:
     body: dict[str, object] = {
         "model": model,
         "max_tokens": prompt.output_tokens,
         "temperature": 0.0,
         "ignore_eos": True,  # SGLang's extension: fixed output lengths, as bench_serving sends
-        "stream": stream,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
-    if stream:
-        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     if target.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt.text}]
     else:
@@ -202,29 +187,27 @@ def request_body(target: Target, model: str, prompt: Prompt, stream: bool = True
     return json.dumps(body).encode()
 
 
-def _int_after(payload: bytes, key: bytes) -> int | None:
-    i = payload.rfind(key)
+def _after(payload: bytes, i: int, key: bytes) -> int:
+    """Where the value of the key found at ``i`` starts (-1: not found)."""
     if i < 0:
-        return None
+        return -1
     i += len(key)
-    n = len(payload)
-    while i < n and payload[i] == 0x20:
+    while i < len(payload) and payload[i] == 0x20:
         i += 1
-    j = i
-    while j < n and 0x30 <= payload[j] <= 0x39:
+    return i
+
+
+def _int_after(payload: bytes, key: bytes) -> int | None:
+    i = j = _after(payload, payload.rfind(key), key)
+    while 0 <= j < len(payload) and 0x30 <= payload[j] <= 0x39:
         j += 1
     return int(payload[i:j]) if j > i else None
 
 
 def _has_content(payload: bytes, key: bytes) -> bool:
-    i = payload.find(key)
-    if i < 0:
-        return False
-    i += len(key)
-    while i < len(payload) and payload[i] == 0x20:
-        i += 1
+    i = _after(payload, payload.find(key), key)
     # A string that is not empty: '"' then anything but the closing '"'.
-    return payload[i : i + 1] == b'"' and payload[i + 1 : i + 2] not in (b'"', b"")
+    return i >= 0 and payload[i : i + 1] == b'"' and payload[i + 1 : i + 2] not in (b'"', b"")
 
 
 async def send_request(
@@ -236,11 +219,8 @@ async def send_request(
     *,
     trace: RequestTrace | None = None,
 ) -> RequestTrace:
-    """One streamed request; never raises (failures are in the trace).
-
-    ``trace`` is filled in place as chunks arrive, so a caller that cancels the request still
-    sees what arrived.
-    """
+    """One streamed request; never raises (failures are in the trace). ``trace`` is filled in
+    place as chunks arrive, so a caller that cancels the request still sees what arrived."""
     if trace is None:
         trace = RequestTrace(send=0.0)
     trace.send = time.perf_counter()
@@ -305,27 +285,13 @@ async def send_request(
     return trace
 
 
-def spread(target: Target, replicas: Sequence[Target] = ()) -> Callable[[int], Target]:
-    """Where request ``i`` goes: ``target``, or with ``replicas`` the next one in turn.
-
-    Round-robin per request, as a Kubernetes Service spreads a router Deployment's load when
-    every request opens a connection (kube-proxy's IPVS ``rr``) or an L7 proxy spreads requests;
-    a Service balances connections, so clients that keep few long-lived connections spread
-    less evenly than this.
-    """
-    if not replicas:
-        return lambda i: target
-    ring = tuple(replicas)
-    return lambda i: ring[i % len(ring)]
-
-
 STOPPED = "stopped by the load generator"
 
 
 class ClosedLoop:
     """Closed-loop clients (each sends its next request when its last one ends), ``set(c)`` of
-    them; those over ``c`` leave as their request ends. With ``replicas``: ``spread``. A
-    request cancelled by ``stop`` ends then, with the error ``STOPPED``."""
+    them; those over ``c`` leave as their request ends. A request cancelled by ``stop`` ends
+    then, with the error ``STOPPED``."""
 
     def __init__(
         self,
@@ -333,12 +299,10 @@ class ClosedLoop:
         target: Target,
         model: str,
         prompts: Prompts,
-        replicas: Sequence[Target] = (),
     ) -> None:
         self.session, self.target, self.model, self.prompts = session, target, model, prompts
-        self.dest = spread(target, replicas)
         self.traces: list[RequestTrace] = []
-        self.want = self.active = self.sent = 0
+        self.want = self.active = 0
         self.tasks: set[asyncio.Task[None]] = set()
 
     def set(self, want: int) -> None:
@@ -364,11 +328,10 @@ class ClosedLoop:
         try:
             while self.active <= self.want:
                 body, prompt = self.prompts.take(self.target, self.model)
-                i, self.sent = self.sent, self.sent + 1
                 trace = RequestTrace(send=time.perf_counter())
                 self.traces.append(trace)
                 try:
-                    await send_request(self.session, self.dest(i), body, prompt, hdrs, trace=trace)
+                    await send_request(self.session, self.target, body, prompt, hdrs, trace=trace)
                 except asyncio.CancelledError:
                     trace.error, trace.end = STOPPED, time.perf_counter()
                     raise
@@ -405,28 +368,21 @@ async def run_level(
     headers: dict[str, str] | None = None,
     progress: Progress | None = None,
     on_measure: Callable[[], Awaitable[None]] | None = None,
-    replicas: Sequence[Target] = (),
     min_seconds: float = 0.0,
 ) -> LevelRun:
     """One level: ``concurrency`` closed-loop workers, measured in a steady state.
 
-    With ``replicas`` (routers behind one address), request i goes to ``replicas[i % n]``:
-    ``spread``'s round-robin. ``target`` still names the level and builds the bodies.
+    1. Warm-up: measuring starts when the first ``warmup`` requests have all ended (a slow one,
+       say one a router sent to the pool it then left, is gone); requests sent meanwhile are
+       warm-up too.
+    2. The next ``requests`` requests are measured, and more until ``min_seconds`` have passed
+       since the first measured send, so that a fast level is not a few batches' noise.
+    3. Filler requests keep the load up until the last measured one ends; then they are
+       cancelled.
 
-    1. Warm-up: the first ``warmup`` requests. Measuring starts when all of them have ended, so
-       that a slow one (e.g. a request a router sent to the pool it then left) is gone; requests
-       sent meanwhile are warm-up too.
-    2. The next ``requests`` requests are measured (their TTFT, TPOT, ITL, E2E), and more while
-       the first measured send is less than ``min_seconds`` ago: a level lasts at least that
-       long however fast the server is, so that a fast level is not a few batches' noise.
-    3. Workers keep the load up with filler requests until the last measured request ends; then
-       the fillers are cancelled (the server aborts them).
-
-    The level's window runs from the first measured send to the last measured end, and the
-    throughputs count every token delivered inside it (measured, warm-up and filler requests all
-    share the server), so neither a ramp-up nor a ramp-down dilutes them.
+    The window runs from the first measured send to the last measured end; its throughputs count
+    every token delivered inside it, so neither a ramp-up nor a ramp-down dilutes them.
     """
-    dest = spread(target, replicas)
     measured: list[RequestTrace] = []
     every: list[RequestTrace] = []
     hdrs = {"Content-Type": "application/json", **(headers or {})}
@@ -441,11 +397,9 @@ async def run_level(
         return len(measured) >= max(1, requests) and now - measured[0].send >= min_seconds
 
     def still_measuring(now: float, *, ended: bool) -> bool:
-        """Whether the next send is measured. It closes at a measured request's end (``ended``:
-        ``now`` is that end) once enough were sent and ``min_seconds`` have passed since the
-        first; or, on the clock, at a worker's next send while a measured request is still open
-        (it ends later). So the window, which ends at the last measured end, is never shorter
-        than ``min_seconds``, and a measured request is open when it closes, or just ended."""
+        """Whether the next send is measured. Measuring closes once ``done_at``, at a measured
+        request's end (``ended``) or while one is still open, so that the window (to the last
+        measured end) is never shorter than ``min_seconds``."""
         nonlocal closed
         if not closed and done_at(now) and (ended or state["ended"] < len(measured)):
             closed = True
@@ -461,7 +415,6 @@ async def run_level(
             if measuring and hook is not None:
                 h, hook = hook, None
                 await h()
-            i = state["sent"]
             body, prompt = prompts.take(target, model)
             state["sent"] += 1
             trace = RequestTrace(send=time.perf_counter())
@@ -470,7 +423,7 @@ async def run_level(
                 measured.append(trace)
             elif state["warm_left"] > 0:
                 state["warm_sent"] += 1
-            await send_request(session, dest(i), body, prompt, hdrs, trace=trace)
+            await send_request(session, target, body, prompt, hdrs, trace=trace)
             if measuring:
                 state["ended"] += 1
                 if progress is not None:

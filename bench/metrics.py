@@ -1,6 +1,5 @@
-"""Per-request traces in, SGLang ``bench_serving`` metrics out. Pure: no I/O, no clock.
-
-The definitions follow ``python/sglang/bench_serving.py`` so that numbers are comparable with it:
+"""Per-request traces in, SGLang ``bench_serving``'s metrics out (its definitions, so that the
+numbers compare). Pure: no I/O, no clock.
 
 - TTFT: from sending the request to the first chunk that carries content.
 - latency (E2E): from sending the request to the last line of the stream (``data: [DONE]``).
@@ -10,11 +9,8 @@ The definitions follow ``python/sglang/bench_serving.py`` so that numbers are co
   no new token contributes nothing and its gap rolls into the next chunk, as bench_serving does.
 - throughputs are over the level's ``duration``; ``concurrency`` = sum of E2E latencies / duration
   (the mean number of requests in flight, "achieved concurrency").
-- percentiles interpolate linearly between order statistics (numpy's default); std is the
-  population std.
-
-bench_serving reports mean/median/std/p99 (and p95/max for ITL); p90 keys are our addition with the
-same naming pattern.
+- percentiles interpolate linearly (numpy's default); std is the population std; p90 keys are
+  ours, named as bench_serving names its p99.
 """
 
 from __future__ import annotations
@@ -130,12 +126,9 @@ class Window:
 def window(
     traces: Sequence[RequestTrace], start: float, end: float, tokens_per_chunk: float = 1.0
 ) -> Window:
-    """Tokens, finished requests and time in flight of ``traces`` inside ``[start, end]``.
-
-    A chunk counts with its own token count when the server sent one, else with the request's
-    mean (``output_tokens / chunks``) when the request finished, else ``tokens_per_chunk`` (a
-    request cancelled mid-stream does not get its usage).
-    """
+    """Tokens, finished requests and time in flight of ``traces`` inside ``[start, end]``. A
+    chunk counts its own tokens where the server said, else the request's mean if it finished,
+    else ``tokens_per_chunk`` (a cancelled request gets no usage)."""
     out = 0.0
     inp = 0
     done = 0
@@ -158,13 +151,9 @@ def window(
 def compute(
     traces: Sequence[RequestTrace], duration: float, win: Window | None = None
 ) -> dict[str, float | int]:
-    """bench_serving's metrics over one level's measured ``traces``.
-
-    Without ``win`` the throughputs are bench_serving's: the measured requests' tokens over
-    ``duration`` (seconds), and ``concurrency`` is their summed E2E over it. With ``win`` they are
-    what every request delivered inside the window, over its length (a steady-state rate that a
-    ramp-up or ramp-down does not dilute); the latency metrics always come from ``traces``.
-    """
+    """bench_serving's metrics over one level's measured ``traces``. The throughputs are the
+    measured requests' over ``duration``, or with ``win`` what every request delivered inside
+    it; the latencies always come from ``traces``."""
     ok = [t for t in traces if t.success]
     ttfts = [t.ttft for t in ok]
     latencies = [t.latency for t in ok]
@@ -212,8 +201,7 @@ def compute(
 
 
 def samples(text: str, name: str) -> list[tuple[str, float]]:
-    """``name``'s samples in a Prometheus text page, (labels, "" for none; value), NaN left out:
-    the bench's one reader of ``/metrics``."""
+    """``name``'s (labels or "", value) samples in a Prometheus text page, NaN left out."""
     found: list[tuple[str, float]] = []
     for labels, value in re.findall(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", text, re.M):
         with contextlib.suppress(ValueError):

@@ -1,12 +1,7 @@
-"""Child processes of the benchmarks and the tests: a free loopback port for each, a start in its
-own process group with its output in a log file, a wait until its readiness URL answers, and a
-stop of the whole group (SIGTERM, then SIGKILL after a grace period) that always runs.
-
-Readiness is polled with the standard library's HTTP client, without proxies: it only ever asks
-loopback addresses, and a proxy variable in the environment must not take those requests elsewhere.
-
-The ``/proc`` readers at the end (Linux) follow processes the benchmarks did not start themselves:
-a launcher's servers and their workers.
+"""Child processes of the benchmarks and the tests: a free loopback port, a start in its own
+process group with its output in a log file, a wait until its readiness URL answers (no proxies:
+only loopback is asked), and a stop of the whole group (SIGTERM, then SIGKILL) that always runs.
+The ``/proc`` readers at the end follow processes started by others (a launcher's servers).
 """
 
 from __future__ import annotations
@@ -57,11 +52,8 @@ def wait_http(
     name: str = "",
     log: Path | None = None,
 ) -> None:
-    """Poll ``url`` until it answers ``status``; a refused connection counts as not yet.
-
-    With ``proc``, its exit ends the wait at once (RuntimeError); at the deadline, TimeoutError.
-    Both messages name the process and its log.
-    """
+    """Poll ``url`` until it answers ``status`` (a refused connection is not yet). With
+    ``proc``, its exit ends the wait (RuntimeError); the deadline raises TimeoutError."""
     who = name or url
     where = f" (log: {log})" if log else ""
     deadline = time.monotonic() + timeout
@@ -96,12 +88,8 @@ def stop_group(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
 
 class Children:
     """Children in their own process groups, stopped last-started first when the block ends.
-
-    Each child's stdout and stderr go to ``log`` if given, else to ``log_dir/NAME.log``, else
-    nowhere. Its environment is this process's, without variables that start with one of
-    ``drop_env`` (so that, say, a ``DYNSPEC_*`` setting meant for another run cannot reach it),
-    plus ``env``.
-    """
+    Output goes to ``log``, else ``log_dir/NAME.log``, else nowhere; the environment is this
+    process's without the variables that start with one of ``drop_env``, plus ``env``."""
 
     def __init__(
         self, log_dir: Path | None = None, *, drop_env: Sequence[str] = (), grace: float = 10.0

@@ -1,16 +1,7 @@
-"""A measured sweep turned into a ``dynspec-sim`` profile (``launcher/sim/profile.py``'s schema).
-
-Per mode (the EAGLE target and the baseline target of the sweep):
-
-- ``throughput``: ``[C, output_throughput]`` per measured level, which is what the schema defines
-  (aggregate output tok/s that closed-loop clients at concurrency C measure). A level above the
-  server's running-request limit measures the limit's throughput; the simulator queues likewise.
-- ``accept_length`` / ``max_accept_length``: the mean and the most tokens per stream chunk seen at
-  the lowest level (SGLang sends one chunk per decode step), 1 for the baseline.
-- prefill: ``prefill_overhead_s`` is kept at the simulator's default and ``prefill_tokens_per_s``
-  is what is left of the p50 TTFT at the lowest level after that overhead and one decode step.
-
-The profile's ``source`` names the sweep file(s), the targets, and these assumptions.
+"""A measured sweep turned into a ``dynspec-sim`` profile, per mode: ``throughput`` is the
+output tok/s per level, ``accept_length`` the tokens per stream chunk at C=1 (a chunk per decode
+step), ``prefill_tokens_per_s`` what the C=1 TTFT leaves after the default overhead and one
+decode step. The profile's ``source`` names the files, the targets and these assumptions.
 """
 
 from __future__ import annotations
@@ -28,7 +19,6 @@ from dynspec.common.levels import (
 )
 from dynspec.launcher.sim.profile import ModeProfile, Profile
 
-# fill_levels is this module's name too (its tests and callers import it from here).
 __all__ = ["DEFAULT_PREFILL_OVERHEAD_S", "build_profile", "fill_levels", "mode_profile"]
 
 

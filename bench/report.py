@@ -1,9 +1,6 @@
-"""Sweep results: JSONL (one level per line), a Markdown table, a PNG plot.
-
-A JSONL line holds one target at one concurrency, with ``bench_serving``'s key names where they
-exist (``max_concurrency``, ``completed``, ``duration``, ``output_throughput``, ``median_tpot_ms``,
-``concurrency`` ...) and ours for the rest (``target``, ``url``, ``failed``, ``backend_share``,
-``mode_switches``, ``p90_*``).
+"""What every report writes with: JSONL (a line per target and level, with ``bench_serving``'s
+key names where they exist), Markdown tables, medians over repeats, figures; the sweep's own
+table and plot.
 """
 
 from __future__ import annotations
@@ -50,10 +47,8 @@ _RATE_KEYS = ("request_throughput", "input_throughput", "output_throughput", "to
 
 
 def model_time(rec: Record, speed: float | None = None) -> Record:
-    """A copy of a level record in a simulator's model time: durations x speed, rates / speed.
-
-    ``speed`` defaults to the record's own ``speed`` (a simulated run), else 1.
-    """
+    """A copy of a level record in a simulator's model time: durations x speed, rates / speed
+    (``speed``: the record's own, else 1)."""
     if speed is None:
         speed = float(rec.get("speed") or 1.0)
     if speed == 1.0:
@@ -89,14 +84,11 @@ def targets(records: Iterable[Record]) -> list[str]:
     return list(seen)
 
 
-def _fmt(value: object, digits: int = 1) -> str:
-    if value is None:
+def cell(value: object, digits: int = 1) -> str:
+    """A table cell: '-' for none or NaN, a float to ``digits``."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "-"
-        return f"{value:.{digits}f}"
-    return str(value)
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
 def _share(rec: Record) -> str:
@@ -121,9 +113,6 @@ COLUMNS: Sequence[tuple[str, str, int]] = (
     ("median_itl_ms", "ITL p50 ms", 2),
     ("median_e2e_latency_ms", "E2E p50 ms", 0),
 )
-
-
-# ---- repeats: each point's median and min-max -------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -176,17 +165,16 @@ def markdown_table(records: Sequence[Record], title: str | None = None) -> str:
     body = []
     for r in records:
         cells = [str(r.get("target", "?"))]
-        cells += [_fmt(r.get(key), digits) for key, _, digits in COLUMNS]
+        cells += [cell(r.get(key), digits) for key, _, digits in COLUMNS]
         if routed:
-            cells += [_share(r), _fmt(r.get("mode_switches"))]
+            cells += [_share(r), cell(r.get("mode_switches"))]
         body.append(cells)
     return "\n".join([*([f"### {title}", ""] if title else []), *table(head, body)]) + "\n"
 
 
 def plot(records: Sequence[Record], path: Path, title: str) -> None:
-    """Output tok/s and p50 TPOT against concurrency, one line per target, log-scale x; where a
-    level ran several times (``repeat``), the line goes through the medians and a bar spans the
-    min-max."""
+    """Output tok/s and p50 TPOT against C, one line per target through the medians of the
+    repeats, a bar spanning their min-max."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
 
     plain = FuncFormatter(lambda v, _: f"{v:g}")
@@ -243,12 +231,10 @@ def figure(
         plt.close(fig)
 
 
-def write_outputs(
-    jsonl: Path, records: Sequence[Record], title: str, table_heading: str | None = None
-) -> tuple[Path, Path]:
+def write_outputs(jsonl: Path, records: Sequence[Record], title: str) -> tuple[Path, Path]:
     """The Markdown table and the PNG next to ``jsonl`` (same stem)."""
     md = jsonl.with_suffix(".md")
     png = jsonl.with_suffix(".png")
-    md.write_text(markdown_table(records, table_heading or title), encoding="utf-8")
+    md.write_text(markdown_table(records, title), encoding="utf-8")
     plot(records, png, title)
     return md, png

@@ -1,7 +1,6 @@
-"""What the simulated experiments' reports share (eight GPUs, replicas, traffic): table
-cells, records in model time, what the profile predicts and the table that holds the simulators
-to it, the header lines (profile, machine, code, prompts), the threshold suggestion and the
-figure. Pure but for the figure's file.
+"""What the simulated experiments' reports share: what the profile predicts and the table that
+holds the simulators to it, the header lines (profile, machine, code, prompts) and the threshold
+suggestion. Pure.
 """
 
 from __future__ import annotations
@@ -10,34 +9,8 @@ import math
 from collections.abc import Sequence
 
 from dynspec.bench import threshold
-from dynspec.bench.report import Record, model_time, table
+from dynspec.bench.report import Record, cell, table
 from dynspec.launcher.sim.profile import Profile
-
-# Wall-clock seconds in a record beyond report.model_time's keys: run lengths and offsets.
-SECONDS = ("run_seconds", "ramp_seconds", "step_start_s", "switch_at_s")
-
-
-def cell(v: float | None, digits: int = 1, thousands: bool = False) -> str:
-    """A number as a table cell: '-' for none or NaN."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    return f"{v:,.{digits}f}" if thousands else f"{v:.{digits}f}"
-
-
-def in_model_time(records: Sequence[Record]) -> list[Record]:
-    """Copies in each record's model time (``report.model_time``, and SECONDS x speed)."""
-    out = []
-    for r in records:
-        speed = float(r.get("speed") or 1.0)
-        m = model_time(r, speed)
-        for key in SECONDS:
-            if isinstance(r.get(key), (int, float)):
-                m[key] = float(r[key]) * speed
-        out.append(m)
-    return out
-
-
-# ---- what the profile predicts -----------------------------------------------------------------
 
 
 def _batch(profile: Profile, mode: str, c: int) -> int:
@@ -52,8 +25,7 @@ def expected_tpot_ms(profile: Profile, mode: str, c: int) -> float:
 
 
 def expected_tput(profile: Profile, mode: str, c: int) -> float:
-    """Output tok/s the profile predicts for one server with ``c`` clients (decode only: prefill
-    pauses make the measured value somewhat lower)."""
+    """Output tok/s the profile predicts for one server with ``c`` clients (decode only)."""
     return profile.mode(mode).throughput_at(_batch(profile, mode, c))
 
 
@@ -68,8 +40,7 @@ SCHEDULE_TEXT = (
 
 
 def schedule_table(records: Sequence[Record], profile: Profile) -> str:
-    """Measured p50 TPOT and tok/s of the single servers and the homogeneous EAGLE and baseline
-    pairs (model-time records) against the profile's prediction."""
+    """SCHEDULE_TEXT's table, from model-time records."""
     head = ["target", "C", "per server", "TPOT p50 ms", "profile TPOT ms", "measured / profile",
             "tok/s", "profile tok/s", "measured / profile", "achieved C"]  # fmt: skip
     body = []
@@ -92,9 +63,6 @@ def schedule_table(records: Sequence[Record], profile: Profile) -> str:
                      f"{got:.1f}", f"{tput:.1f}", f"{got / tput:.3f}",
                      cell(r.get("concurrency"))])  # fmt: skip
     return "\n".join(table(head, body)) + "\n"
-
-
-# ---- header lines ------------------------------------------------------------------------------
 
 
 def profile_text(profile: Profile) -> str:
@@ -131,15 +99,11 @@ def prompts_text(meta: Record) -> str:
     return text + " (fixed)"
 
 
-def suggestion(model: Sequence[Record]) -> threshold.Suggestion | None:
+def suggestion_section(model: Sequence[Record]) -> list[str]:
     """``suggest-threshold`` on the run's single-server sweeps, if it has both."""
     eagle = [r for r in model if r.get("target") == "eagle"]
     baseline = [r for r in model if r.get("target") == "baseline"]
-    return threshold.suggest(eagle, baseline) if eagle and baseline else None
-
-
-def suggestion_section(s: threshold.Suggestion | None) -> list[str]:
-    if s is None:
+    if not (eagle and baseline):
         return []
     title = "## SIMULATED: threshold suggestion from the single-server sweeps"
-    return [title, "", threshold.render(s), ""]
+    return [title, "", threshold.render(threshold.suggest(eagle, baseline)), ""]

@@ -1,16 +1,10 @@
 """A concurrency sweep: every level against every target, one JSONL line per finished level.
 
-Levels run in order of concurrency, and within a level the targets take turns, once per repeat
-(A, B, C, A, B, C, ...), so that a slow drift of the machine (other work, thermal, a kernel's first
-use) spreads over all targets instead of biasing one, and each point's repeats show its spread.
-
-A steady-state sweep (what a 5% comparison needs) asks for levels of at least ``min_seconds``
-(``run_level`` keeps measuring until both the request count and the time are reached), a warm
-pass first (``warm``: every target at every level once, one round of C requests, not recorded,
-so that no measured level is the first traffic at a batch size), several ``repeats``, and may be
-split over several processes: with ``resume`` the points already in ``out`` are skipped, and a
-``deadline`` stops the sweep before a level that would not end in time (``pending`` says what is
-left; ``complete_groups`` what a new launch of the servers keeps of an earlier launch's points).
+Within a level the targets take turns, once per repeat (A, B, A, B, ...), so that a slow drift
+of the machine spreads over all of them instead of biasing one. A steady-state sweep adds
+``min_seconds`` per level, a ``warm`` pass (no measured level is a server's first traffic at
+that batch size) and ``repeats``, and may span processes: ``resume`` skips the points already in
+``out``, a ``deadline`` stops before a level that would not end in time.
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ from typing import Any, TextIO
 import aiohttp
 
 from dynspec.bench import load, metrics
-from dynspec.bench.report import Record, append_jsonl
+from dynspec.bench.report import Record, append_jsonl, load_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +49,7 @@ class SweepConfig:
     resume: bool = False  # skip the (target, level, repeat) points already in ``out``
     deadline: float | None = None  # time.monotonic(): no level is started that would end later
     warm_pass: bool = False  # ``warm`` every target at every level before measuring
-    # Random prompts: 0, a new one for every request; N, N of them reused in turn (SGLang's
-    # radix cache then serves most of their tokens: the H200 figures before this flag, N=512).
-    prompt_pool: int = 0
+    prompt_pool: int = 0  # random prompts: 0, a new one every request; N, N reused in turn
 
     def level_requests(self, c: int) -> int:
         return (
@@ -74,12 +66,9 @@ class ProgressLine:
     """A one-line progress bar on a terminal (``\\r``), one line per level elsewhere."""
 
     def __init__(self, stream: TextIO | None = None, enabled: bool = True) -> None:
-        self.stream = stream or sys.stderr
-        self.enabled = enabled
+        self.stream, self.enabled = stream or sys.stderr, enabled
         self.tty = self.stream.isatty()
-        self.label = ""
-        self.start = 0.0
-        self.last = 0.0
+        self.label, self.start, self.last = "", 0.0, 0.0
 
     def begin(self, label: str) -> None:
         self.label = label
@@ -93,10 +82,9 @@ class ProgressLine:
         if not (self.enabled and self.tty) or (now - self.last < 0.2 and done < total):
             return
         self.last = now
-        width = 24
-        fill = width * done // max(total, 1)
+        fill = 24 * done // max(total, 1)
         self.stream.write(
-            f"\r\x1b[K{self.label} [{'#' * fill}{'.' * (width - fill)}] {done}/{total}"
+            f"\r\x1b[K{self.label} [{'#' * fill}{'.' * (24 - fill)}] {done}/{total}"
             f" {now - self.start:.0f}s"
         )
         self.stream.flush()
@@ -166,11 +154,10 @@ def sweep_prompts(cfg: SweepConfig) -> load.Prompts:
     )
 
 
-async def _switches(session: aiohttp.ClientSession, target: load.Target) -> list[int | None]:
-    """Each router's mode switches so far: the target's, or each of its replicas'."""
-    urls = [r.base_url for r in target.replicas] or [target.base_url]
-    texts = await asyncio.gather(*(load.fetch_text(session, u + "/metrics") for u in urls))
-    return [None if t is None else load.mode_switches(t) for t in texts]
+async def _switches(session: aiohttp.ClientSession, target: load.Target) -> int | None:
+    """The router's mode switches so far (None: not a dynspec router)."""
+    text = await load.fetch_text(session, target.base_url + "/metrics")
+    return None if text is None else load.mode_switches(text)
 
 
 Point = tuple[str, int, int]  # (target label, concurrency, repeat from 1)
@@ -189,11 +176,7 @@ def points(targets: Sequence[load.Target], cfg: SweepConfig) -> list[Point]:
 
 def earlier(out: Path | None) -> list[Record]:
     """What an earlier run of the sweep wrote to ``out``."""
-    if out is None or not out.exists():
-        return []
-    from dynspec.bench.report import load_jsonl
-
-    return load_jsonl(out)
+    return load_jsonl(out) if out is not None and out.exists() else []
 
 
 def point(rec: Record) -> Point:
@@ -212,22 +195,18 @@ def pending(
 def complete_groups(
     targets: Sequence[load.Target], cfg: SweepConfig, done: Sequence[Record]
 ) -> list[Record]:
-    """``done`` less the records of the sweep's (level, repeat) groups that it holds only in part
-    (a group: every target that runs at that level, once, back to back; ``points``). The report
-    takes one target over another repeat by repeat, so a group that one launch of the servers
-    left unfinished is measured again whole by the next launch, not finished beside a fresh
-    server's figures. Records of points outside the sweep are kept."""
+    """``done`` less the sweep's (level, repeat) groups that it holds only in part: the report
+    compares the targets repeat by repeat, so a group one launch of the servers left unfinished
+    is measured again whole by the next launch. Records of points outside the sweep are kept."""
     have = {point(r) for r in done}
     partial = {(c, rep) for label, c, rep in points(targets, cfg) if (label, c, rep) not in have}
     return [r for r in done if point(r)[1:] not in partial]
 
 
 def estimate_seconds(c: int, cfg: SweepConfig, seen: Sequence[Record]) -> float:
-    """How long one level at ``c`` takes, from the target's earlier records (``seen``): its
-    measured requests at the tok/s of the nearest level measured at or below ``c`` (tok/s grows
-    with C, so this errs long), at least ``min_seconds``, plus the warm-up round and the tail
-    (one request each) and the pause. A target with no record yet: twice ``min_seconds`` and 10 s.
-    """
+    """How long one level at ``c`` takes, from the target's earlier records (``seen``): at the
+    tok/s of the nearest level at or below ``c`` (tok/s grows with C, so this errs long), plus a
+    warm-up round, the tail and the pause; with no record yet, twice ``min_seconds`` and 10 s."""
     below = [r for r in seen if int(r["max_concurrency"]) <= c and r.get("output_throughput")]
     if not below:
         return 2 * cfg.min_seconds + 10.0 + cfg.pause
@@ -275,11 +254,8 @@ async def sweep(
     on_start: Callable[[str], None] | None = None,
 ) -> list[Record]:
     """Run the sweep; append each finished level to ``out`` as it ends; return all records.
-
-    ``on_start(label)`` runs before each level and ``on_record`` may add to its record before
-    it is written (the GPU plans add what the router and the servers say over the level). Stops
-    early, with the points left unrun, at ``cfg.deadline``.
-    """
+    ``on_start(label)`` runs before each level, ``on_record`` may add to a record before it is
+    written; ``cfg.deadline`` stops it early, with points left unrun."""
     progress = progress or ProgressLine(enabled=False)
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     prompts = sweep_prompts(cfg)
@@ -305,12 +281,10 @@ async def sweep(
                     break
             n, w = cfg.level_requests(c), cfg.level_warmup(c)
             progress.begin(f"{label} C={c}" + (f" #{rep}" if cfg.repeats > 1 else ""))
-            before: list[list[int | None]] = [[]]
+            before: list[int | None] = []  # the switches when measuring began
 
-            async def snapshot(
-                t: load.Target = target, box: list[list[int | None]] = before
-            ) -> None:
-                box[0] = await _switches(session, t)
+            async def snapshot(t: load.Target = target, box: list[int | None] = before) -> None:
+                box.append(await _switches(session, t))
 
             if on_start is not None:
                 on_start(label)
@@ -319,19 +293,13 @@ async def sweep(
                 session, target, models[target], prompts,
                 concurrency=c, requests=n, warmup=w, headers=headers,
                 progress=progress.update, on_measure=snapshot, min_seconds=cfg.min_seconds,
-                replicas=target.replicas,
             )  # fmt: skip
             after = await _switches(session, target)
-            pairs = zip(after, before[0], strict=False)  # before: [] if never measured
-            each = [a - b for a, b in pairs if a is not None and b is not None]
-            if before[0] and len(each) == len(after):
-                run.mode_switches = sum(each)
+            if before and before[0] is not None and after is not None:
+                run.mode_switches = after - before[0]
             rec = build_record(target, c, run, cfg=cfg, warmup=w, model=models[target])
-            if target.replicas:
-                rec["replica_switches"] = each
             rec["repeat"] = rep
-            # This process's CPU over the level: a load generator that saturates a core is
-            # measuring itself (its sends and reads), not the server.
+            # A load generator that saturates a core measures itself, not the server.
             rec["client_cpu_s"] = round(time.process_time() - cpu0, 3)
             if on_record is not None:
                 on_record(rec)

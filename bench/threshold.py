@@ -1,22 +1,13 @@
 """Where EAGLE stops paying: the threshold and hysteresis to give the router, from two sweeps.
 
-The decision variable is each request's decode speed, 1 / p50 TPOT (tokens/s one user sees). At
-fixed closed-loop concurrency it also orders aggregate throughput (tokens/s ~ C / TPOT), so one
-crossover serves both. Between two measured levels the crossover is interpolated linearly in
-log2(C) on log2(EAGLE speed / baseline speed): speeds change by ratios and levels are powers of two,
-so both axes are logarithmic.
-
-The router sends a request to EAGLE while the load (requests in flight, counting the new one) is
-at most ``threshold``; above it, to the baseline, until the load is back at or below ``threshold -
-hysteresis``. So ``threshold = floor(crossover)``: every load at or below the crossover goes to
-EAGLE. ``hysteresis`` is a quarter of the threshold (at least 1, and at most ``threshold - 1`` so
-that the router can switch back at all): wide enough that a load jittering around the threshold does
-not flip the mode on every request, narrow enough that the loads served by the "wrong" pool after a
-spike are close to the crossover, where the two pools differ least.
-
-Two sweeps within ``TIE_TOLERANCE`` of each other at every level (decode speed and output tok/s)
-are a tie, not a win for EAGLE: speculation buys nothing measurable there, so there is no threshold
-to choose and no reason to give GPUs to an EAGLE pool (the same sweep given twice ends here too).
+The decision variable is each request's decode speed, 1 / p50 TPOT; at a fixed closed-loop
+concurrency it also orders tok/s (~ C / TPOT). Between two levels the crossover is interpolated
+linearly in log2(C) on log2(EAGLE speed / baseline speed): speeds change by ratios, levels are
+powers of two. ``threshold = floor(crossover)``, so every load at or below it goes to EAGLE;
+``hysteresis`` is a quarter of it (at least 1, at most ``threshold - 1`` so that the router can
+switch back): wide enough that a jittering load does not flip the mode on every request, narrow
+enough that the "wrong" pool serves loads near the crossover, where the pools differ least. Two
+sweeps within ``TIE_TOLERANCE`` at every level are a tie: no threshold, no reason for an EAGLE pool.
 """
 
 from __future__ import annotations
@@ -120,14 +111,11 @@ def _log_ratio(a: float, b: float) -> float:
 
 
 def suggest(eagle: Sequence[Record], baseline: Sequence[Record]) -> Suggestion:
-    """The suggestion from two sweeps (see the module's docstring).
-
-    The per-request decode speed decides. One guard: if EAGLE's output tok/s falls below the
-    baseline's at a lower concurrency than its decode speed does, that crossing is used. That
-    happens when EAGLE requests queue (SGLang caps an EAGLE server at 48 running requests): the
-    running ones decode fast, so TPOT looks good, while the queued ones wait (TTFT).
-    """
+    """The suggestion from two sweeps. One guard on decode speed: if EAGLE's tok/s falls below
+    the baseline's at a lower C, that crossing is used: EAGLE's requests then queue (SGLang caps
+    an EAGLE server at 48 running), so its TPOT looks good while the queued ones wait."""
     e, b = _by_level(eagle), _by_level(baseline)
+    msg: str
     common = sorted(set(e) & set(b))
     if not common:
         raise ValueError("the two sweeps share no concurrency level with completed requests")
@@ -139,47 +127,34 @@ def suggest(eagle: Sequence[Record], baseline: Sequence[Record]) -> Suggestion:
     lo, hi = common[0], common[-1]
     if all(_same(r) and _same(t) for r, t in zip(logr, tp_logr, strict=True)):
         where = f"C={lo}" if lo == hi else f"every measured concurrency, C={lo} to C={hi}"
-        return Suggestion(
-            "tie",
-            0,
-            0,
-            None,
-            levels,
+        msg = (
             f"No difference: EAGLE's per-request decode speed and output tok/s are within "
             f"{TIE_TOLERANCE:.0%} of the baseline's at {where}, so neither pool wins and there "
             f"is no threshold to choose. Speculation buys nothing measurable here: the baseline "
-            f"pool alone serves as well (check that the two sweeps are of two different servers).",
+            f"pool alone serves as well (check that the two sweeps are of two different servers)."
         )
+        return Suggestion("tie", 0, 0, None, levels, msg)
     if logr[0] < 0:
         wins = tuple(lv.concurrency for lv, r in zip(levels, logr, strict=True) if r >= 0)
         note = f" (it is faster again at C={', '.join(map(str, wins))})" if wins else ""
-        return Suggestion(
-            "never",
-            0,
-            0,
-            None,
-            levels,
+        msg = (
             f"EAGLE never wins at low load: its per-request decode speed is already below the "
             f"baseline's at C={lo}{note}. Do not route to EAGLE on this setup: run the router "
             f"with --baseline-url only (or POST /admin/drain/eagle). The threshold policy cannot "
             f"express it: --threshold must be at least 1, and 1 still sends a lone request to "
-            f"EAGLE.",
-            wins,
+            f"EAGLE."
         )
+        return Suggestion("never", 0, 0, None, levels, msg, wins)
     by_speed = _first_crossing(common, logr)
     by_tput = (0, float(lo)) if tp_logr[0] < 0 else _first_crossing(common, tp_logr)
     if by_speed is None and by_tput is None:
-        return Suggestion(
-            "always",
-            hi,
-            hysteresis_for(hi),
-            None,
-            levels,
+        msg = (
             f"EAGLE always wins: its per-request decode speed and its output tok/s are above "
             f"the baseline's at every measured concurrency up to C={hi}, so the crossover is "
             f"above C={hi}. Use at least --threshold {hi}, and sweep higher concurrencies to "
-            f"find the crossover.",
+            f"find the crossover."
         )
+        return Suggestion("always", hi, hysteresis_for(hi), None, levels, msg)
     if by_speed is not None and (by_tput is None or by_speed[1] <= by_tput[1]):
         i, crossover = by_speed
         text = (
@@ -202,16 +177,9 @@ def suggest(eagle: Sequence[Record], baseline: Sequence[Record]) -> Suggestion:
             f"server at 48 running requests), so the throughput crossing is used."
         )
     threshold = max(1, math.floor(crossover))
-    rewins = tuple(
-        lv.concurrency
-        for lv, r, t in zip(levels[i + 1 :], logr[i + 1 :], tp_logr[i + 1 :], strict=True)
-        if r >= 0 and t >= 0
-    )
-    slow_tpot = tuple(
-        lv.concurrency
-        for lv, r, t in zip(levels[i + 1 :], logr[i + 1 :], tp_logr[i + 1 :], strict=True)
-        if r >= 0 > t
-    )
+    after = list(zip(levels[i + 1 :], logr[i + 1 :], tp_logr[i + 1 :], strict=True))
+    rewins = tuple(lv.concurrency for lv, r, t in after if r >= 0 and t >= 0)
+    slow_tpot = tuple(lv.concurrency for lv, r, t in after if r >= 0 > t)
     if rewins:
         text += (
             f" Note: EAGLE is faster again at C={', '.join(map(str, rewins))}; the first "

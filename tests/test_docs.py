@@ -101,9 +101,9 @@ def command_flags() -> dict[str, frozenset[str]]:
 def test_every_command_is_seen() -> None:
     flags = command_flags()
     assert "dynspec-bench gpu run" in flags and "dynspec-bench sweep" in flags, sorted(flags)
-    # dynspec-launch, -router, -sim; bench's sweep, suggest-threshold, profile, envelope, ramp,
-    # replicas; gpu bundle, models, run, report (overhead is retired).
-    assert len(flags) >= 13, sorted(flags)
+    # dynspec-launch, -router, -sim; bench's sweep, suggest-threshold, profile, envelope,
+    # traffic; gpu bundle, models, run, report (overhead, ramp and replicas are retired).
+    assert len(flags) >= 12, sorted(flags)
     assert all("--port" in flags[c] for c in ("dynspec-launch", "dynspec-router", "dynspec-sim"))
 
 

@@ -97,7 +97,7 @@ def test_commands_run_without_the_bench_extra(module: str, argv: list[str]) -> N
     assert r.stdout and not r.stderr
 
 
-@pytest.mark.parametrize("command", ["sweep", "envelope", "replicas", "traffic"])
+@pytest.mark.parametrize("command", ["sweep", "envelope", "traffic"])
 def test_bench_command_without_its_extra_says_what_to_install(command: str) -> None:
     r = _without_bench_extra(
         f"sys.argv = ['x', {command!r}, '--url', 'http://127.0.0.1:9']; "

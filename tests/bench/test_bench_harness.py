@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dynspec.bench import harness
-from dynspec.bench.ways import Router, Servers, replica_router, way_router
+from dynspec.bench.ways import Router, Servers, way_router
 from dynspec.launcher.sim.profile import load_profile
 from dynspec.router.config import parse_config
 
@@ -63,23 +63,6 @@ def routers(profile: Path) -> list[tuple[Router, str]]:
         (
             way_router("2x-eagle", SERVERS, threshold=7, hysteresis=2),
             "--eagle-url http://127.0.0.1:9001,http://127.0.0.1:9002",
-        ),
-        (
-            replica_router(
-                "paired-threshold",
-                SERVERS,
-                threshold=8,
-                hysteresis=2,
-                signal="servers",
-                load_interval=0.0625,
-            ),
-            pairs + "--threshold 8 --hysteresis 2 --load-signal servers --load-interval 0.0625"
-            " --return-delay 0",
-        ),
-        (
-            replica_router("split-threshold", SERVERS, threshold=8, hysteresis=2, signal="local"),
-            f"--eagle-url {E} --baseline-url {B} --policy threshold --threshold 8 --hysteresis 2 "
-            "--load-signal local --return-delay 0",
         ),
         (
             way_router(
