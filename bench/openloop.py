@@ -51,14 +51,10 @@ class OpenLoopRun:
 
 
 def prompt_of(arrival: Arrival, key: str) -> Prompt:
-    """The request of ``arrival``: ``input_tokens`` random words (about a token each) drawn from
-    ``key``, and ``output_tokens`` to generate (``ignore_eos``). Two targets given the same
-    arrivals get different words (their keys differ), so that a prefix cache shared behind them
-    (one GPU launch serving every target) serves neither from the other's prompts."""
-    rng = random.Random(key)
-    return Prompt(
-        load.words(rng, arrival.input_tokens), arrival.input_tokens, arrival.output_tokens
-    )
+    """``input_tokens`` random words drawn from ``key``, ``output_tokens`` to generate. Each
+    target's key differs, so a prefix cache shared behind them serves none from another's."""
+    words = load.words(random.Random(key), arrival.input_tokens)
+    return Prompt(words, arrival.input_tokens, arrival.output_tokens)
 
 
 async def _sample(probe: Probe | None, every: float, into: list[Sample]) -> None:
@@ -79,7 +75,6 @@ async def replay(
     key: str,
     drain_s: float,
     speed: float = 1.0,
-    headers: dict[str, str] | None = None,
     probe: Probe | None = None,
     sample_s: float = 1.0,
 ) -> OpenLoopRun:
@@ -87,7 +82,7 @@ async def replay(
     answers; ``drain_s`` (wall seconds) after the last arrival the requests still open are cut.
     ``key`` names the run's prompts (``prompt_of``). Never raises for a failed request: its
     trace says what happened (status, error)."""
-    hdrs = {"Content-Type": "application/json", **(headers or {})}
+    hdrs = {"Content-Type": "application/json"}
     traces = [RequestTrace(send=0.0) for _ in arrivals]
     inflight: dict[asyncio.Task[RequestTrace], int] = {}
     samples: list[Sample] = []

@@ -1,20 +1,13 @@
 """One open-loop run's figures, per time window and for the whole run, judged on SLOs. Pure.
 
-Every time is the simulators' model time (wall seconds x ``speed``; 1 on real servers). A
-request belongs to the window its *arrival* falls in: its TTFT and TPOT, whether it met both
-SLOs, whether it failed, was shed (429/503) or cut at the run's end. What a window *delivered*
-(output tokens, requests in flight, mode switches, the router's memory) is what happened inside
-it, whoever's request it was.
-
-- **SLO attainment**: of the requests that arrived in the window, the share that succeeded with
-  TTFT <= ``slo_ttft_ms`` and TPOT <= ``slo_tpot_ms`` (a one-token answer has no TPOT); a
-  failed, shed or cut request is a miss.
-- **Goodput**: those requests a second (DistServe's requests that meet both SLOs, per second).
+Times are model time (wall seconds x ``speed``). A request counts in the window its *arrival*
+falls in (its TTFT, TPOT, SLO verdict, failure, shed or cut); what a window *delivered* (tokens,
+in flight, switches, memory) is what happened inside it. SLO attainment and goodput are defined
+in docs/benchmarks.md, "Open-loop traffic".
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -29,19 +22,12 @@ Record = dict[str, Any]
 SHED = (429, 503)
 
 
-def status_load(text: str) -> int:
-    """Requests in flight by a router's ``/status`` JSON (its ``load``)."""
-    data = json.loads(text)
-    return int(data.get("load") or 0) if isinstance(data, dict) else 0
-
-
 def _pct(values: Sequence[float], p: float) -> float | None:
     return round(metrics.percentile(values, p), 2) if values else None
 
 
 def _reading(samples: Sequence[Sample], name: str, at: float) -> float | None:
-    """The last ``name`` reading taken at or before wall time ``at`` (the first one when none
-    was yet)."""
+    """The last ``name`` reading taken by wall time ``at`` (the first one when none was yet)."""
     got = None
     for t, values in samples:
         if name not in values:
@@ -183,8 +169,8 @@ def _run_only(run: OpenLoopRun, reqs: Sequence[_Request], duration: float) -> Re
         "client_lag_max_ms": round(max(lag), 2) if lag else None,
         "run_wall_s": round(run.end - run.start, 2),
     }
-    first = next((v["switches"] for _, v in run.samples if "switches" in v), None)
-    last = next((v["switches"] for _, v in reversed(run.samples) if "switches" in v), None)
+    first = _reading(run.samples, "switches", -math.inf)
+    last = _reading(run.samples, "switches", math.inf)
     if first is not None and last is not None and duration > 0:
         rec["mode_switches"] = round(last - first)
         rec["switches_per_min"] = round((last - first) / (duration / 60.0), 2)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,6 @@ from dynspec.launcher.sim.profile import load_profile
 logger = logging.getLogger(__name__)
 
 TARGETS = ("routed", "eagle", "baseline")
-LAYOUTS = ("split", "paired")
 
 
 @dataclass(frozen=True)
@@ -125,9 +125,8 @@ def done_runs(out: Path) -> set[tuple[int, str, str]]:
 
 def other_plan(out: Path, cfg: TrafficConfig, more: Mapping[str, Any] | None = None) -> str | None:
     """Why the runs ``out`` holds are not this plan's (None: they are, or there are none): a
-    schedule of the same name made otherwise (``day`` at another peak), or another way of making
-    or judging the load (``cfg.meta()`` but the command line, and ``more``). A rerun skips the
-    runs ``out`` holds (``done_runs``), so another plan's would stand in for this one's."""
+    schedule of the same name made otherwise, or other ``cfg.meta()`` (but the command) or
+    ``more``. A rerun skips the runs ``out`` holds, so another plan's would stand in for ours."""
     if not out.is_file():
         return None
     texts = {name: sched.text for name, sched in cfg.schedules}
@@ -214,12 +213,9 @@ async def _drive(
         )  # fmt: skip
 
 
-def router_probe(
-    url: str, pid: int | None = None
-) -> Callable[[aiohttp.ClientSession], openloop.Probe]:
+def router_probe(url: str, pid: int | None = None) -> ProbeMaker:
     """A probe of a router: its mode switches so far, its threshold (the lowest group's) and the
-    requests it holds in flight (from ``/metrics`` and ``/status``), and with ``pid`` its
-    process's resident memory in MiB."""
+    requests it holds in flight (``/metrics``, ``/status``); with ``pid`` its memory in MiB."""
 
     def make(session: aiohttp.ClientSession) -> openloop.Probe:
         async def probe() -> dict[str, float]:
@@ -232,8 +228,8 @@ def router_probe(
             if levels:
                 got["threshold"] = min(levels)
             status = await load.fetch_text(session, url + "/status", timeout=2.0)
-            if status:
-                got["in_flight"] = float(slo.status_load(status))
+            if status:  # the router's JSON object; ``load`` is what it holds in flight
+                got["in_flight"] = float(json.loads(status).get("load") or 0)
             if pid is not None:
                 rss = rss_mib(pid)
                 if rss is not None:
@@ -288,8 +284,7 @@ class SimTraffic:
     profile: str
     layout: str = "split"  # split: servers of their own; paired: one shared simulated GPU
     targets: tuple[str, ...] = TARGETS
-    # The routed target's router settings (dynspec-launch flags: --threshold, --hysteresis,
-    # --max-concurrency ...); with ``calibrated`` the profile as --speed-profile too.
+    # The routed target's router flags; with ``calibrated`` the profile as --speed-profile too.
     router_settings: tuple[str, ...] = ("--threshold", "auto")
     calibrated: bool = False
     sharing: str = "timeslice"
@@ -298,29 +293,23 @@ class SimTraffic:
     # What harness.start_servers reads (SimSettings), with the fields above.
     speed: float = 1.0
     seed: int = 0
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _sim_target(
     procs: Children, sim: SimTraffic, label: str, seed: int
 ) -> tuple[Target, ProbeMaker | None, Record]:
     """Start what ``label`` runs on, fresh: a server alone, or servers and a router in front."""
-    settings = replace(sim, seed=seed)  # harness.SimSettings, with the run's own seed
-    if label in ("eagle", "baseline"):
-        servers = harness.start_servers(
-            procs, {label: 1}, settings, owner=label, launch_intervals=True
-        )
+    want = {"eagle": 1, "baseline": 1} if label == "routed" else {label: 1}
+    if label == "routed" and sim.layout == "paired":
+        want = {"shared_gpus": 1}
+    settings = replace(sim, seed=seed)  # the run's own seed
+    servers = harness.start_servers(procs, want, settings, owner=label, launch_intervals=True)
+    if label != "routed":
         return Target(label, getattr(servers, label)[0]), None, {}
-    if sim.layout == "paired":
-        servers = harness.start_servers(
-            procs, {"shared_gpus": 1}, settings, owner=label, launch_intervals=True
-        )
+    if servers.shared_gpus:
         e, b = servers.shared_gpus[0]
         flags: tuple[str, ...] = ("--pair", f"{e},{b}")
     else:
-        servers = harness.start_servers(
-            procs, {"eagle": 1, "baseline": 1}, settings, owner=label, launch_intervals=True
-        )
         flags = ("--eagle-url", servers.eagle[0], "--baseline-url", servers.baseline[0])
     settings_flags = sim.router_settings
     if sim.calibrated:
@@ -340,7 +329,6 @@ def run_simulated(cfg: TrafficConfig, sim: SimTraffic, out: Path) -> list[Record
         # Each server streams as dynspec-launch makes its real one stream (harness).
         "baseline_stream_interval": launch_spec.BASELINE_STREAM_INTERVAL,
         "calibrated": sim.calibrated,
-        **sim.extra,
     }
 
     def body(run: Run, got: Sequence[Arrival], key: str) -> tuple[openloop.OpenLoopRun, Record]:
