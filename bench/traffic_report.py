@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dynspec.bench import simreport
-from dynspec.bench.report import Record, Spread, figure, run_time_line, spread
+from dynspec.bench.report import Record, Spread, figure, run_time_line, spread, table
+from dynspec.bench.simreport import cell
 
 ROUTED = "routed"
 SINGLES = ("eagle", "baseline")
@@ -25,10 +26,7 @@ def _cell(m: Spread | None, digits: int = 1) -> str:
 
 
 def schedules(records: Sequence[Record]) -> list[str]:
-    seen: dict[str, None] = {}
-    for r in records:
-        seen.setdefault(str(r.get("schedule")), None)
-    return list(seen)
+    return list(dict.fromkeys(str(r.get("schedule")) for r in records))
 
 
 def targets(records: Sequence[Record]) -> list[str]:
@@ -36,24 +34,20 @@ def targets(records: Sequence[Record]) -> list[str]:
     return [t for t in (ROUTED, *SINGLES) if t in present] + sorted(present - {ROUTED, *SINGLES})
 
 
+def _of(records: Sequence[Record], scope: str, schedule: str, target: str) -> list[Record]:
+    want = (scope, schedule, target)
+    return [r for r in records if (r.get("scope"), r.get("schedule"), r.get("target")) == want]
+
+
 def runs(records: Sequence[Record], schedule: str, target: str) -> list[Record]:
-    return [
-        r
-        for r in records
-        if r.get("scope") == "run" and r.get("schedule") == schedule and r.get("target") == target
-    ]
+    return _of(records, "run", schedule, target)
 
 
 def windows(records: Sequence[Record], schedule: str, target: str) -> dict[int, list[Record]]:
     """The window records of ``target`` under ``schedule``, by window, one per repeat."""
     out: dict[int, list[Record]] = {}
-    for r in records:
-        if (
-            r.get("scope") == "window"
-            and r.get("schedule") == schedule
-            and r.get("target") == target
-        ):
-            out.setdefault(int(r["window"]), []).append(r)
+    for r in _of(records, "window", schedule, target):
+        out.setdefault(int(r["window"]), []).append(r)
     return dict(sorted(out.items()))
 
 
@@ -162,15 +156,13 @@ RUN_COLUMNS: Sequence[tuple[str, str, int]] = (
 
 
 def run_table(records: Sequence[Record], name: str) -> list[str]:
-    head = "| target | repeats | " + " | ".join(c[1] for c in RUN_COLUMNS) + " |"
-    lines = [head, "|" + " --- |" * (len(RUN_COLUMNS) + 2)]
+    body = []
     for t in targets(records):
-        recs = runs(records, name, t)
-        if not recs:
-            continue
-        cells = [_cell(med_of(recs, key), d) for key, _, d in RUN_COLUMNS]
-        lines.append(f"| {t} | {len(recs)} | " + " | ".join(cells) + " |")
-    return lines
+        if recs := runs(records, name, t):
+            body.append(
+                [t, str(len(recs)), *(_cell(med_of(recs, k), d) for k, _, d in RUN_COLUMNS)]
+            )
+    return table(["target", "repeats", *(c[1] for c in RUN_COLUMNS)], body)
 
 
 def window_table(records: Sequence[Record], name: str) -> list[str]:
@@ -181,7 +173,7 @@ def window_table(records: Sequence[Record], name: str) -> list[str]:
     learned = any("threshold_min" in r for w in by.get(ROUTED, {}).values() for r in w)
     cols += ["threshold (all repeats)"] if learned else []
     cols += [f"{t} attained" for t in ts] + [f"{t} TPOT p50/p99" for t in ts]
-    lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+    body = []
     first = by[ts[0]] if ts else {}
     for k, recs in first.items():
         r0 = recs[0]
@@ -200,8 +192,8 @@ def window_table(records: Sequence[Record], name: str) -> list[str]:
             f"{_num(_mid(by[t].get(k, []), 'p99_tpot_ms'), 1)}"
             for t in ts
         ]
-        lines.append("| " + " | ".join(row) + " |")
-    return lines
+        body.append(row)
+    return table(cols, body)
 
 
 def _range(recs: Sequence[Record]) -> str:
@@ -215,7 +207,7 @@ def _range(recs: Sequence[Record]) -> str:
 
 
 def _num(v: float | None, digits: int) -> str:
-    return "-" if v is None else f"{v:,.{digits}f}"
+    return cell(v, digits, thousands=True)
 
 
 def overload_lines(records: Sequence[Record]) -> list[str]:
@@ -303,11 +295,7 @@ def measured_line(records: Sequence[Record]) -> str:
 
 def render(records: Sequence[Record]) -> str:
     lines = header(records)
-    lines += ["## Goals", ""]
-    for goal, ok, detail in goals(records):
-        verdict = "-" if ok is None else ("PASS" if ok else "MISS")
-        lines.append(f"- {verdict}: {goal}: {detail}")
-    lines.append("")
+    lines += ["## Goals", "", *(f"- {v}" for v in verdicts(records)), ""]
     for name in schedules(records):
         text = next((r.get("schedule_text") for r in records if r.get("schedule") == name), "")
         lines += [f"## `{name}` ({text})", "", *run_table(records, name), ""]
@@ -319,11 +307,14 @@ def render(records: Sequence[Record]) -> str:
     return "\n".join(lines)
 
 
+def verdicts(records: Sequence[Record]) -> list[str]:
+    """``PASS|MISS|-: goal: detail`` for every goal (``-``: not judged)."""
+    word = {True: "PASS", False: "MISS", None: "-"}
+    return [f"{word[ok]}: {goal}: {detail}" for goal, ok, detail in goals(records)]
+
+
 def summary(records: Sequence[Record]) -> str:
-    out = []
-    for goal, ok, detail in goals(records):
-        out.append(f"{'-' if ok is None else ('PASS' if ok else 'MISS')}: {goal}: {detail}\n")
-    return "".join(out)
+    return "".join(f"{v}\n" for v in verdicts(records))
 
 
 COLORS = {"routed": "tab:green", "eagle": "tab:blue", "baseline": "tab:orange"}
