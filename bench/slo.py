@@ -11,14 +11,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 from dynspec.bench import metrics
 from dynspec.bench.arrivals import Schedule
 from dynspec.bench.metrics import RequestTrace
 from dynspec.bench.openloop import OpenLoopRun, Sample
+from dynspec.bench.report import Record
 
-Record = dict[str, Any]
 SHED = (429, 503)
 
 

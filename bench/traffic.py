@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
@@ -89,17 +89,12 @@ class TrafficConfig:
         return out
 
 
-@dataclass(frozen=True)
-class Run:
+class Run(NamedTuple):
     """One run of the plan."""
 
     repeat: int
     schedule: str
     target: str
-
-    @property
-    def key(self) -> tuple[int, str, str]:
-        return (self.repeat, self.schedule, self.target)
 
 
 def plan(cfg: TrafficConfig, labels: Sequence[str]) -> list[Run]:
@@ -112,28 +107,22 @@ def plan(cfg: TrafficConfig, labels: Sequence[str]) -> list[Run]:
     return out
 
 
-def done_runs(out: Path) -> set[tuple[int, str, str]]:
+def _run_records(out: Path) -> list[Record]:
+    return [r for r in load_jsonl(out) if r.get("scope") == "run"] if out.is_file() else []
+
+
+def done_runs(out: Path) -> set[Run]:
     """The runs whose whole-run record ``out`` already holds."""
-    if not out.is_file():
-        return set()
-    return {
-        (int(r["repeat"]), str(r["schedule"]), str(r["target"]))
-        for r in load_jsonl(out)
-        if r.get("scope") == "run"
-    }
+    return {Run(int(r["repeat"]), str(r["schedule"]), str(r["target"])) for r in _run_records(out)}
 
 
 def other_plan(out: Path, cfg: TrafficConfig, more: Mapping[str, Any] | None = None) -> str | None:
     """Why the runs ``out`` holds are not this plan's (None: they are, or there are none): a
     schedule of the same name made otherwise, or other ``cfg.meta()`` (but the command) or
     ``more``. A rerun skips the runs ``out`` holds, so another plan's would stand in for ours."""
-    if not out.is_file():
-        return None
     texts = {name: sched.text for name, sched in cfg.schedules}
     want = {k: v for k, v in {**cfg.meta(), **(more or {})}.items() if k != "command"}
-    for r in load_jsonl(out):
-        if r.get("scope") != "run":
-            continue
+    for r in _run_records(out):
         name = str(r.get("schedule"))
         if name in texts and r.get("schedule_text") != texts[name]:
             return f"{name} is {r.get('schedule_text')!r} there, {texts[name]!r} here"
@@ -163,7 +152,7 @@ def _each(
     done = done_runs(out)
     records: list[Record] = []
     for run in plan(cfg, labels):
-        if run.key in done:
+        if run in done:
             continue
         sched = schedules[run.schedule]
         length = sched.duration / cfg.speed + cfg.drain_s + 15.0
