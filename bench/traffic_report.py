@@ -34,19 +34,16 @@ def targets(records: Sequence[Record]) -> list[str]:
     return [t for t in (ROUTED, *SINGLES) if t in present] + sorted(present - {ROUTED, *SINGLES})
 
 
-def _of(records: Sequence[Record], scope: str, schedule: str, target: str) -> list[Record]:
+def runs(records: Sequence[Record], schedule: str, target: str, scope: str = "run") -> list[Record]:
+    """``target``'s records under ``schedule``: whole runs, or windows (``scope="window"``)."""
     want = (scope, schedule, target)
     return [r for r in records if (r.get("scope"), r.get("schedule"), r.get("target")) == want]
-
-
-def runs(records: Sequence[Record], schedule: str, target: str) -> list[Record]:
-    return _of(records, "run", schedule, target)
 
 
 def windows(records: Sequence[Record], schedule: str, target: str) -> dict[int, list[Record]]:
     """The window records of ``target`` under ``schedule``, by window, one per repeat."""
     out: dict[int, list[Record]] = {}
-    for r in _of(records, "window", schedule, target):
+    for r in runs(records, schedule, target, "window"):
         out.setdefault(int(r["window"]), []).append(r)
     return dict(sorted(out.items()))
 
@@ -338,30 +335,28 @@ def plot_series(records: Sequence[Record], name: str, path: Path) -> None:
     title = f"{_label(records)}: open-loop `{name}`, medians of repeats"
     with figure(path, title, 3, 1, figsize=(10, 9), sharex=True) as (_, axes):
         top, bottom, slo = axes
-        xs, ys = _series(records, name, targets(records)[0], "scheduled_rate")
-        top.plot(xs, ys, color="gray", label="scheduled rate")
-        xs, ys = _series(records, name, ROUTED, "offered_rate")
-        top.plot(xs, ys, color="black", linestyle=":", label="offered rate")
+        rate = _series(records, name, targets(records)[0], "scheduled_rate")
+        top.plot(*rate, color="gray", label="scheduled rate")
+        offered = _series(records, name, ROUTED, "offered_rate")
+        top.plot(*offered, color="black", linestyle=":", label="offered rate")
         top.set_ylabel("requests / s")
         share = top.twinx()
-        xs, ys = _series(records, name, ROUTED, "eagle_share")
-        share.plot(xs, ys, color=COLORS["routed"], label="routed: share on EAGLE")
+        on_eagle = _series(records, name, ROUTED, "eagle_share")
+        share.plot(*on_eagle, color=COLORS["routed"], label="routed: share on EAGLE")
         share.set_ylim(-0.05, 1.05)
         share.set_ylabel("routed share on EAGLE")
         top.legend(loc="upper left")
         share.legend(loc="upper right")
         for t in targets(records):
-            color = COLORS.get(t)
-            xs, ys = _series(records, name, t, "median_tpot_ms")
-            bottom.plot(xs, ys, color=color, label=f"{t} p50")
-            xs, ys = _series(records, name, t, "p99_tpot_ms")
-            bottom.plot(xs, ys, color=color, linestyle="--", label=f"{t} p99")
+            for key, style, q in (("median_tpot_ms", "-", "p50"), ("p99_tpot_ms", "--", "p99")):
+                tpot = _series(records, name, t, key)
+                bottom.plot(*tpot, color=COLORS.get(t), linestyle=style, label=f"{t} {q}")
         bottom.set_ylabel("TPOT ms")
         bottom.set_yscale("log")
         bottom.legend(ncol=3, fontsize="small")
         for t in targets(records):
-            xs, ys = _series(records, name, t, "slo_attainment")
-            slo.plot(xs, ys, color=COLORS.get(t), marker="o", markersize=3, label=t)
+            attained = _series(records, name, t, "slo_attainment")
+            slo.plot(*attained, color=COLORS.get(t), marker="o", markersize=3, label=t)
         slo.set_ylim(-0.05, 1.05)
         slo.set_ylabel("SLO attainment")
         slo.set_xlabel("time (s)")
@@ -380,14 +375,12 @@ def plot_sweep(records: Sequence[Record], path: Path) -> None:
                     m = med_of(runs(records, n, t), key)
                     rate = _rate_of(records, n)
                     if m is not None and rate is not None:
-                        pts.append((rate, m.median, m.lo, m.hi))
-                pts.sort()
+                        pts.append((rate, m.median, m.median - m.lo, m.hi - m.median))
                 if not pts:
                     continue
-                xs = [p[0] for p in pts]
-                ys = [p[1] for p in pts]
-                err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
-                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=COLORS.get(t), label=t)
+                xs, ys, below, above = zip(*sorted(pts), strict=True)
+                ax.errorbar(xs, ys, yerr=[below, above], marker="o", capsize=3,
+                            color=COLORS.get(t), label=t)  # fmt: skip
         left.set_xlabel("request rate (req/s)")
         left.set_ylabel("goodput (req/s meeting both SLOs)")
         right.set_xlabel("request rate (req/s)")
