@@ -1,18 +1,11 @@
 """The open-loop arrival process of ``dynspec-bench traffic``: when each request is sent and how
-long it is. Pure: no clock, no asyncio; the only I/O is reading a trace file.
+long it is, as SGLang's ``bench_serving`` makes them (--request-rate, --burstiness,
+--random-range-ratio) or as a recorded trace has them. Pure: the only I/O is reading a trace.
 
-The semantics follow SGLang's ``bench_serving``: ``--request-rate`` (a rate in requests/s),
-``--burstiness`` (the shape of the gamma distribution of the intervals: 1 is Poisson, below 1
-burstier, above 1 more regular) and ``--random-range-ratio`` (lengths uniform in
-``[ratio x len, len]``). The rate may change over the run: a :class:`Schedule` is a list of
-segments, each constant or a linear ramp, written ``R@S`` or ``R1-R2@S`` (``2@30,2-20@60``), or
-the named compressed ``day``: a quiet night, a morning ramp, a peak, and bursts (:data:`DAY`,
-as fractions of a peak rate). Arrivals are a gamma renewal process in operational time
-(time-rescaling): unit-mean intervals counted in expected arrivals and mapped back to seconds
-through the schedule, so a constant rate gives bench_serving's intervals exactly.
-
-A recorded trace replaces both: :func:`read_trace` reads the Azure LLM inference traces, BurstGPT,
-or a generic CSV / JSONL file.
+The rate may change over the run (a :class:`Schedule`: constant or ramp segments, or the named
+compressed :data:`DAY`). Arrivals are a gamma renewal process in operational time: unit-mean
+intervals counted in expected arrivals, mapped back to seconds through the schedule, so a
+constant rate gives bench_serving's intervals exactly. The texts: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -89,10 +82,6 @@ class Schedule:
         return last.start + last.seconds
 
     @functools.cached_property
-    def _starts(self) -> list[float]:
-        return [s.start for s in self.segments]
-
-    @functools.cached_property
     def _totals(self) -> list[float]:
         """Expected arrivals from 0 to each segment's end."""
         return list(itertools.accumulate(s.expected(s.seconds) for s in self.segments))
@@ -103,7 +92,7 @@ class Schedule:
             return 0.0
         if t >= self.duration:
             return self._totals[-1]
-        i = max(0, bisect.bisect_right(self._starts, t) - 1)
+        i = max(0, bisect.bisect_right(self.segments, t, key=lambda s: s.start) - 1)
         s = self.segments[i]
         before = self._totals[i - 1] if i else 0.0
         return before + s.expected(min(t - s.start, s.seconds))
