@@ -236,14 +236,9 @@ class Trace:
 _COLUMNS = {
     "time": ("timestamp", "arrival_time", "time"),
     "input": ("input_tokens", "prompt_tokens", "input_len", "contexttokens", "request tokens"),
-    "output": (
-        "output_tokens",
-        "completion_tokens",
-        "output_len",
-        "generatedtokens",
-        "response tokens",
-    ),
-}
+    "output": ("output_tokens", "completion_tokens", "output_len", "generatedtokens",
+               "response tokens"),
+}  # fmt: skip
 _NEEDS = "; ".join(f"{c}: {'|'.join(a)}" for c, a in _COLUMNS.items())
 # Azure's TIMESTAMP has 7 fractional digits, more than Python 3.10's fromisoformat takes.
 _DATETIME = re.compile(

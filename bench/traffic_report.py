@@ -177,18 +177,14 @@ def window_table(records: Sequence[Record], name: str) -> list[str]:
         routed = by.get(ROUTED, {}).get(k, [])
         row = [
             f"{r0['t0_s']:g}-{r0['t1_s']:g}",
-            f"{_num(_mid(recs, 'scheduled_rate'), 2)} / {_num(_mid(recs, 'offered_rate'), 2)}",
-            _num(_mid(routed, "eagle_share"), 2),
-            _num(_mid(routed, "mode_switches"), 0),
+            f"{_med(recs, 'scheduled_rate', 2)} / {_med(recs, 'offered_rate', 2)}",
+            _med(routed, "eagle_share", 2),
+            _med(routed, "mode_switches", 0),
+            *([_range(routed)] if learned else []),
         ]
-        if learned:
-            row.append(_range(routed))
-        row += [_num(_mid(by[t].get(k, []), "slo_attainment"), 3) for t in ts]
-        row += [
-            f"{_num(_mid(by[t].get(k, []), 'median_tpot_ms'), 1)} / "
-            f"{_num(_mid(by[t].get(k, []), 'p99_tpot_ms'), 1)}"
-            for t in ts
-        ]
+        per = [by[t].get(k, []) for t in ts]
+        row += [_med(w, "slo_attainment", 3) for w in per]
+        row += [f"{_med(w, 'median_tpot_ms', 1)} / {_med(w, 'p99_tpot_ms', 1)}" for w in per]
         body.append(row)
     return table(cols, body)
 
@@ -205,6 +201,11 @@ def _range(recs: Sequence[Record]) -> str:
 
 def _num(v: float | None, digits: int) -> str:
     return cell(v, digits, thousands=True)
+
+
+def _med(recs: Sequence[Record], key: str, digits: int) -> str:
+    """The median of the repeats, a number only (the tables of windows are wide already)."""
+    return _num(_mid(recs, key), digits)
 
 
 def overload_lines(records: Sequence[Record]) -> list[str]:
