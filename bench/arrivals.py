@@ -227,7 +227,7 @@ def synthetic(
 class Trace:
     arrivals: tuple[Arrival, ...]
     source: str  # the path as given
-    rows: int  # data rows read (up to the duration's cut)
+    rows: int  # data rows read
     skipped: int  # of those, rows dropped for 0 output tokens (BurstGPT's failures)
 
 
@@ -319,14 +319,11 @@ def _rows(path: Path, jsonl: bool) -> Iterator[tuple[int, dict[str, object]]]:
             raise ValueError(f"{path}:{reader.line_num}: not CSV: {e}") from None
 
 
-def read_trace(path: Path, *, speedup: float = 1.0, duration: float | None = None) -> Trace:
+def read_trace(path: Path, *, speedup: float = 1.0) -> Trace:
     """A recorded trace's arrivals: times relative to the first row and divided by ``speedup``,
-    rows from ``duration`` on not read (the file is in time order), rows with 0 output tokens
-    skipped (input 0 counts as 1). ``ValueError`` names the file and line of what is wrong.
-    CSV, or JSONL for ``.jsonl`` and ``.json``."""
+    rows with 0 output tokens skipped (input 0 counts as 1). ``ValueError`` names the file and
+    line of what is wrong. CSV, or JSONL for ``.jsonl`` and ``.json``."""
     _positive(speedup, "the speedup")
-    if duration is not None:
-        _positive(duration, "the duration")
     arrivals: list[Arrival] = []
     read = skipped = 0
     first: tuple[bool, int, float] | None = None
@@ -344,8 +341,6 @@ def read_trace(path: Path, *, speedup: float = 1.0, duration: float | None = Non
                 at = ((whole - first[1]) + (rest - first[2])) / speedup
                 if at < before:
                     raise _BadRow(f"time {stamp!r} is earlier than the row before")
-                if duration is not None and at >= duration:
-                    break
                 input_tokens = int(_number(row[names["input"]], "input tokens", whole=True))
                 output_tokens = int(_number(row[names["output"]], "output tokens", whole=True))
             except _BadRow as e:
