@@ -149,17 +149,10 @@ _SEGMENT = re.compile(rf"({_NUMBER})\s*(?:-\s*({_NUMBER}))?\s*@\s*({_NUMBER})")
 _DAY = re.compile(r"day(?::(.*))?")
 
 
-def parse_schedule(
-    text: str, *, rate: float | None = None, duration: float | None = None
-) -> Schedule:
-    """A schedule from its text (module docstring). ``rate`` is the peak of ``day`` (required
-    there) and, with ``duration``, the rate of ``constant`` (or empty text); segment lists carry
-    their own rates and seconds and ignore both, as ``day`` ignores ``duration``."""
+def parse_schedule(text: str, *, rate: float | None = None) -> Schedule:
+    """A schedule from its text: ``day[:SECONDS]`` (its peak ``rate``, required there) or
+    segments ``R@SECONDS`` and ``R1-R2@SECONDS``, comma-separated (``rate`` ignored)."""
     spec = text.strip()
-    if spec.lower() in ("", "constant"):
-        if rate is None or duration is None:
-            raise ValueError(f"schedule {text!r} needs a request rate and a duration")
-        return constant(rate, duration)
     if m := _DAY.fullmatch(spec.lower()):
         if rate is None:
             raise ValueError(f"schedule {text!r} needs a request rate: the day's peak")

@@ -131,8 +131,7 @@ def test_parse_schedule() -> None:
         Segment(90, 30, 20, 20),
         Segment(120, 10, 0, 0),
     )
-    assert parse_schedule("constant", rate=4, duration=60) == constant(4, 60)
-    assert parse_schedule("", rate=4.5, duration=60).text == "4.5@60"
+    assert parse_schedule("4@60") == constant(4, 60)
     assert parse_schedule("1.5e1@.5").segments == (Segment(0, 0.5, 15, 15),)
 
 
@@ -153,6 +152,7 @@ def test_parse_schedule() -> None:
         ("day:0", "'day:0'"),
         ("day:x", "'day:x'"),
         ("constant", "'constant'"),
+        ("", "''"),
     ],
 )
 def test_parse_errors_quote_the_bad_segment(text: str, quoted: str) -> None:
