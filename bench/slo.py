@@ -93,18 +93,15 @@ def _figures(
         "slo_met": met, "slo_attainment": round(met / len(reqs), 4) if reqs else None,
         "goodput": round(met / length, 4),
     }  # fmt: skip
-    pools = Counter(r.trace.backend for r in reqs if r.trace.backend)
-    if pools:
+    if pools := Counter(r.trace.backend for r in reqs if r.trace.backend):
         rec["eagle_share"] = round(pools.get("eagle", 0) / sum(pools.values()), 4)
     first, last = _reading(run.samples, "switches", w0), _reading(run.samples, "switches", w1)
     if first is not None and last is not None:
         rec["mode_switches"] = round(last - first)
-    held = _readings(run.samples, "in_flight", w0, w1)
-    if held:
+    if held := _readings(run.samples, "in_flight", w0, w1):
         rec["router_in_flight"] = round(sum(held) / len(held), 2)
     # The router's threshold as sampled (a learned one moves): its range over the window.
-    thresholds = _readings(run.samples, "threshold", w0, w1)
-    if thresholds:
+    if thresholds := _readings(run.samples, "threshold", w0, w1):
         rec["threshold_min"], rec["threshold_max"] = min(thresholds), max(thresholds)
     return rec
 
@@ -167,8 +164,7 @@ def _run_only(run: OpenLoopRun, reqs: Sequence[_Request], duration: float) -> Re
     if first is not None and last is not None and duration > 0:
         rec["mode_switches"] = round(last - first)
         rec["switches_per_min"] = round((last - first) / (duration / 60.0), 2)
-    rss = [v["rss_mib"] for _, v in run.samples if "rss_mib" in v]
-    if rss:
+    if rss := [v["rss_mib"] for _, v in run.samples if "rss_mib" in v]:
         # Where it stood at each quarter of the run too: memory that keeps growing shows there.
         quarters = [rss[min(len(rss) - 1, (len(rss) * k) // 4)] for k in (1, 2, 3)]
         rec["router_rss_mib"] = {

@@ -192,19 +192,15 @@ def router_probe(url: str, pid: int | None = None) -> ProbeMaker:
         async def probe() -> dict[str, float]:
             got: dict[str, float] = {}
             text = await load.fetch_text(session, url + "/metrics", timeout=2.0)
-            switches = load.mode_switches(text or "")
-            if switches is not None:
+            if (switches := load.mode_switches(text or "")) is not None:
                 got["switches"] = float(switches)
-            levels = load.thresholds(text or "")
-            if levels:
+            if levels := load.thresholds(text or ""):
                 got["threshold"] = min(levels)
             status = await load.fetch_text(session, url + "/status", timeout=2.0)
             if status:  # the router's JSON object; ``load`` is what it holds in flight
                 got["in_flight"] = float(json.loads(status).get("load") or 0)
-            if pid is not None:
-                rss = rss_mib(pid)
-                if rss is not None:
-                    got["rss_mib"] = rss
+            if pid is not None and (rss := rss_mib(pid)) is not None:
+                got["rss_mib"] = rss
             return got
 
         return probe

@@ -104,8 +104,7 @@ def goals(records: Sequence[Record]) -> list[tuple[str, bool | None, str]]:
             ratio = mine / best[1]
             out.append((f"`{name}`: routed goodput >= 1.0x the better single's", ratio >= 1.0,
                         f"{ratio:.3f}x {best[0]} ({mine:.2f} vs {best[1]:.2f} req/s)"))  # fmt: skip
-    sweep = sorted((float(_rate_of(records, n) or 0.0), n) for n in names if is_sweep(n))
-    if sweep:
+    if sweep := sorted((float(_rate_of(records, n) or 0.0), n) for n in names if is_sweep(n)):
         low, high = sweep[0][1], sweep[-1][1]
         mine = _mid(runs(records, low, ROUTED), "median_tpot_ms")
         eagle = _mid(runs(records, low, "eagle"), "median_tpot_ms")
@@ -282,11 +281,9 @@ def measured_line(records: Sequence[Record]) -> str:
         facts.append("under MPS" if r0["mps"] else "without MPS")
     if r0.get("peak_rps"):
         facts.append(f"the day's peak {float(r0['peak_rps']):.1f} req/s")
-    commits = sorted({str(r["commit"]) for r in records if r.get("commit")})
-    if commits:
+    if commits := sorted({str(r["commit"]) for r in records if r.get("commit")}):
         facts.append(f"code {', '.join(commits)}")
-    launches = sorted({int(r["launch"]) for r in records if r.get("launch")})
-    if launches:
+    if launches := sorted({int(r["launch"]) for r in records if r.get("launch")}):
         facts.append(f"{len(launches)} launch{'es' if len(launches) > 1 else ''}")
     return "- Ran on: " + ", ".join(facts) + "."
 
@@ -299,8 +296,7 @@ def render(records: Sequence[Record]) -> str:
         lines += [f"## `{name}` ({text})", "", *run_table(records, name), ""]
         if not is_sweep(name):
             lines += [*window_table(records, name), ""]
-    over = overload_lines(records)
-    if over:
+    if over := overload_lines(records):
         lines += ["## Shed and cut requests", "", *over, ""]
     return "\n".join(lines)
 
