@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 # A sample of what a run watches: its wall-clock time (perf_counter) and named readings.
 Sample = tuple[float, dict[str, float]]
-Probe = Callable[[], Awaitable[dict[str, float]]]
+Probe = Callable[[aiohttp.ClientSession], Awaitable[dict[str, float]]]
 
 
 @dataclass
@@ -56,10 +56,12 @@ def prompt_of(arrival: Arrival, key: str) -> Prompt:
     return Prompt(words, arrival.input_tokens, arrival.output_tokens)
 
 
-async def _sample(probe: Probe | None, every: float, into: list[Sample]) -> None:
+async def _sample(
+    probe: Probe | None, session: aiohttp.ClientSession, every: float, into: list[Sample]
+) -> None:
     while probe is not None:
         try:
-            into.append((time.perf_counter(), await probe()))
+            into.append((time.perf_counter(), await probe(session)))
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
             logger.debug("sample failed: %s", exc)
         await asyncio.sleep(every)
@@ -86,7 +88,7 @@ async def replay(
     inflight: dict[asyncio.Task[RequestTrace], int] = {}
     samples: list[Sample] = []
     start = time.perf_counter()
-    sampler = asyncio.create_task(_sample(probe, sample_s, samples))
+    sampler = asyncio.create_task(_sample(probe, session, sample_s, samples))
     try:
         for i, a in enumerate(arrivals):
             delay = start + a.at / speed - time.perf_counter()

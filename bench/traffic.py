@@ -121,8 +121,6 @@ def other_plan(out: Path, cfg: TrafficConfig, more: Mapping[str, Any] | None = N
     return None
 
 
-# What samples a run's target: made for the run's client session.
-ProbeMaker = Callable[[aiohttp.ClientSession], openloop.Probe]
 # A run's body: the target, its arrivals and prompt key in; the run and extra fields out.
 RunBody = Callable[[Run, Sequence[Arrival], str], tuple[openloop.OpenLoopRun, Record]]
 
@@ -174,38 +172,34 @@ async def _drive(
     got: Sequence[Arrival],
     key: str,
     cfg: TrafficConfig,
-    probe: ProbeMaker | None,
+    probe: openloop.Probe | None,
 ) -> openloop.OpenLoopRun:
     async with load.make_session(cfg.request_timeout) as session:
         model = await load.model_name(session, target)
         return await openloop.replay(
-            session, target, model, got, key=key, drain_s=cfg.drain_s, speed=cfg.speed,
-            probe=probe(session) if probe is not None else None,
-        )  # fmt: skip
+            session, target, model, got, key=key, drain_s=cfg.drain_s, speed=cfg.speed, probe=probe
+        )
 
 
-def router_probe(url: str, pid: int | None = None) -> ProbeMaker:
+def router_probe(url: str, pid: int | None = None) -> openloop.Probe:
     """A probe of a router: its mode switches so far, its threshold (the lowest group's) and the
     requests it holds in flight (``/metrics``, ``/status``); with ``pid`` its memory in MiB."""
 
-    def make(session: aiohttp.ClientSession) -> openloop.Probe:
-        async def probe() -> dict[str, float]:
-            got: dict[str, float] = {}
-            text = await load.fetch_text(session, url + "/metrics", timeout=2.0)
-            if (switches := load.mode_switches(text or "")) is not None:
-                got["switches"] = float(switches)
-            if levels := load.thresholds(text or ""):
-                got["threshold"] = min(levels)
-            status = await load.fetch_text(session, url + "/status", timeout=2.0)
-            if status:  # the router's JSON object; ``load`` is what it holds in flight
-                got["in_flight"] = float(json.loads(status).get("load") or 0)
-            if pid is not None and (rss := rss_mib(pid)) is not None:
-                got["rss_mib"] = rss
-            return got
+    async def probe(session: aiohttp.ClientSession) -> dict[str, float]:
+        got: dict[str, float] = {}
+        text = await load.fetch_text(session, url + "/metrics", timeout=2.0)
+        if (switches := load.mode_switches(text or "")) is not None:
+            got["switches"] = float(switches)
+        if levels := load.thresholds(text or ""):
+            got["threshold"] = min(levels)
+        status = await load.fetch_text(session, url + "/status", timeout=2.0)
+        if status:  # the router's JSON object; ``load`` is what it holds in flight
+            got["in_flight"] = float(json.loads(status).get("load") or 0)
+        if pid is not None and (rss := rss_mib(pid)) is not None:
+            got["rss_mib"] = rss
+        return got
 
-        return probe
-
-    return make
+    return probe
 
 
 def rss_mib(pid: int) -> float | None:
@@ -264,7 +258,7 @@ class SimTraffic:
 
 def _sim_target(
     procs: Children, sim: SimTraffic, label: str, seed: int
-) -> tuple[Target, ProbeMaker | None, Record]:
+) -> tuple[Target, openloop.Probe | None, Record]:
     """Start what ``label`` runs on, fresh: a server alone, or servers and a router in front."""
     want = {"eagle": 1, "baseline": 1} if label == "routed" else {label: 1}
     if label == "routed" and sim.layout == "paired":
