@@ -1,18 +1,11 @@
 """The open-loop arrival process of ``dynspec-bench traffic``: when each request is sent and how
-long it is. Pure: no clock, no asyncio; the only I/O is reading a trace file.
+long it is, as SGLang's ``bench_serving`` makes them (--request-rate, --burstiness,
+--random-range-ratio) or as a recorded trace has them. Pure: the only I/O is reading a trace.
 
-The semantics follow SGLang's ``bench_serving``: ``--request-rate`` (a rate in requests/s),
-``--burstiness`` (the shape of the gamma distribution of the intervals: 1 is Poisson, below 1
-burstier, above 1 more regular) and ``--random-range-ratio`` (lengths uniform in
-``[ratio x len, len]``). The rate may change over the run: a :class:`Schedule` is a list of
-segments, each constant or a linear ramp, written ``R@S`` or ``R1-R2@S`` (``2@30,2-20@60``), or
-the named compressed ``day``: a quiet night, a morning ramp, a peak, and bursts (:data:`DAY`,
-as fractions of a peak rate). Arrivals are a gamma renewal process in operational time
-(time-rescaling): unit-mean intervals counted in expected arrivals and mapped back to seconds
-through the schedule, so a constant rate gives bench_serving's intervals exactly.
-
-A recorded trace replaces both: :func:`read_trace` reads the Azure LLM inference traces, BurstGPT,
-or a generic CSV / JSONL file.
+The rate may change over the run (a :class:`Schedule`: constant or ramp segments, or the named
+compressed :data:`DAY`). Arrivals are a gamma renewal process in operational time: unit-mean
+intervals counted in expected arrivals, mapped back to seconds through the schedule, so a
+constant rate gives bench_serving's intervals exactly. The texts: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -89,10 +82,6 @@ class Schedule:
         return last.start + last.seconds
 
     @functools.cached_property
-    def _starts(self) -> list[float]:
-        return [s.start for s in self.segments]
-
-    @functools.cached_property
     def _totals(self) -> list[float]:
         """Expected arrivals from 0 to each segment's end."""
         return list(itertools.accumulate(s.expected(s.seconds) for s in self.segments))
@@ -103,7 +92,7 @@ class Schedule:
             return 0.0
         if t >= self.duration:
             return self._totals[-1]
-        i = max(0, bisect.bisect_right(self._starts, t) - 1)
+        i = max(0, bisect.bisect_right(self.segments, t, key=lambda s: s.start) - 1)
         s = self.segments[i]
         before = self._totals[i - 1] if i else 0.0
         return before + s.expected(min(t - s.start, s.seconds))
@@ -160,17 +149,10 @@ _SEGMENT = re.compile(rf"({_NUMBER})\s*(?:-\s*({_NUMBER}))?\s*@\s*({_NUMBER})")
 _DAY = re.compile(r"day(?::(.*))?")
 
 
-def parse_schedule(
-    text: str, *, rate: float | None = None, duration: float | None = None
-) -> Schedule:
-    """A schedule from its text (module docstring). ``rate`` is the peak of ``day`` (required
-    there) and, with ``duration``, the rate of ``constant`` (or empty text); segment lists carry
-    their own rates and seconds and ignore both, as ``day`` ignores ``duration``."""
+def parse_schedule(text: str, *, rate: float | None = None) -> Schedule:
+    """A schedule from its text: ``day[:SECONDS]`` (its peak ``rate``, required there) or
+    segments ``R@SECONDS`` and ``R1-R2@SECONDS``, comma-separated (``rate`` ignored)."""
     spec = text.strip()
-    if spec.lower() in ("", "constant"):
-        if rate is None or duration is None:
-            raise ValueError(f"schedule {text!r} needs a request rate and a duration")
-        return constant(rate, duration)
     if m := _DAY.fullmatch(spec.lower()):
         if rate is None:
             raise ValueError(f"schedule {text!r} needs a request rate: the day's peak")
@@ -238,7 +220,7 @@ def synthetic(
 class Trace:
     arrivals: tuple[Arrival, ...]
     source: str  # the path as given
-    rows: int  # data rows read (up to the duration's cut)
+    rows: int  # data rows read
     skipped: int  # of those, rows dropped for 0 output tokens (BurstGPT's failures)
 
 
@@ -247,14 +229,9 @@ class Trace:
 _COLUMNS = {
     "time": ("timestamp", "arrival_time", "time"),
     "input": ("input_tokens", "prompt_tokens", "input_len", "contexttokens", "request tokens"),
-    "output": (
-        "output_tokens",
-        "completion_tokens",
-        "output_len",
-        "generatedtokens",
-        "response tokens",
-    ),
-}
+    "output": ("output_tokens", "completion_tokens", "output_len", "generatedtokens",
+               "response tokens"),
+}  # fmt: skip
 _NEEDS = "; ".join(f"{c}: {'|'.join(a)}" for c, a in _COLUMNS.items())
 # Azure's TIMESTAMP has 7 fractional digits, more than Python 3.10's fromisoformat takes.
 _DATETIME = re.compile(
@@ -335,14 +312,11 @@ def _rows(path: Path, jsonl: bool) -> Iterator[tuple[int, dict[str, object]]]:
             raise ValueError(f"{path}:{reader.line_num}: not CSV: {e}") from None
 
 
-def read_trace(path: Path, *, speedup: float = 1.0, duration: float | None = None) -> Trace:
+def read_trace(path: Path, *, speedup: float = 1.0) -> Trace:
     """A recorded trace's arrivals: times relative to the first row and divided by ``speedup``,
-    rows from ``duration`` on not read (the file is in time order), rows with 0 output tokens
-    skipped (input 0 counts as 1). ``ValueError`` names the file and line of what is wrong.
-    CSV, or JSONL for ``.jsonl`` and ``.json``."""
+    rows with 0 output tokens skipped (input 0 counts as 1). ``ValueError`` names the file and
+    line of what is wrong. CSV, or JSONL for ``.jsonl`` and ``.json``."""
     _positive(speedup, "the speedup")
-    if duration is not None:
-        _positive(duration, "the duration")
     arrivals: list[Arrival] = []
     read = skipped = 0
     first: tuple[bool, int, float] | None = None
@@ -360,8 +334,6 @@ def read_trace(path: Path, *, speedup: float = 1.0, duration: float | None = Non
                 at = ((whole - first[1]) + (rest - first[2])) / speedup
                 if at < before:
                     raise _BadRow(f"time {stamp!r} is earlier than the row before")
-                if duration is not None and at >= duration:
-                    break
                 input_tokens = int(_number(row[names["input"]], "input tokens", whole=True))
                 output_tokens = int(_number(row[names["output"]], "output tokens", whole=True))
             except _BadRow as e:

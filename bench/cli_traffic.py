@@ -1,5 +1,5 @@
 """``dynspec-bench traffic``: open-loop traffic against the routed pair and each server alone
-(bench/traffic.py, bench/slo.py, bench/traffic_report.py)."""
+(bench/traffic.py, bench/slo.py, bench/traffic_report.py). The flags: docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dynspec.bench import arrivals
+from dynspec.bench.arrivals import Schedule
 from dynspec.bench.cli_common import (
     add_request_timeout,
     add_router_log_level,
@@ -26,19 +28,18 @@ from dynspec.common.cli import (
     positive_int,
 )
 
+if TYPE_CHECKING:
+    from dynspec.bench.traffic import TrafficConfig
+
 DESCRIPTION = (
     "Open-loop load (each request sent at its arrival time, whatever is in flight, as "
     "sglang.bench_serving --request-rate sends) against the routed pair and each server alone, "
-    "every target on the same arrivals, interleaved and repeated. The load: --request-rate for "
-    "--duration, a --schedule (steps, ramps, or the named compressed 'day'), a --rates sweep, "
-    "or a --trace replayed. With --simulate every run gets fresh dynspec-sim servers (and a "
-    "router); with --url the targets are up already. Reports per window offered rate, tok/s, "
-    "in-flight, pool share, mode switches, TTFT and TPOT p50/p99, SLO attainment and goodput "
-    "(requests a second meeting both SLOs); writes OUT.jsonl, OUT.md and pictures."
+    "every target on the same arrivals, interleaved and repeated: --request-rate for "
+    "--duration, --schedule (steps, ramps, the compressed 'day'), a --rates sweep or a --trace. "
+    "--simulate starts fresh dynspec-sim servers (and a router) for every run; --url loads "
+    "targets that are up. Reports per window SLO attainment, goodput, TTFT and TPOT p50/p99, "
+    "tok/s, pool share and mode switches; writes OUT.jsonl, OUT.md and pictures."
 )
-
-if TYPE_CHECKING:
-    from dynspec.bench.traffic import TrafficConfig
 
 
 def _rates(text: str) -> list[float]:
@@ -60,124 +61,64 @@ def _threshold(text: str) -> str:
 def add_arguments(p: FlagParser) -> None:
     add_simulate_flags(p)
     p.add_argument(
-        "--url",
-        action="append",
-        default=[],
-        help="a target that is up already, LABEL=URL (repeat the flag; 'routed', 'eagle' and "
-        "'baseline' are the report's labels); instead of --simulate",
-    )
+        "--url", action="append", default=[], help="a target that is up already, LABEL=URL "
+        "(repeat the flag; routed, eagle, baseline are the report's labels); not with --simulate",
+    )  # fmt: skip
     p.add_argument(
-        "--watch",
-        action="append",
-        default=[],
-        help="--url: the label of a dynspec router whose /metrics and /status are sampled "
-        "during its runs (default: 'routed' when there is one)",
-    )
+        "--watch", action="append", default=[], help="--url: the label of a dynspec router "
+        "sampled during its runs (default: routed, if there is one)",
+    )  # fmt: skip
+    p.add_argument("--targets", default="routed,eagle,baseline", help="--simulate: which to run")
     p.add_argument(
-        "--targets",
-        default="routed,eagle,baseline",
-        help="--simulate: which of routed, eagle, baseline to run, comma-separated",
-    )
-    p.add_argument(
-        "--layout",
-        choices=("split", "paired"),
-        default="split",
-        help="--simulate: split (an EAGLE and a baseline server of their own) or paired (both on "
-        "one shared simulated GPU, dynspec-sim --pair)",
-    )
+        "--layout", choices=("split", "paired"), default="split", help="--simulate: the routed "
+        "pair's servers of their own, or on one shared simulated GPU (dynspec-sim --pair)",
+    )  # fmt: skip
     add_sharing_flag(p, "--layout paired: ")
     add_router_log_level(p, "info")
     p.add_argument(
-        "--threshold", type=_threshold, default="auto", help="the routed router's --threshold"
-    )
-    p.add_argument("--hysteresis", type=positive_int, default=None, help="its --hysteresis")
-    p.add_argument(
-        "--calibrated",
-        action="store_true",
-        help="give the routed router the profile as --speed-profile (the start a launch's "
-        "--calibrate gives it: a measurement of each server alone)",
-    )
-    p.add_argument(
-        "--return-delay",
-        type=non_negative_float,
-        default=None,
-        help="the routed router's --return-delay, in model seconds (given to the router / "
-        "--speed; default: the router's)",
-    )
-    p.add_argument(
-        "--max-concurrency",
-        type=positive_int,
-        default=None,
-        help="the routed router's --max-concurrency (beyond it: 503 with Retry-After)",
-    )
-    p.add_argument(
-        "--request-rate", type=positive_float, default=None, help="requests a second (a constant "
-        "rate for --duration; with --schedule day, the day's peak)",
+        "--calibrated", action="store_true", help="give the routed router the profile as "
+        "--speed-profile (what a launch's --calibrate gives it)",
     )  # fmt: skip
     p.add_argument(
-        "--duration", type=positive_float, default=60.0, help="seconds of a constant rate"
-    )
+        "--schedule", action="append", default=[], help="[NAME=]TEXT, repeatable: segments "
+        "'R@S' (R req/s for S s) or 'R1-R2@S' (a ramp), comma-separated, or 'day[:S]' (a "
+        "compressed day of S s, its peak at --request-rate)",
+    )  # fmt: skip
     p.add_argument(
-        "--schedule",
-        action="append",
-        default=[],
-        help="[NAME=]TEXT: segments 'R@S' (R req/s for S s) or 'R1-R2@S' (a ramp), comma-"
-        "separated, or 'day[:S]' (a compressed day of S s: a quiet night, a morning ramp, a peak "
-        "at --request-rate, bursts); repeat the flag for several",
-    )
-    p.add_argument(
-        "--rates",
-        type=_rates,
-        default=None,
-        help="a rate sweep: a constant-rate schedule 'rate-R' for each, --rate-seconds each",
-    )
-    p.add_argument("--rate-seconds", type=positive_float, default=30.0, help="--rates: seconds")
-    p.add_argument(
-        "--burstiness",
-        type=positive_float,
-        default=1.0,
-        help="gamma shape of the inter-arrival times (sglang.bench_serving's): 1 is Poisson, "
-        "lower is burstier",
-    )
-    p.add_argument("--input-len", type=positive_int, default=256, help="random prompt tokens")
-    p.add_argument("--output-len", type=positive_int, default=128, help="output tokens")
-    p.add_argument(
-        "--random-range-ratio",
-        "--range-ratio",
-        dest="range_ratio",
-        type=ratio,
-        default=1.0,
+        "--random-range-ratio", "--range-ratio", dest="range_ratio", type=ratio, default=1.0,
         help="lengths uniform in [ratio x len, len] (sglang.bench_serving's); 1 = fixed",
-    )
-    p.add_argument(
-        "--trace",
-        type=Path,
-        default=None,
-        help="replay arrivals and lengths from a CSV or JSONL trace (the Azure LLM-inference "
-        "columns TIMESTAMP,ContextTokens,GeneratedTokens; BurstGPT's Timestamp,Request tokens,"
-        "Response tokens; or timestamp,input_tokens,output_tokens)",
-    )
-    p.add_argument(
-        "--trace-speedup", type=positive_float, default=1.0, help="--trace: times / this"
-    )
-    p.add_argument("--slo-ttft-ms", type=positive_float, default=1000.0, help="TTFT SLO")
-    p.add_argument("--slo-tpot-ms", type=positive_float, default=50.0, help="TPOT SLO")
-    p.add_argument("--window", type=positive_float, default=10.0, help="report window, seconds")
-    p.add_argument("--repeats", type=positive_int, default=3, help="runs of every target")
-    p.add_argument("--seed", type=int, default=0, help="arrivals of repeat r: seed + r")
-    p.add_argument(
-        "--drain",
-        type=non_negative_float,
-        default=30.0,
-        help="wall seconds the open requests get after the last arrival; then they are cut",
-    )
+    )  # fmt: skip
+    for flag, kind, default, text in (
+        ("--threshold", _threshold, "auto", "the routed router's --threshold: N or auto"),
+        ("--hysteresis", positive_int, None, "its --hysteresis"),
+        ("--return-delay", non_negative_float, None, "its --return-delay, model seconds"),
+        ("--max-concurrency", positive_int, None, "its --max-concurrency (past it: 503)"),
+        ("--request-rate", positive_float, None, "requests a second for --duration, or the "
+         "peak of --schedule day"),
+        ("--duration", positive_float, 60.0, "seconds of a constant --request-rate"),
+        ("--rates", _rates, None, "a rate sweep: a constant-rate schedule 'rate-R' for each"),
+        ("--rate-seconds", positive_float, 30.0, "each --rates schedule's seconds"),
+        ("--burstiness", positive_float, 1.0, "gamma shape of the gaps between arrivals "
+         "(sglang.bench_serving's): 1 is Poisson, lower is burstier"),
+        ("--input-len", positive_int, 256, "random prompt tokens"),
+        ("--output-len", positive_int, 128, "output tokens"),
+        ("--trace", Path, None, "replay a CSV or JSONL trace: Azure's, BurstGPT's or "
+         "timestamp,input_tokens,output_tokens"),
+        ("--trace-speedup", positive_float, 1.0, "--trace: its times divided by this"),
+        ("--slo-ttft-ms", positive_float, 1000.0, "TTFT SLO"),
+        ("--slo-tpot-ms", positive_float, 50.0, "TPOT SLO"),
+        ("--window", positive_float, 10.0, "report window, seconds"),
+        ("--repeats", positive_int, 3, "runs of every target"),
+        ("--seed", int, 0, "arrivals of repeat r: seed + r"),
+        ("--drain", non_negative_float, 30.0, "wall seconds the open requests get after the "
+         "last arrival; then they are cut"),
+    ):  # fmt: skip
+        p.add_argument(flag, type=kind, default=default, help=text)
     add_request_timeout(p)
 
 
-def _schedules(args: argparse.Namespace) -> list[tuple[str, object]]:
-    from dynspec.bench import arrivals
-
-    out: list[tuple[str, object]] = []
+def _schedules(args: argparse.Namespace) -> list[tuple[str, Schedule]]:
+    out: list[tuple[str, Schedule]] = []
     try:
         for text in args.schedule:
             name, sep, body = text.partition("=")
@@ -197,12 +138,9 @@ def _schedules(args: argparse.Namespace) -> list[tuple[str, object]]:
     return out
 
 
-def run(args: argparse.Namespace) -> int:
-    from dynspec.bench import arrivals, traffic, traffic_report
-    from dynspec.bench.load import parse_target
+def _config(args: argparse.Namespace) -> TrafficConfig:
+    from dynspec.bench import traffic
 
-    if args.from_jsonl is not None:
-        return rerender(args.from_jsonl, lambda _: traffic_report)
     trace = None
     if args.trace is not None:
         try:
@@ -219,23 +157,22 @@ def run(args: argparse.Namespace) -> int:
         schedules = [("trace", arrivals.constant(len(trace.arrivals) / span, span))]
     if not schedules:
         raise UsageError("no load: give --request-rate, --schedule, --rates or --trace")
-    cfg = traffic.TrafficConfig(
-        schedules=tuple(schedules),  # type: ignore[arg-type]
-        burstiness=args.burstiness,
-        input_len=args.input_len,
-        output_len=args.output_len,
-        range_ratio=args.range_ratio,
-        trace=trace,
-        slo_ttft_ms=args.slo_ttft_ms,
-        slo_tpot_ms=args.slo_tpot_ms,
-        window_s=args.window,
-        repeats=args.repeats,
-        seed=args.seed,
-        speed=args.speed if args.simulate else 1.0,
-        drain_s=args.drain,
-        request_timeout=args.request_timeout,
-        command=args.command_line,
-    )
+    return traffic.TrafficConfig(
+        schedules=tuple(schedules), burstiness=args.burstiness, input_len=args.input_len,
+        output_len=args.output_len, range_ratio=args.range_ratio, trace=trace,
+        slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms, window_s=args.window,
+        repeats=args.repeats, seed=args.seed, speed=args.speed if args.simulate else 1.0,
+        drain_s=args.drain, request_timeout=args.request_timeout, command=args.command_line,
+    )  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    from dynspec.bench import traffic, traffic_report
+    from dynspec.bench.load import parse_target
+
+    if args.from_jsonl is not None:
+        return rerender(args.from_jsonl, lambda _: traffic_report)
+    cfg = _config(args)
     if args.url:
         if args.simulate:
             raise UsageError("--url and --simulate: choose one")
@@ -268,17 +205,11 @@ def run(args: argparse.Namespace) -> int:
     if args.max_concurrency is not None:
         settings += ["--max-concurrency", str(args.max_concurrency)]
     sim = traffic.SimTraffic(
-        profile=args.profile,
-        layout=args.layout,
-        targets=tuple(names),
-        router_settings=tuple(settings),
-        calibrated=args.calibrated,
-        sharing=args.sharing,
-        startup_timeout=args.startup_timeout,
-        router_log_level=args.router_log_level,
-        speed=args.speed,
-        seed=args.seed,
-    )
+        profile=args.profile, layout=args.layout, targets=tuple(names),
+        router_settings=tuple(settings), calibrated=args.calibrated, sharing=args.sharing,
+        startup_timeout=args.startup_timeout, router_log_level=args.router_log_level,
+        speed=args.speed, seed=args.seed,
+    )  # fmt: skip
     out = out_path(args, f"traffic-{prof.name}")
     refuse_other_plan(out, cfg, {"profile": args.profile, "layout": args.layout})
 

@@ -1,8 +1,7 @@
-"""Open-loop load: each request sent at its arrival time (``arrivals.Arrival``), whatever is
-still in flight, as ``bench_serving --request-rate`` sends; a closed loop (``load.run_level``)
-would send a slow server less. After the last arrival the open requests get ``drain_s``, then are
-cancelled and counted as ``cut``; a sampler reads what the caller watches every ``sample_s``.
-Arrival times are model time, sent at wall second ``at / speed`` (``traffic.windows`` converts).
+"""Open-loop load: each request sent at its arrival time, whatever is still in flight, as
+``bench_serving --request-rate`` sends; a closed loop (``load.run_level``) would send a slow
+server less. After the last arrival the open requests get ``drain_s``, then are cut. Arrival
+times are model time, sent at wall second ``at / speed`` (``slo.records`` converts back).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 # A sample of what a run watches: its wall-clock time (perf_counter) and named readings.
 Sample = tuple[float, dict[str, float]]
-Probe = Callable[[], Awaitable[dict[str, float]]]
+Probe = Callable[[aiohttp.ClientSession], Awaitable[dict[str, float]]]
 
 
 @dataclass
@@ -51,20 +50,18 @@ class OpenLoopRun:
 
 
 def prompt_of(arrival: Arrival, key: str) -> Prompt:
-    """The request of ``arrival``: ``input_tokens`` random words (about a token each) drawn from
-    ``key``, and ``output_tokens`` to generate (``ignore_eos``). Two targets given the same
-    arrivals get different words (their keys differ), so that a prefix cache shared behind them
-    (one GPU launch serving every target) serves neither from the other's prompts."""
-    rng = random.Random(key)
-    return Prompt(
-        load.words(rng, arrival.input_tokens), arrival.input_tokens, arrival.output_tokens
-    )
+    """``input_tokens`` random words drawn from ``key``, ``output_tokens`` to generate. Each
+    target's key differs, so a prefix cache shared behind them serves none from another's."""
+    words = load.words(random.Random(key), arrival.input_tokens)
+    return Prompt(words, arrival.input_tokens, arrival.output_tokens)
 
 
-async def _sample(probe: Probe | None, every: float, into: list[Sample]) -> None:
+async def _sample(
+    probe: Probe | None, session: aiohttp.ClientSession, every: float, into: list[Sample]
+) -> None:
     while probe is not None:
         try:
-            into.append((time.perf_counter(), await probe()))
+            into.append((time.perf_counter(), await probe(session)))
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
             logger.debug("sample failed: %s", exc)
         await asyncio.sleep(every)
@@ -79,7 +76,6 @@ async def replay(
     key: str,
     drain_s: float,
     speed: float = 1.0,
-    headers: dict[str, str] | None = None,
     probe: Probe | None = None,
     sample_s: float = 1.0,
 ) -> OpenLoopRun:
@@ -87,12 +83,12 @@ async def replay(
     answers; ``drain_s`` (wall seconds) after the last arrival the requests still open are cut.
     ``key`` names the run's prompts (``prompt_of``). Never raises for a failed request: its
     trace says what happened (status, error)."""
-    hdrs = {"Content-Type": "application/json", **(headers or {})}
+    hdrs = {"Content-Type": "application/json"}
     traces = [RequestTrace(send=0.0) for _ in arrivals]
     inflight: dict[asyncio.Task[RequestTrace], int] = {}
     samples: list[Sample] = []
     start = time.perf_counter()
-    sampler = asyncio.create_task(_sample(probe, sample_s, samples))
+    sampler = asyncio.create_task(_sample(probe, session, sample_s, samples))
     try:
         for i, a in enumerate(arrivals):
             delay = start + a.at / speed - time.perf_counter()

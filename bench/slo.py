@@ -1,38 +1,24 @@
 """One open-loop run's figures, per time window and for the whole run, judged on SLOs. Pure.
 
-Every time is the simulators' model time (wall seconds x ``speed``; 1 on real servers). A
-request belongs to the window its *arrival* falls in: its TTFT and TPOT, whether it met both
-SLOs, whether it failed, was shed (429/503) or cut at the run's end. What a window *delivered*
-(output tokens, requests in flight, mode switches, the router's memory) is what happened inside
-it, whoever's request it was.
-
-- **SLO attainment**: of the requests that arrived in the window, the share that succeeded with
-  TTFT <= ``slo_ttft_ms`` and TPOT <= ``slo_tpot_ms`` (a one-token answer has no TPOT); a
-  failed, shed or cut request is a miss.
-- **Goodput**: those requests a second (DistServe's requests that meet both SLOs, per second).
+Times are model time (wall seconds x ``speed``). A request counts in the window its *arrival*
+falls in (its TTFT, TPOT, SLO verdict, failure, shed or cut); what a window *delivered* (tokens,
+in flight, switches, memory) is what happened inside it. SLO attainment and goodput are defined
+in docs/benchmarks.md, "Open-loop traffic".
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 from dynspec.bench import metrics
 from dynspec.bench.arrivals import Schedule
 from dynspec.bench.metrics import RequestTrace
 from dynspec.bench.openloop import OpenLoopRun, Sample
+from dynspec.bench.report import Record
 
-Record = dict[str, Any]
 SHED = (429, 503)
-
-
-def status_load(text: str) -> int:
-    """Requests in flight by a router's ``/status`` JSON (its ``load``)."""
-    data = json.loads(text)
-    return int(data.get("load") or 0) if isinstance(data, dict) else 0
 
 
 def _pct(values: Sequence[float], p: float) -> float | None:
@@ -40,8 +26,7 @@ def _pct(values: Sequence[float], p: float) -> float | None:
 
 
 def _reading(samples: Sequence[Sample], name: str, at: float) -> float | None:
-    """The last ``name`` reading taken at or before wall time ``at`` (the first one when none
-    was yet)."""
+    """The last ``name`` reading taken by wall time ``at`` (the first one when none was yet)."""
     got = None
     for t, values in samples:
         if name not in values:
@@ -96,36 +81,27 @@ def _figures(
     tpots = [r.tpot_ms for r in ok if r.tpot_ms is not None]
     met = sum(1 for r in reqs if r.met)
     rec: Record = {
-        "t0_s": round(t0, 3),
-        "t1_s": round(t1, 3),
+        "t0_s": round(t0, 3), "t1_s": round(t1, 3),
         "scheduled_rate": round((schedule.expected(t1) - schedule.expected(t0)) / length, 4),
         "offered_rate": round(len(reqs) / length, 4),
-        "arrived": len(reqs),
-        "completed": len(ok),
-        "shed": sum(1 for r in reqs if r.shed),
+        "arrived": len(reqs), "completed": len(ok), "shed": sum(1 for r in reqs if r.shed),
         "failed": sum(1 for r in reqs if not r.trace.success and not r.shed),
         "output_throughput": round(win.output_tokens / length, 2),
         "in_flight": round(win.busy / (w1 - w0), 2) if w1 > w0 else 0.0,
-        "median_ttft_ms": _pct(ttfts, 50),
-        "p99_ttft_ms": _pct(ttfts, 99),
-        "median_tpot_ms": _pct(tpots, 50),
-        "p99_tpot_ms": _pct(tpots, 99),
-        "slo_met": met,
-        "slo_attainment": round(met / len(reqs), 4) if reqs else None,
+        "median_ttft_ms": _pct(ttfts, 50), "p99_ttft_ms": _pct(ttfts, 99),
+        "median_tpot_ms": _pct(tpots, 50), "p99_tpot_ms": _pct(tpots, 99),
+        "slo_met": met, "slo_attainment": round(met / len(reqs), 4) if reqs else None,
         "goodput": round(met / length, 4),
-    }
-    pools = Counter(r.trace.backend for r in reqs if r.trace.backend)
-    if pools:
+    }  # fmt: skip
+    if pools := Counter(r.trace.backend for r in reqs if r.trace.backend):
         rec["eagle_share"] = round(pools.get("eagle", 0) / sum(pools.values()), 4)
     first, last = _reading(run.samples, "switches", w0), _reading(run.samples, "switches", w1)
     if first is not None and last is not None:
         rec["mode_switches"] = round(last - first)
-    held = _readings(run.samples, "in_flight", w0, w1)
-    if held:
+    if held := _readings(run.samples, "in_flight", w0, w1):
         rec["router_in_flight"] = round(sum(held) / len(held), 2)
     # The router's threshold as sampled (a learned one moves): its range over the window.
-    thresholds = _readings(run.samples, "threshold", w0, w1)
-    if thresholds:
+    if thresholds := _readings(run.samples, "threshold", w0, w1):
         rec["threshold_min"], rec["threshold_max"] = min(thresholds), max(thresholds)
     return rec
 
@@ -183,21 +159,18 @@ def _run_only(run: OpenLoopRun, reqs: Sequence[_Request], duration: float) -> Re
         "client_lag_max_ms": round(max(lag), 2) if lag else None,
         "run_wall_s": round(run.end - run.start, 2),
     }
-    first = next((v["switches"] for _, v in run.samples if "switches" in v), None)
-    last = next((v["switches"] for _, v in reversed(run.samples) if "switches" in v), None)
+    first = _reading(run.samples, "switches", -math.inf)
+    last = _reading(run.samples, "switches", math.inf)
     if first is not None and last is not None and duration > 0:
         rec["mode_switches"] = round(last - first)
         rec["switches_per_min"] = round((last - first) / (duration / 60.0), 2)
-    rss = [v["rss_mib"] for _, v in run.samples if "rss_mib" in v]
-    if rss:
+    if rss := [v["rss_mib"] for _, v in run.samples if "rss_mib" in v]:
         # Where it stood at each quarter of the run too: memory that keeps growing shows there.
         quarters = [rss[min(len(rss) - 1, (len(rss) * k) // 4)] for k in (1, 2, 3)]
         rec["router_rss_mib"] = {
-            "first": round(rss[0], 1),
-            "quarters": [round(x, 1) for x in quarters],
-            "last": round(rss[-1], 1),
-            "max": round(max(rss), 1),
-        }
+            "first": round(rss[0], 1), "quarters": [round(x, 1) for x in quarters],
+            "last": round(rss[-1], 1), "max": round(max(rss), 1),
+        }  # fmt: skip
     return rec
 
 

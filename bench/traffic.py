@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
@@ -32,7 +33,6 @@ from dynspec.launcher.sim.profile import load_profile
 logger = logging.getLogger(__name__)
 
 TARGETS = ("routed", "eagle", "baseline")
-LAYOUTS = ("split", "paired")
 
 
 @dataclass(frozen=True)
@@ -59,47 +59,30 @@ class TrafficConfig:
         if self.trace is not None:
             return list(self.trace.arrivals)
         return arrivals.synthetic(
-            schedule,
-            burstiness=self.burstiness,
-            input_len=self.input_len,
-            output_len=self.output_len,
-            range_ratio=self.range_ratio,
-            seed=self.seed + repeat,
-        )
+            schedule, burstiness=self.burstiness, input_len=self.input_len,
+            output_len=self.output_len, range_ratio=self.range_ratio, seed=self.seed + repeat,
+        )  # fmt: skip
 
     def meta(self) -> Record:
         """The fields every record carries: how the load was made and judged."""
         out: Record = {
-            "experiment": "traffic",
-            "burstiness": self.burstiness,
-            "slo_ttft_ms": self.slo_ttft_ms,
-            "slo_tpot_ms": self.slo_tpot_ms,
-            "window_s": self.window_s,
-            "speed": self.speed,
-            "seed": self.seed,
-            "drain_s": self.drain_s,
-            "command": self.command,
-        }
+            "experiment": "traffic", "burstiness": self.burstiness,
+            "slo_ttft_ms": self.slo_ttft_ms, "slo_tpot_ms": self.slo_tpot_ms,
+            "window_s": self.window_s, "speed": self.speed, "seed": self.seed,
+            "drain_s": self.drain_s, "command": self.command,
+        }  # fmt: skip
         if self.trace is not None:
-            out["trace"] = self.trace.source
-        else:
-            out["random_input_len"] = self.input_len
-            out["random_output_len"] = self.output_len
-            out["random_range_ratio"] = self.range_ratio
-        return out
+            return {**out, "trace": self.trace.source}
+        return {**out, "random_input_len": self.input_len, "random_output_len": self.output_len,
+                "random_range_ratio": self.range_ratio}  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Run:
+class Run(NamedTuple):
     """One run of the plan."""
 
     repeat: int
     schedule: str
     target: str
-
-    @property
-    def key(self) -> tuple[int, str, str]:
-        return (self.repeat, self.schedule, self.target)
 
 
 def plan(cfg: TrafficConfig, labels: Sequence[str]) -> list[Run]:
@@ -112,29 +95,22 @@ def plan(cfg: TrafficConfig, labels: Sequence[str]) -> list[Run]:
     return out
 
 
-def done_runs(out: Path) -> set[tuple[int, str, str]]:
+def _run_records(out: Path) -> list[Record]:
+    return [r for r in load_jsonl(out) if r.get("scope") == "run"] if out.is_file() else []
+
+
+def done_runs(out: Path) -> set[Run]:
     """The runs whose whole-run record ``out`` already holds."""
-    if not out.is_file():
-        return set()
-    return {
-        (int(r["repeat"]), str(r["schedule"]), str(r["target"]))
-        for r in load_jsonl(out)
-        if r.get("scope") == "run"
-    }
+    return {Run(int(r["repeat"]), str(r["schedule"]), str(r["target"])) for r in _run_records(out)}
 
 
 def other_plan(out: Path, cfg: TrafficConfig, more: Mapping[str, Any] | None = None) -> str | None:
     """Why the runs ``out`` holds are not this plan's (None: they are, or there are none): a
-    schedule of the same name made otherwise (``day`` at another peak), or another way of making
-    or judging the load (``cfg.meta()`` but the command line, and ``more``). A rerun skips the
-    runs ``out`` holds (``done_runs``), so another plan's would stand in for this one's."""
-    if not out.is_file():
-        return None
+    schedule of the same name made otherwise, or other ``cfg.meta()`` (but the command) or
+    ``more``. A rerun skips the runs ``out`` holds, so another plan's would stand in for ours."""
     texts = {name: sched.text for name, sched in cfg.schedules}
     want = {k: v for k, v in {**cfg.meta(), **(more or {})}.items() if k != "command"}
-    for r in load_jsonl(out):
-        if r.get("scope") != "run":
-            continue
+    for r in _run_records(out):
         name = str(r.get("schedule"))
         if name in texts and r.get("schedule_text") != texts[name]:
             return f"{name} is {r.get('schedule_text')!r} there, {texts[name]!r} here"
@@ -145,8 +121,6 @@ def other_plan(out: Path, cfg: TrafficConfig, more: Mapping[str, Any] | None = N
     return None
 
 
-# What samples a run's target: made for the run's client session.
-ProbeMaker = Callable[[aiohttp.ClientSession], openloop.Probe]
 # A run's body: the target, its arrivals and prompt key in; the run and extra fields out.
 RunBody = Callable[[Run, Sequence[Arrival], str], tuple[openloop.OpenLoopRun, Record]]
 
@@ -164,7 +138,7 @@ def _each(
     done = done_runs(out)
     records: list[Record] = []
     for run in plan(cfg, labels):
-        if run.key in done:
+        if run in done:
             continue
         sched = schedules[run.schedule]
         length = sched.duration / cfg.speed + cfg.drain_s + 15.0
@@ -180,15 +154,9 @@ def _each(
         result, more = body(run, got, key)
         stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         head: Record = {
-            "target": run.target,
-            "schedule": run.schedule,
-            "schedule_text": sched.text,
-            "repeat": run.repeat,
-            **cfg.meta(),
-            **extra,
-            **more,
-            "timestamp": stamp,
-        }
+            "target": run.target, "schedule": run.schedule, "schedule_text": sched.text,
+            "repeat": run.repeat, **cfg.meta(), **extra, **more, "timestamp": stamp,
+        }  # fmt: skip
         recs = slo.records(
             result, sched, window_s=cfg.window_s, slo_ttft_ms=cfg.slo_ttft_ms,
             slo_tpot_ms=cfg.slo_tpot_ms, head=head,
@@ -204,45 +172,34 @@ async def _drive(
     got: Sequence[Arrival],
     key: str,
     cfg: TrafficConfig,
-    probe: ProbeMaker | None,
+    probe: openloop.Probe | None,
 ) -> openloop.OpenLoopRun:
     async with load.make_session(cfg.request_timeout) as session:
         model = await load.model_name(session, target)
         return await openloop.replay(
-            session, target, model, got, key=key, drain_s=cfg.drain_s, speed=cfg.speed,
-            probe=probe(session) if probe is not None else None,
-        )  # fmt: skip
+            session, target, model, got, key=key, drain_s=cfg.drain_s, speed=cfg.speed, probe=probe
+        )
 
 
-def router_probe(
-    url: str, pid: int | None = None
-) -> Callable[[aiohttp.ClientSession], openloop.Probe]:
+def router_probe(url: str, pid: int | None = None) -> openloop.Probe:
     """A probe of a router: its mode switches so far, its threshold (the lowest group's) and the
-    requests it holds in flight (from ``/metrics`` and ``/status``), and with ``pid`` its
-    process's resident memory in MiB."""
+    requests it holds in flight (``/metrics``, ``/status``); with ``pid`` its memory in MiB."""
 
-    def make(session: aiohttp.ClientSession) -> openloop.Probe:
-        async def probe() -> dict[str, float]:
-            got: dict[str, float] = {}
-            text = await load.fetch_text(session, url + "/metrics", timeout=2.0)
-            switches = load.mode_switches(text or "")
-            if switches is not None:
-                got["switches"] = float(switches)
-            levels = load.thresholds(text or "")
-            if levels:
-                got["threshold"] = min(levels)
-            status = await load.fetch_text(session, url + "/status", timeout=2.0)
-            if status:
-                got["in_flight"] = float(slo.status_load(status))
-            if pid is not None:
-                rss = rss_mib(pid)
-                if rss is not None:
-                    got["rss_mib"] = rss
-            return got
+    async def probe(session: aiohttp.ClientSession) -> dict[str, float]:
+        got: dict[str, float] = {}
+        text = await load.fetch_text(session, url + "/metrics", timeout=2.0)
+        if (switches := load.mode_switches(text or "")) is not None:
+            got["switches"] = float(switches)
+        if levels := load.thresholds(text or ""):
+            got["threshold"] = min(levels)
+        status = await load.fetch_text(session, url + "/status", timeout=2.0)
+        if status:  # the router's JSON object; ``load`` is what it holds in flight
+            got["in_flight"] = float(json.loads(status).get("load") or 0)
+        if pid is not None and (rss := rss_mib(pid)) is not None:
+            got["rss_mib"] = rss
+        return got
 
-        return probe
-
-    return make
+    return probe
 
 
 def rss_mib(pid: int) -> float | None:
@@ -288,8 +245,7 @@ class SimTraffic:
     profile: str
     layout: str = "split"  # split: servers of their own; paired: one shared simulated GPU
     targets: tuple[str, ...] = TARGETS
-    # The routed target's router settings (dynspec-launch flags: --threshold, --hysteresis,
-    # --max-concurrency ...); with ``calibrated`` the profile as --speed-profile too.
+    # The routed target's router flags; with ``calibrated`` the profile as --speed-profile too.
     router_settings: tuple[str, ...] = ("--threshold", "auto")
     calibrated: bool = False
     sharing: str = "timeslice"
@@ -298,29 +254,23 @@ class SimTraffic:
     # What harness.start_servers reads (SimSettings), with the fields above.
     speed: float = 1.0
     seed: int = 0
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _sim_target(
     procs: Children, sim: SimTraffic, label: str, seed: int
-) -> tuple[Target, ProbeMaker | None, Record]:
+) -> tuple[Target, openloop.Probe | None, Record]:
     """Start what ``label`` runs on, fresh: a server alone, or servers and a router in front."""
-    settings = replace(sim, seed=seed)  # harness.SimSettings, with the run's own seed
-    if label in ("eagle", "baseline"):
-        servers = harness.start_servers(
-            procs, {label: 1}, settings, owner=label, launch_intervals=True
-        )
+    want = {"eagle": 1, "baseline": 1} if label == "routed" else {label: 1}
+    if label == "routed" and sim.layout == "paired":
+        want = {"shared_gpus": 1}
+    settings = replace(sim, seed=seed)  # the run's own seed
+    servers = harness.start_servers(procs, want, settings, owner=label, launch_intervals=True)
+    if label != "routed":
         return Target(label, getattr(servers, label)[0]), None, {}
-    if sim.layout == "paired":
-        servers = harness.start_servers(
-            procs, {"shared_gpus": 1}, settings, owner=label, launch_intervals=True
-        )
+    if servers.shared_gpus:
         e, b = servers.shared_gpus[0]
         flags: tuple[str, ...] = ("--pair", f"{e},{b}")
     else:
-        servers = harness.start_servers(
-            procs, {"eagle": 1, "baseline": 1}, settings, owner=label, launch_intervals=True
-        )
         flags = ("--eagle-url", servers.eagle[0], "--baseline-url", servers.baseline[0])
     settings_flags = sim.router_settings
     if sim.calibrated:
@@ -340,7 +290,6 @@ def run_simulated(cfg: TrafficConfig, sim: SimTraffic, out: Path) -> list[Record
         # Each server streams as dynspec-launch makes its real one stream (harness).
         "baseline_stream_interval": launch_spec.BASELINE_STREAM_INTERVAL,
         "calibrated": sim.calibrated,
-        **sim.extra,
     }
 
     def body(run: Run, got: Sequence[Arrival], key: str) -> tuple[openloop.OpenLoopRun, Record]:

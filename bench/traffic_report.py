@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dynspec.bench import simreport
-from dynspec.bench.report import Record, Spread, figure, run_time_line, spread
+from dynspec.bench.report import Record, Spread, figure, run_time_line, spread, table
+from dynspec.bench.simreport import cell
 
 ROUTED = "routed"
 SINGLES = ("eagle", "baseline")
@@ -25,10 +26,7 @@ def _cell(m: Spread | None, digits: int = 1) -> str:
 
 
 def schedules(records: Sequence[Record]) -> list[str]:
-    seen: dict[str, None] = {}
-    for r in records:
-        seen.setdefault(str(r.get("schedule")), None)
-    return list(seen)
+    return list(dict.fromkeys(str(r.get("schedule")) for r in records))
 
 
 def targets(records: Sequence[Record]) -> list[str]:
@@ -36,24 +34,17 @@ def targets(records: Sequence[Record]) -> list[str]:
     return [t for t in (ROUTED, *SINGLES) if t in present] + sorted(present - {ROUTED, *SINGLES})
 
 
-def runs(records: Sequence[Record], schedule: str, target: str) -> list[Record]:
-    return [
-        r
-        for r in records
-        if r.get("scope") == "run" and r.get("schedule") == schedule and r.get("target") == target
-    ]
+def runs(records: Sequence[Record], schedule: str, target: str, scope: str = "run") -> list[Record]:
+    """``target``'s records under ``schedule``: whole runs, or windows (``scope="window"``)."""
+    want = (scope, schedule, target)
+    return [r for r in records if (r.get("scope"), r.get("schedule"), r.get("target")) == want]
 
 
 def windows(records: Sequence[Record], schedule: str, target: str) -> dict[int, list[Record]]:
     """The window records of ``target`` under ``schedule``, by window, one per repeat."""
     out: dict[int, list[Record]] = {}
-    for r in records:
-        if (
-            r.get("scope") == "window"
-            and r.get("schedule") == schedule
-            and r.get("target") == target
-        ):
-            out.setdefault(int(r["window"]), []).append(r)
+    for r in runs(records, schedule, target, "window"):
+        out.setdefault(int(r["window"]), []).append(r)
     return dict(sorted(out.items()))
 
 
@@ -113,8 +104,7 @@ def goals(records: Sequence[Record]) -> list[tuple[str, bool | None, str]]:
             ratio = mine / best[1]
             out.append((f"`{name}`: routed goodput >= 1.0x the better single's", ratio >= 1.0,
                         f"{ratio:.3f}x {best[0]} ({mine:.2f} vs {best[1]:.2f} req/s)"))  # fmt: skip
-    sweep = sorted((float(_rate_of(records, n) or 0.0), n) for n in names if is_sweep(n))
-    if sweep:
+    if sweep := sorted((float(_rate_of(records, n) or 0.0), n) for n in names if is_sweep(n)):
         low, high = sweep[0][1], sweep[-1][1]
         mine = _mid(runs(records, low, ROUTED), "median_tpot_ms")
         eagle = _mid(runs(records, low, "eagle"), "median_tpot_ms")
@@ -162,15 +152,13 @@ RUN_COLUMNS: Sequence[tuple[str, str, int]] = (
 
 
 def run_table(records: Sequence[Record], name: str) -> list[str]:
-    head = "| target | repeats | " + " | ".join(c[1] for c in RUN_COLUMNS) + " |"
-    lines = [head, "|" + " --- |" * (len(RUN_COLUMNS) + 2)]
+    body = []
     for t in targets(records):
-        recs = runs(records, name, t)
-        if not recs:
-            continue
-        cells = [_cell(med_of(recs, key), d) for key, _, d in RUN_COLUMNS]
-        lines.append(f"| {t} | {len(recs)} | " + " | ".join(cells) + " |")
-    return lines
+        if recs := runs(records, name, t):
+            body.append(
+                [t, str(len(recs)), *(_cell(med_of(recs, k), d) for k, _, d in RUN_COLUMNS)]
+            )
+    return table(["target", "repeats", *(c[1] for c in RUN_COLUMNS)], body)
 
 
 def window_table(records: Sequence[Record], name: str) -> list[str]:
@@ -181,27 +169,23 @@ def window_table(records: Sequence[Record], name: str) -> list[str]:
     learned = any("threshold_min" in r for w in by.get(ROUTED, {}).values() for r in w)
     cols += ["threshold (all repeats)"] if learned else []
     cols += [f"{t} attained" for t in ts] + [f"{t} TPOT p50/p99" for t in ts]
-    lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+    body = []
     first = by[ts[0]] if ts else {}
     for k, recs in first.items():
         r0 = recs[0]
         routed = by.get(ROUTED, {}).get(k, [])
         row = [
             f"{r0['t0_s']:g}-{r0['t1_s']:g}",
-            f"{_num(_mid(recs, 'scheduled_rate'), 2)} / {_num(_mid(recs, 'offered_rate'), 2)}",
-            _num(_mid(routed, "eagle_share"), 2),
-            _num(_mid(routed, "mode_switches"), 0),
+            f"{_med(recs, 'scheduled_rate', 2)} / {_med(recs, 'offered_rate', 2)}",
+            _med(routed, "eagle_share", 2),
+            _med(routed, "mode_switches", 0),
+            *([_range(routed)] if learned else []),
         ]
-        if learned:
-            row.append(_range(routed))
-        row += [_num(_mid(by[t].get(k, []), "slo_attainment"), 3) for t in ts]
-        row += [
-            f"{_num(_mid(by[t].get(k, []), 'median_tpot_ms'), 1)} / "
-            f"{_num(_mid(by[t].get(k, []), 'p99_tpot_ms'), 1)}"
-            for t in ts
-        ]
-        lines.append("| " + " | ".join(row) + " |")
-    return lines
+        per = [by[t].get(k, []) for t in ts]
+        row += [_med(w, "slo_attainment", 3) for w in per]
+        row += [f"{_med(w, 'median_tpot_ms', 1)} / {_med(w, 'p99_tpot_ms', 1)}" for w in per]
+        body.append(row)
+    return table(cols, body)
 
 
 def _range(recs: Sequence[Record]) -> str:
@@ -215,7 +199,12 @@ def _range(recs: Sequence[Record]) -> str:
 
 
 def _num(v: float | None, digits: int) -> str:
-    return "-" if v is None else f"{v:,.{digits}f}"
+    return cell(v, digits, thousands=True)
+
+
+def _med(recs: Sequence[Record], key: str, digits: int) -> str:
+    """The median of the repeats, a number only (the tables of windows are wide already)."""
+    return _num(_mid(recs, key), digits)
 
 
 def overload_lines(records: Sequence[Record]) -> list[str]:
@@ -292,38 +281,34 @@ def measured_line(records: Sequence[Record]) -> str:
         facts.append("under MPS" if r0["mps"] else "without MPS")
     if r0.get("peak_rps"):
         facts.append(f"the day's peak {float(r0['peak_rps']):.1f} req/s")
-    commits = sorted({str(r["commit"]) for r in records if r.get("commit")})
-    if commits:
+    if commits := sorted({str(r["commit"]) for r in records if r.get("commit")}):
         facts.append(f"code {', '.join(commits)}")
-    launches = sorted({int(r["launch"]) for r in records if r.get("launch")})
-    if launches:
+    if launches := sorted({int(r["launch"]) for r in records if r.get("launch")}):
         facts.append(f"{len(launches)} launch{'es' if len(launches) > 1 else ''}")
     return "- Ran on: " + ", ".join(facts) + "."
 
 
 def render(records: Sequence[Record]) -> str:
     lines = header(records)
-    lines += ["## Goals", ""]
-    for goal, ok, detail in goals(records):
-        verdict = "-" if ok is None else ("PASS" if ok else "MISS")
-        lines.append(f"- {verdict}: {goal}: {detail}")
-    lines.append("")
+    lines += ["## Goals", "", *(f"- {v}" for v in verdicts(records)), ""]
     for name in schedules(records):
         text = next((r.get("schedule_text") for r in records if r.get("schedule") == name), "")
         lines += [f"## `{name}` ({text})", "", *run_table(records, name), ""]
         if not is_sweep(name):
             lines += [*window_table(records, name), ""]
-    over = overload_lines(records)
-    if over:
+    if over := overload_lines(records):
         lines += ["## Shed and cut requests", "", *over, ""]
     return "\n".join(lines)
 
 
+def verdicts(records: Sequence[Record]) -> list[str]:
+    """``PASS|MISS|-: goal: detail`` for every goal (``-``: not judged)."""
+    word = {True: "PASS", False: "MISS", None: "-"}
+    return [f"{word[ok]}: {goal}: {detail}" for goal, ok, detail in goals(records)]
+
+
 def summary(records: Sequence[Record]) -> str:
-    out = []
-    for goal, ok, detail in goals(records):
-        out.append(f"{'-' if ok is None else ('PASS' if ok else 'MISS')}: {goal}: {detail}\n")
-    return "".join(out)
+    return "".join(f"{v}\n" for v in verdicts(records))
 
 
 COLORS = {"routed": "tab:green", "eagle": "tab:blue", "baseline": "tab:orange"}
@@ -347,30 +332,28 @@ def plot_series(records: Sequence[Record], name: str, path: Path) -> None:
     title = f"{_label(records)}: open-loop `{name}`, medians of repeats"
     with figure(path, title, 3, 1, figsize=(10, 9), sharex=True) as (_, axes):
         top, bottom, slo = axes
-        xs, ys = _series(records, name, targets(records)[0], "scheduled_rate")
-        top.plot(xs, ys, color="gray", label="scheduled rate")
-        xs, ys = _series(records, name, ROUTED, "offered_rate")
-        top.plot(xs, ys, color="black", linestyle=":", label="offered rate")
+        rate = _series(records, name, targets(records)[0], "scheduled_rate")
+        top.plot(*rate, color="gray", label="scheduled rate")
+        offered = _series(records, name, ROUTED, "offered_rate")
+        top.plot(*offered, color="black", linestyle=":", label="offered rate")
         top.set_ylabel("requests / s")
         share = top.twinx()
-        xs, ys = _series(records, name, ROUTED, "eagle_share")
-        share.plot(xs, ys, color=COLORS["routed"], label="routed: share on EAGLE")
+        on_eagle = _series(records, name, ROUTED, "eagle_share")
+        share.plot(*on_eagle, color=COLORS["routed"], label="routed: share on EAGLE")
         share.set_ylim(-0.05, 1.05)
         share.set_ylabel("routed share on EAGLE")
         top.legend(loc="upper left")
         share.legend(loc="upper right")
         for t in targets(records):
-            color = COLORS.get(t)
-            xs, ys = _series(records, name, t, "median_tpot_ms")
-            bottom.plot(xs, ys, color=color, label=f"{t} p50")
-            xs, ys = _series(records, name, t, "p99_tpot_ms")
-            bottom.plot(xs, ys, color=color, linestyle="--", label=f"{t} p99")
+            for key, style, q in (("median_tpot_ms", "-", "p50"), ("p99_tpot_ms", "--", "p99")):
+                tpot = _series(records, name, t, key)
+                bottom.plot(*tpot, color=COLORS.get(t), linestyle=style, label=f"{t} {q}")
         bottom.set_ylabel("TPOT ms")
         bottom.set_yscale("log")
         bottom.legend(ncol=3, fontsize="small")
         for t in targets(records):
-            xs, ys = _series(records, name, t, "slo_attainment")
-            slo.plot(xs, ys, color=COLORS.get(t), marker="o", markersize=3, label=t)
+            attained = _series(records, name, t, "slo_attainment")
+            slo.plot(*attained, color=COLORS.get(t), marker="o", markersize=3, label=t)
         slo.set_ylim(-0.05, 1.05)
         slo.set_ylabel("SLO attainment")
         slo.set_xlabel("time (s)")
@@ -389,14 +372,12 @@ def plot_sweep(records: Sequence[Record], path: Path) -> None:
                     m = med_of(runs(records, n, t), key)
                     rate = _rate_of(records, n)
                     if m is not None and rate is not None:
-                        pts.append((rate, m.median, m.lo, m.hi))
-                pts.sort()
+                        pts.append((rate, m.median, m.median - m.lo, m.hi - m.median))
                 if not pts:
                     continue
-                xs = [p[0] for p in pts]
-                ys = [p[1] for p in pts]
-                err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
-                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=COLORS.get(t), label=t)
+                xs, ys, below, above = zip(*sorted(pts), strict=True)
+                ax.errorbar(xs, ys, yerr=[below, above], marker="o", capsize=3,
+                            color=COLORS.get(t), label=t)  # fmt: skip
         left.set_xlabel("request rate (req/s)")
         left.set_ylabel("goodput (req/s meeting both SLOs)")
         right.set_xlabel("request rate (req/s)")

@@ -131,8 +131,7 @@ def test_parse_schedule() -> None:
         Segment(90, 30, 20, 20),
         Segment(120, 10, 0, 0),
     )
-    assert parse_schedule("constant", rate=4, duration=60) == constant(4, 60)
-    assert parse_schedule("", rate=4.5, duration=60).text == "4.5@60"
+    assert parse_schedule("4@60") == constant(4, 60)
     assert parse_schedule("1.5e1@.5").segments == (Segment(0, 0.5, 15, 15),)
 
 
@@ -153,6 +152,7 @@ def test_parse_schedule() -> None:
         ("day:0", "'day:0'"),
         ("day:x", "'day:x'"),
         ("constant", "'constant'"),
+        ("", "''"),
     ],
 )
 def test_parse_errors_quote_the_bad_segment(text: str, quoted: str) -> None:
@@ -221,9 +221,10 @@ def test_azure_csv(tmp_path: Path) -> None:
     assert at == pytest.approx([0.0, 4.314579, 4.3194101, 14.0], abs=1e-6)
     assert trace.arrivals[0] == Arrival(0.0, 374, 44)
     assert trace.arrivals[2].input_tokens == 1  # input 0 counts as 1
-    fast = read_trace(write(tmp_path, "azure.csv", AZURE), speedup=2.0, duration=7.0)
-    assert [a.at for a in fast.arrivals] == pytest.approx([0.0, 2.1572895, 2.15970505], abs=1e-6)
-    assert fast.rows == 3
+    fast = read_trace(write(tmp_path, "azure.csv", AZURE), speedup=2.0)
+    assert [a.at for a in fast.arrivals] == pytest.approx(
+        [0.0, 2.1572895, 2.15970505, 7.0], abs=1e-6
+    )
 
 
 BURSTGPT = """Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type
@@ -237,8 +238,6 @@ def test_burstgpt_csv_skips_failures(tmp_path: Path) -> None:
     trace = read_trace(write(tmp_path, "burst.csv", BURSTGPT))
     assert trace.arrivals == (Arrival(0.0, 472, 18), Arrival(113.0, 417, 276))
     assert (trace.rows, trace.skipped) == (3, 1)
-    cut = read_trace(write(tmp_path, "burst.csv", BURSTGPT), duration=113.0)
-    assert cut.arrivals == (Arrival(0.0, 472, 18),) and (cut.rows, cut.skipped) == (2, 1)
 
 
 def test_jsonl(tmp_path: Path) -> None:
