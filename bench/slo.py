@@ -81,18 +81,24 @@ def _figures(
     tpots = [r.tpot_ms for r in ok if r.tpot_ms is not None]
     met = sum(1 for r in reqs if r.met)
     rec: Record = {
-        "t0_s": round(t0, 3), "t1_s": round(t1, 3),
+        "t0_s": round(t0, 3),
+        "t1_s": round(t1, 3),
         "scheduled_rate": round((schedule.expected(t1) - schedule.expected(t0)) / length, 4),
         "offered_rate": round(len(reqs) / length, 4),
-        "arrived": len(reqs), "completed": len(ok), "shed": sum(1 for r in reqs if r.shed),
+        "arrived": len(reqs),
+        "completed": len(ok),
+        "shed": sum(1 for r in reqs if r.shed),
         "failed": sum(1 for r in reqs if not r.trace.success and not r.shed),
         "output_throughput": round(win.output_tokens / length, 2),
         "in_flight": round(win.busy / (w1 - w0), 2) if w1 > w0 else 0.0,
-        "median_ttft_ms": _pct(ttfts, 50), "p99_ttft_ms": _pct(ttfts, 99),
-        "median_tpot_ms": _pct(tpots, 50), "p99_tpot_ms": _pct(tpots, 99),
-        "slo_met": met, "slo_attainment": round(met / len(reqs), 4) if reqs else None,
+        "median_ttft_ms": _pct(ttfts, 50),
+        "p99_ttft_ms": _pct(ttfts, 99),
+        "median_tpot_ms": _pct(tpots, 50),
+        "p99_tpot_ms": _pct(tpots, 99),
+        "slo_met": met,
+        "slo_attainment": round(met / len(reqs), 4) if reqs else None,
         "goodput": round(met / length, 4),
-    }  # fmt: skip
+    }
     if pools := Counter(r.trace.backend for r in reqs if r.trace.backend):
         rec["eagle_share"] = round(pools.get("eagle", 0) / sum(pools.values()), 4)
     first, last = _reading(run.samples, "switches", w0), _reading(run.samples, "switches", w1)
@@ -168,9 +174,11 @@ def _run_only(run: OpenLoopRun, reqs: Sequence[_Request], duration: float) -> Re
         # Where it stood at each quarter of the run too: memory that keeps growing shows there.
         quarters = [rss[min(len(rss) - 1, (len(rss) * k) // 4)] for k in (1, 2, 3)]
         rec["router_rss_mib"] = {
-            "first": round(rss[0], 1), "quarters": [round(x, 1) for x in quarters],
-            "last": round(rss[-1], 1), "max": round(max(rss), 1),
-        }  # fmt: skip
+            "first": round(rss[0], 1),
+            "quarters": [round(x, 1) for x in quarters],
+            "last": round(rss[-1], 1),
+            "max": round(max(rss), 1),
+        }
     return rec
 
 

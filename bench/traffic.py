@@ -66,15 +66,23 @@ class TrafficConfig:
     def meta(self) -> Record:
         """The fields every record carries: how the load was made and judged."""
         out: Record = {
-            "experiment": "traffic", "burstiness": self.burstiness,
-            "slo_ttft_ms": self.slo_ttft_ms, "slo_tpot_ms": self.slo_tpot_ms,
-            "window_s": self.window_s, "speed": self.speed, "seed": self.seed,
-            "drain_s": self.drain_s, "command": self.command,
-        }  # fmt: skip
+            "experiment": "traffic",
+            "burstiness": self.burstiness,
+            "slo_ttft_ms": self.slo_ttft_ms,
+            "slo_tpot_ms": self.slo_tpot_ms,
+            "window_s": self.window_s,
+            "speed": self.speed,
+            "seed": self.seed,
+            "drain_s": self.drain_s,
+            "command": self.command,
+        }
         if self.trace is not None:
-            return {**out, "trace": self.trace.source}
-        return {**out, "random_input_len": self.input_len, "random_output_len": self.output_len,
-                "random_range_ratio": self.range_ratio}  # fmt: skip
+            out["trace"] = self.trace.source
+        else:
+            out["random_input_len"] = self.input_len
+            out["random_output_len"] = self.output_len
+            out["random_range_ratio"] = self.range_ratio
+        return out
 
 
 class Run(NamedTuple):
