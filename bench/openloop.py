@@ -1,7 +1,8 @@
-"""Open-loop load: each request sent at its arrival time, whatever is still in flight, as
-``bench_serving --request-rate`` sends; a closed loop (``load.run_level``) would send a slow
-server less. After the last arrival the open requests get ``drain_s``, then are cut. Arrival
-times are model time, sent at wall second ``at / speed`` (``slo.records`` converts back).
+"""Open-loop load: each request sent at its arrival time (``arrivals.Arrival``), whatever is
+still in flight, as ``bench_serving --request-rate`` sends; a closed loop (``load.run_level``)
+would send a slow server less. After the last arrival the open requests get ``drain_s``, then are
+cancelled and counted as ``cut``; a sampler reads what the caller watches every ``sample_s``.
+Arrival times are model time, sent at wall second ``at / speed`` (``traffic.windows`` converts).
 """
 
 from __future__ import annotations

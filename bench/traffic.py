@@ -59,9 +59,13 @@ class TrafficConfig:
         if self.trace is not None:
             return list(self.trace.arrivals)
         return arrivals.synthetic(
-            schedule, burstiness=self.burstiness, input_len=self.input_len,
-            output_len=self.output_len, range_ratio=self.range_ratio, seed=self.seed + repeat,
-        )  # fmt: skip
+            schedule,
+            burstiness=self.burstiness,
+            input_len=self.input_len,
+            output_len=self.output_len,
+            range_ratio=self.range_ratio,
+            seed=self.seed + repeat,
+        )
 
     def meta(self) -> Record:
         """The fields every record carries: how the load was made and judged."""
@@ -162,9 +166,15 @@ def _each(
         result, more = body(run, got, key)
         stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         head: Record = {
-            "target": run.target, "schedule": run.schedule, "schedule_text": sched.text,
-            "repeat": run.repeat, **cfg.meta(), **extra, **more, "timestamp": stamp,
-        }  # fmt: skip
+            "target": run.target,
+            "schedule": run.schedule,
+            "schedule_text": sched.text,
+            "repeat": run.repeat,
+            **cfg.meta(),
+            **extra,
+            **more,
+            "timestamp": stamp,
+        }
         recs = slo.records(
             result, sched, window_s=cfg.window_s, slo_ttft_ms=cfg.slo_ttft_ms,
             slo_tpot_ms=cfg.slo_tpot_ms, head=head,
