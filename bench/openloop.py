@@ -2,7 +2,7 @@
 still in flight, as ``bench_serving --request-rate`` sends; a closed loop (``load.run_level``)
 would send a slow server less. After the last arrival the open requests get ``drain_s``, then are
 cancelled and counted as ``cut``; a sampler reads what the caller watches every ``sample_s``.
-Arrival times are model time, sent at wall second ``at / speed`` (``traffic.windows`` converts).
+Arrival times are model time, sent at wall second ``at / speed`` (``slo.records`` converts).
 """
 
 from __future__ import annotations

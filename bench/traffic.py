@@ -176,9 +176,13 @@ def _each(
             "timestamp": stamp,
         }
         recs = slo.records(
-            result, sched, window_s=cfg.window_s, slo_ttft_ms=cfg.slo_ttft_ms,
-            slo_tpot_ms=cfg.slo_tpot_ms, head=head,
-        )  # fmt: skip
+            result,
+            sched,
+            window_s=cfg.window_s,
+            slo_ttft_ms=cfg.slo_ttft_ms,
+            slo_tpot_ms=cfg.slo_tpot_ms,
+            head=head,
+        )
         for rec in recs:
             append_jsonl(out, rec)
         records += recs
