@@ -6,12 +6,12 @@ on medians; ``ATTAINMENT_SLACK``, ``SWITCHES_PER_MIN``): docs/benchmarks.md, "Op
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from dynspec.bench import simreport
 from dynspec.bench.report import Record, Spread, figure, run_time_line, spread, table
-from dynspec.bench.simreport import cell
 
 ROUTED = "routed"
 SINGLES = ("eagle", "baseline")
@@ -199,7 +199,8 @@ def _range(recs: Sequence[Record]) -> str:
 
 
 def _num(v: float | None, digits: int) -> str:
-    return cell(v, digits, thousands=True)
+    """A number with thousands separators; '-' for none or NaN."""
+    return "-" if v is None or math.isnan(v) else f"{v:,.{digits}f}"
 
 
 def _med(recs: Sequence[Record], key: str, digits: int) -> str:
