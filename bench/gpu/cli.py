@@ -170,13 +170,10 @@ def plan_body(args: argparse.Namespace) -> Body:
 # dynspec-launch --gpus 0) and levels (EAGLE-3 variants alone), last at b22afdf; kill (a server
 # SIGKILLed under load) and eight (eight GPUs, a 70B-shaped model), last at b2570b5.
 PLANS = ("pair-a", "pair-b", "router-cost", "traffic")
-RUN_HELP = """One bounded attempt on a GPU machine (at most --budget seconds; the levels are the
-steady instrument's: --requests-per-c x C requests and --min-seconds each, after a warm pass,
-targets interleaved, --repeats runs of each point). Plans: pair-a / pair-b (one GPU = one pair
-behind --threshold auto, calibrated at launch; pair-b with --mps), router-cost (the router against
-the EAGLE server's own port), traffic (open-loop arrivals, a compressed day and constant rates,
-against the pair-b launch: the routed pair and each server alone; over several --keep commands,
-see --dry-run)."""
+RUN_HELP = """One bounded attempt on a GPU machine, at most --budget seconds. Plans: pair-a /
+pair-b (one GPU = one pair behind --threshold auto; pair-b with --mps), router-cost (the router
+against the EAGLE server's own port), traffic (open-loop arrivals against pair-b's launch). The
+plans and every flag: docs/benchmarks.md, "Real GPUs"."""
 
 
 def drafts(args: argparse.Namespace) -> tuple[str, ...]:
@@ -228,119 +225,41 @@ def run_parser() -> FlagParser:
     from dynspec.bench.gpu.toolkit import PAIR_LEVELS, Steady
     from dynspec.bench.gpu.toolkit import PROG as RUN_PROG
 
-    steady = Steady()  # the plans' defaults are the flags' defaults: one record of them
+    st = Steady()  # the plans' defaults are the flags' defaults: one record of them
 
     p = FlagParser(prog=RUN_PROG, description=RUN_HELP)
     p.add_argument("--plan", choices=PLANS, required=True, help="what to run")
     p.add_argument("--bundle", type=Path, help="sgl-site.tar.xz (default: the installed SGLang)")
     p.add_argument("--out", type=Path, required=True, help="results folder")
     p.add_argument("--work", type=Path, default=Path("/tmp/dynspec-gpu"), help="models, site")
+    p.add_argument("--budget", type=positive_float, default=540.0, help="seconds for it all")
+    p.add_argument("--levels", type=parse_levels, help=f"default {PAIR_LEVELS}")
+    p.add_argument("--threshold", type=_threshold, help="the router's: N or auto (the default)")
+    p.add_argument("--repeats", type=positive_int, default=st.repeats, help="runs of each point")
     p.add_argument(
-        "--budget", type=positive_float, default=540.0, help="seconds for the whole attempt"
+        "--min-seconds", type=non_negative_float, default=st.min_seconds, help="a level, at least"
     )
     p.add_argument(
-        "--levels",
-        type=parse_levels,
-        help=f"sweep concurrency levels (default {PAIR_LEVELS}; router-cost: 16,64,128,256)",
+        "--requests-per-c", type=positive_int, default=st.per_c, help="a level, at least x C"
     )
-    p.add_argument(
-        "--threshold",
-        type=_threshold,
-        help="router threshold: N or auto (default: auto for pair-* and traffic)",
-    )
-    p.add_argument(
-        "--repeats",
-        type=positive_int,
-        default=steady.repeats,
-        help="runs of each point, targets interleaved",
-    )
-    p.add_argument(
-        "--min-seconds",
-        type=non_negative_float,
-        default=steady.min_seconds,
-        help="a level measures at least this long (and at least --requests-per-c x C requests)",
-    )
-    p.add_argument(
-        "--requests-per-c",
-        type=positive_int,
-        default=steady.per_c,
-        help="measured requests per level / C",
-    )
-    p.add_argument(
-        "--output-len", type=positive_int, default=steady.output_len, help="output tokens a request"
-    )
+    p.add_argument("--output-len", type=positive_int, default=st.output_len, help="tokens out")
     add_prompt_pool_flag(p)
+    p.add_argument("--keep", action="store_true", help="leave the launch for the next command")
+    p.add_argument("--resume-from", type=Path, help="go on from this earlier results folder")
     p.add_argument(
-        "--keep",
-        action="store_true",
-        help="pair-*, router-cost, traffic: when the budget ends before the sweep (the runs), "
-        "leave the launcher running for the next command with the same --work, which resumes",
+        "--sweep-seconds", type=non_negative_float, help="start no level (run) after this"
     )
-    p.add_argument(
-        "--resume-from",
-        type=Path,
-        default=None,
-        help="pair-*, router-cost, traffic: when no session is kept (a fresh machine), go on "
-        "from an earlier command's results carried into the working tree (its sweep JSONL or "
-        "traffic.jsonl, meta.json, calibration-*.json): a new launch keeps its whole (level, "
-        "repeat) or (schedule, repeat) groups and measures the rest; ignored when a session is "
-        "kept",
-    )
-    p.add_argument(
-        "--sweep-seconds",
-        type=non_negative_float,
-        default=None,
-        help="pair-*, router-cost, traffic: start no level (run) later than this many seconds "
-        "into this command's sweep (default: what --budget leaves); with --keep the next "
-        "command goes on",
-    )
-    p.add_argument(
-        "--router-cost",
-        action="store_true",
-        help="pair-*: also measure a second router (threshold above any load) against EAGLE "
-        "alone, at the plan's levels from C=16 up, in the same launch",
-    )
-    p.add_argument(
-        "--baseline-limit",
-        type=positive_int,
-        default=None,
-        help="pair-*, traffic: the baseline server's --max-running-requests (default: SGLang's "
-        "own; traffic: 128); past it the baseline queues, as EAGLE does past its 128",
-    )
-    p.add_argument(
-        "--baseline-args",
-        type=_baseline_args,
-        default=None,
-        help="pair-*, traffic: more SGLang flags for the baseline server alone, after the "
-        "launcher's, e.g. "
-        "'--stream-interval 1' (one token a chunk, SGLang's default; dynspec-launch gives the "
-        "baseline 4)",
-    )
-    p.add_argument(
-        "--baseline-from",
-        type=positive_int,
-        default=None,
-        help="pair-*: measure the baseline alone only at the plan's levels from this C up, where "
-        "it could be the better server (default: every level)",
-    )
-    p.add_argument(
-        "--commit", help="the code's commit, for meta.json (the device copy has no .git)"
-    )
+    p.add_argument("--router-cost", action="store_true", help="pair-*: a router-cost target too")
+    p.add_argument("--baseline-limit", type=positive_int, help="baseline --max-running-requests")
+    p.add_argument("--baseline-args", type=_baseline_args, help="more baseline SGLang flags")
+    p.add_argument("--baseline-from", type=positive_int, help="pair-*: baseline alone from C")
+    p.add_argument("--commit", help="the code's commit, for meta.json (the device has no .git)")
     p.add_argument("--models", type=Path, help="prebuilt models (default: build into --work)")
     p.add_argument(
-        "--ports", type=_ports, default="8000,30001,30002", help="router, EAGLE, baseline ports"
+        "--ports", type=_ports, default="8000,30001,30002", help="router, EAGLE, baseline"
     )
-    p.add_argument(
-        "--draft",
-        choices=("hi", "p54"),
-        default="hi",
-        help="traffic plan: EAGLE draft (hi: accept 4; p54: about 2.4)",
-    )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="traffic plan: print every command, start nothing",
-    )
+    p.add_argument("--draft", choices=("hi", "p54"), default="hi", help="traffic: EAGLE draft")
+    p.add_argument("--dry-run", action="store_true", help="traffic: print the plan, start nothing")
     from dynspec.bench.gpu.trafficplan import add_flags
 
     add_flags(p)
@@ -352,20 +271,10 @@ def cmd_report(argv: Sequence[str]) -> NoReturn:
 
     p = FlagParser(prog=f"{PROG} report", description=COMMANDS["report"])
     p.add_argument("sweeps", type=Path, nargs="+", help="sweep-pair-a.jsonl, sweep-pair-b.jsonl")
-    p.add_argument(
-        "--write",
-        action="store_true",
-        help="also write STEM.md, STEM.png (medians, min-max bars) and STEM-summary.json beside "
-        "the first file, from all of them",
-    )
+    p.add_argument("--write", action="store_true", help="also write STEM.md, .png, -summary.json")
     p.add_argument("--title", default="", help="--write: the plot's title")
     p.add_argument(
-        "--logs",
-        type=Path,
-        action="append",
-        default=[],
-        help="a run's logs.tar.xz (or logs folder; once per launch): add what the servers held "
-        "over each level (running+queued, from their decode-log lines)",
+        "--logs", type=Path, action="append", default=[], help="a launch's logs: what was held"
     )
     add_log_level(p)
     args = p.parse_layered(argv)

@@ -110,6 +110,12 @@ class Run:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
+    def sweep_deadline(self, seconds: float | None) -> float:
+        """When a sweep (the open-loop runs) must end: the budget less the reserve, and at most
+        ``seconds`` from now."""
+        deadline = self.deadline - self.reserve
+        return deadline if seconds is None else min(deadline, time.monotonic() + seconds)
+
     def say(self, text: str) -> None:
         print(f"[gpu-run {time.monotonic() - self.t0:5.0f}s] {text}", flush=True)
 
@@ -375,10 +381,7 @@ def sweep(
     from dynspec.bench.sweep import ProgressLine, pending
     from dynspec.bench.sweep import sweep as run_sweep
 
-    deadline = run.deadline - run.reserve
-    if limit is not None:
-        deadline = min(deadline, time.monotonic() + limit)
-    cfg = sweep_config(run, levels, deadline)
+    cfg = sweep_config(run, levels, run.sweep_deadline(limit))
     run.out.mkdir(parents=True, exist_ok=True)
 
     def start(label: str) -> None:
