@@ -1,9 +1,6 @@
-"""The steady-state plans on one GPU: ``pair-a`` / ``pair-b`` (the routed pair against each of its
-servers alone, without and with ``--mps``) and ``router-cost`` (the router in front of the EAGLE
-server against that server's own port), on one ``dynspec-launch --gpus 0``, over as many device
-commands as it takes (``--keep``; on a fresh machine ``--resume-from``: a new launch,
-``begin_launch``). What each plan runs and what each level records besides the sweep's figures
-(``on_record``): docs/benchmarks.md, "The plans".
+"""The steady-state plans on one GPU, ``pair-a`` / ``pair-b`` (the routed pair against each of its
+servers alone, without and with ``--mps``) and ``router-cost`` (the router against the EAGLE
+server's own port), and the launch they share with ``traffic``: docs/benchmarks.md, "The plans".
 """
 
 from __future__ import annotations
@@ -62,14 +59,8 @@ class Study:
     threshold: str
     mps: bool
     targets: tuple[Target, ...]
-    # The baseline's --max-running-requests (None: SGLang's, which ran all 256 of C=256 at once
-    # on the H200, where EAGLE runs 128 and queues the rest).
-    baseline_limit: int | None = None
-    # More SGLang flags for the baseline alone (--baseline-args), after the launcher's, e.g.
-    # ``--stream-interval 1``: one token a chunk (SGLang's default), the baseline held 118-205 of
-    # C=256 open on the H200 where EAGLE, about four a chunk, held 234-250 (held.py); the
-    # launcher's 4 (pair-a-interval4) fed it 231-240.
-    baseline_args: str = ""
+    baseline_limit: int | None = None  # --baseline-limit (None: SGLang's own)
+    baseline_args: str = ""  # --baseline-args: after the launcher's
 
 
 ROUTED = Target("routed", "routed")

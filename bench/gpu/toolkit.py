@@ -1,10 +1,6 @@
 """The GPU plans' toolkit: what one bounded attempt on a GPU machine works with (``Run``), its
 set-up (the SGLang bundle, the test models), ``dynspec-launch`` started and stopped, and the
-steady-state sweep every plan measures with (``Steady``).
-
-Every plan module (``steady``, ``trafficplan``) imports this one (and ``attempt``'s session
-calls); ``attempt.py`` runs one device command around a plan; ``cli.py`` imports the plans and the
-attempt. Nothing here imports a plan, so there is no import loop.
+steady-state sweep every plan measures with (``Steady``). Nothing here imports a plan.
 """
 
 from __future__ import annotations
@@ -64,10 +60,7 @@ class RunFailed(Exception):
 
 @dataclass(frozen=True)
 class Steady:
-    """What every GPU plan's levels are: at least ``per_c`` x C measured requests AND at least
-    ``min_seconds`` (whichever is longer), after a warm pass over every level on every server,
-    the targets taking turns within a level, ``repeats`` times: one short run per point moved by
-    10-20% between commands on the H200 (EAGLE alone at C=64: 8,625-10,438 tok/s)."""
+    """What every GPU plan's levels are (docs/benchmarks.md, "What `Steady` does")."""
 
     repeats: int = 3
     min_seconds: float = 15.0
@@ -168,10 +161,9 @@ def dry_run_commands(stdout: str) -> list[str]:
 
 
 def last_line(path: Path) -> str:
-    try:
+    with contextlib.suppress(OSError):
         return last_line_of(path.read_text(errors="replace"))
-    except OSError:
-        return ""
+    return ""
 
 
 class LogTail:

@@ -1,9 +1,7 @@
 """The ``traffic`` plan: open-loop traffic on one GPU, the routed pair against each of its
-servers alone (``dynspec.bench.traffic.run_live``), on ``pair-b``'s launch (MPS, calibrated, both
-servers capped at 128 running) after a short warm pass. The day's peak, unless given, comes from
-the launch's calibration (``capacity``) and is chosen once, in ``meta.json``, so every later
-command (``--keep``, ``--resume-from``) sends the same arrivals (``settle_peak``). What it runs
-and its flags: docs/benchmarks.md, "The plans" and "Flags of dynspec-bench gpu run".
+servers alone (``dynspec.bench.traffic.run_live``), on ``pair-b``'s launch after a short warm
+pass; the day's peak from the launch's calibration, chosen once (``settle_peak``). What it runs
+and its flags: docs/benchmarks.md, "The plans" and "The traffic plan's day peak".
 """
 
 from __future__ import annotations
