@@ -422,8 +422,8 @@ def test_a_flag_removed_from_the_docs_fails() -> None:
     problems = flag_problems(flags, flag_rows(texts))
     assert any(p.startswith("dynspec-router --hysteresis: in --help, in no") for p in problems)
     assert any(p.startswith("dynspec-launch --hysteresis: in --help, in no") for p in problems)
-    texts = _without_row(doc_texts(), "docs/benchmarks.md", "--kills")
-    assert any("gpu run --kills" in p for p in flag_problems(flags, flag_rows(texts)))
+    texts = _without_row(doc_texts(), "docs/benchmarks.md", "--traffic-peak")
+    assert any("gpu run --traffic-peak" in p for p in flag_problems(flags, flag_rows(texts)))
 
 
 def test_a_flag_twice_or_unknown_fails() -> None:

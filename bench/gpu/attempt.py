@@ -1,13 +1,6 @@
-"""One device command's life (``attempt``) and the session it may keep for the next one.
-
-A device command is at most 10 minutes, and one launch of a pair with its steady sweep takes
-longer: a command that keeps its session leaves the launcher (a session leader, which the device
-tool leaves running while the machine stays held) running and writes down its pids, and the next
-command with the same ``--work`` resumes it, its sweep skipping the points already measured. The
-machine is given back soon after a command, though, and a command that lands on a fresh one finds
-no session: with ``--resume-from`` it goes on from an earlier command's results folder, carried
-in the working tree (``carried_meta``; the plan keeps that folder's records, in a new launch).
-The plans get the kept session's state; the command line (``cli.py``) builds the ``Attempt``.
+"""One device command's life (``attempt``) and the session it may keep for the next one
+(``--keep``), or the earlier results it goes on from on a fresh machine (``--resume-from``):
+docs/benchmarks.md, "Across device commands" and "On a fresh machine".
 """
 
 from __future__ import annotations
@@ -91,10 +84,9 @@ def kept_session(run: Run, plan: str) -> dict[str, Any] | None:
 
 def carried_meta(folder: Path, plan: str, steady: Steady) -> dict[str, Any]:
     """The ``meta.json`` of the earlier command whose results ``folder`` holds (``--resume-from``),
-    for this command's meta to go on from: its device commands and launches kept (a meta from
-    before launches were recorded had one, its own). Refused for another plan, or for other
-    steady settings: the levels of one point must be of one length. No meta (a command killed at
-    the device's limit brings back its sweep, not its meta): one launch, not known."""
+    for this command's meta to go on from; refused for another plan or other steady settings (a
+    point's levels must be of one length). None there (a command killed at the device's limit
+    brings back its sweep, not its meta): one launch, not known."""
     path = folder / "meta.json"
     try:
         meta: dict[str, Any] = json.loads(path.read_text())
@@ -154,11 +146,9 @@ Body = Callable[[Run, Path, "dict[str, Any] | None"], int]
 
 def attempt(a: Attempt, body: Body) -> NoReturn:
     """Run ``body(run, models, session)`` as one bounded attempt and exit with its code: set-up
-    (bundle, versions, models; skipped when an earlier command's session is resumed), then the
-    plan, then, whatever happened, every child stopped (unless the plan kept its session),
-    whatever carries the run's tag killed, ``meta.json`` and the logs written, and the results
-    copied to ``--out``. A ``RunFailed`` is one line and exit 1 (a refused ``--resume-from``
-    before anything is started or written)."""
+    (skipped in a kept session), the plan, then whatever happened every child stopped (unless
+    kept) and whatever carries the run's tag killed, ``meta.json`` and the logs written and the
+    results copied to ``--out``. A ``RunFailed`` is one line and exit 1."""
     env = dict(os.environ)
     env.update(FIXED_ENV)
     run = Run(out=a.out, work=a.work, deadline=time.monotonic() + a.budget, env=env)

@@ -33,7 +33,7 @@ COMMANDS = {
     "bundle": "build sgl-site.tar.xz: SGLang 0.5.17 for a GPU machine without a package index",
     "models": "build the random 8B-shaped target and the EAGLE-3 drafts (needs torch)",
     "run": "one bounded attempt of one plan on a GPU machine (see --help)",
-    "report": "the README tables of the pair (or --eight) plans from their sweep JSONL files",
+    "report": "the README tables of the pair plans from their sweep JSONL files",
 }
 
 
@@ -93,17 +93,8 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
 
     p = run_parser()
     args = p.parse_args(argv)
-    if args.plan == "eight" and args.layout not in (*EIGHT_LAYOUTS, "all"):
-        p.error(f"--layout: unknown layout {args.layout!r}")
-    if args.plan == "eight" and args.layout == "all" and not args.dry_run:
-        p.error("--layout all only with --dry-run (one layout per command)")
-    if args.dry_run and args.plan not in ("eight", "kill", "traffic"):
-        p.error("--dry-run: only the eight, kill and traffic plans have one")
-    steady_plans = ("pair-a", "pair-b", "router-cost", "traffic")
-    only_steady = args.keep or args.router_cost or args.sweep_seconds is not None
-    if (only_steady or args.resume_from is not None) and args.plan not in steady_plans:
-        p.error(f"--keep, --router-cost, --sweep-seconds, --resume-from: only the "
-                f"{', '.join(steady_plans)} plans")  # fmt: skip
+    if args.dry_run and args.plan != "traffic":
+        p.error("--dry-run: only the traffic plan has one")
     if args.resume_from is not None:
         from dynspec.bench.gpu.steady import sweep_file
         from dynspec.bench.gpu.trafficplan import RESULTS
@@ -154,86 +145,54 @@ def plan_body(args: argparse.Namespace) -> Body:
             run, models, plan, session=session, keep=args.keep, seconds=args.sweep_seconds,
             command=trafficplan.command_line(),
         )  # fmt: skip
-    if args.plan in ("pair-a", "pair-b", "router-cost"):
-        from dynspec.bench.gpu import steady
+    from dynspec.bench.gpu import steady
 
-        study = steady.STUDIES[args.plan]
-        if args.threshold is not None and args.plan != "router-cost":
-            study = dataclasses.replace(study, threshold=args.threshold)
-        cost_default = args.plan == "router-cost" and not args.levels
-        wanted = list(steady.COST_LEVELS) if cost_default else levels
-        if args.router_cost:
-            study = steady.with_router_cost(study, wanted)
-        if args.baseline_from is not None:
-            study = steady.baseline_from(study, wanted, args.baseline_from)
-        if args.baseline_limit is not None:
-            study = dataclasses.replace(study, baseline_limit=args.baseline_limit)
-        if args.baseline_args is not None:
-            study = dataclasses.replace(study, baseline_args=args.baseline_args)
-        return lambda run, models, session: steady.plan_steady(
-            run, models, study, levels=wanted, session=session, keep=args.keep,
-            sweep_seconds=args.sweep_seconds,
-        )  # fmt: skip
-    if args.plan == "kill":
-        from dynspec.bench.gpu.kill import plan_kill
-
-        return lambda run, models, _s: plan_kill(
-            run, models, concurrency=args.concurrency, kills=args.kills
-        )
-    from dynspec.bench.gpu.eight import plan_eight
-
-    return lambda run, models, _s: plan_eight(
-        run, models, args.layout, levels=levels, draft=args.draft,
-        start_timeout=args.start_timeout,
+    study = steady.STUDIES[args.plan]
+    if args.threshold is not None and args.plan != "router-cost":
+        study = dataclasses.replace(study, threshold=args.threshold)
+    cost_default = args.plan == "router-cost" and not args.levels
+    wanted = list(steady.COST_LEVELS) if cost_default else levels
+    if args.router_cost:
+        study = steady.with_router_cost(study, wanted)
+    if args.baseline_from is not None:
+        study = steady.baseline_from(study, wanted, args.baseline_from)
+    if args.baseline_limit is not None:
+        study = dataclasses.replace(study, baseline_limit=args.baseline_limit)
+    if args.baseline_args is not None:
+        study = dataclasses.replace(study, baseline_args=args.baseline_args)
+    return lambda run, models, session: steady.plan_steady(
+        run, models, study, levels=wanted, session=session, keep=args.keep,
+        sweep_seconds=args.sweep_seconds,
     )  # fmt: skip
 
 
-# Retired, with their results, to git history (last at b22afdf): main (the router checks and
-# sweeps through dynspec-launch --gpus 0) and levels (EAGLE-3 variants alone).
-PLANS = ("pair-a", "pair-b", "router-cost", "eight", "kill", "traffic")
-KILL_SERVERS = ("eagle", "baseline")
-EIGHT_LAYOUTS = ("build", "split", "paired", "paired-mps", "2x-eagle", "2x-baseline", "2x-adaptive")
-RUN_HELP = """One bounded attempt on a GPU machine (at most --budget seconds; the levels are the
-steady instrument's: --requests-per-c x C requests and --min-seconds each, after a warm pass,
-targets interleaved, --repeats runs of each point). Plans: pair-a / pair-b (one GPU = one pair
-behind --threshold auto, calibrated at launch; pair-b with --mps), router-cost (the router against
-the EAGLE server's own port), eight (eight GPUs, one --layout a command), kill (SIGKILL a server
-under load), traffic (open-loop arrivals, a compressed day and constant rates, against the pair-b
-launch: the routed pair and each server alone; over several --keep commands, see --dry-run)."""
+# Retired, with their results, to git history: main (the router checks and sweeps through
+# dynspec-launch --gpus 0) and levels (EAGLE-3 variants alone), last at b22afdf; kill (a server
+# SIGKILLed under load) and eight (eight GPUs, a 70B-shaped model), last at b2570b5.
+PLANS = ("pair-a", "pair-b", "router-cost", "traffic")
+RUN_HELP = """One bounded attempt on a GPU machine, at most --budget seconds. Plans: pair-a /
+pair-b (one GPU = one pair behind --threshold auto; pair-b with --mps), router-cost (the router
+against the EAGLE server's own port), traffic (open-loop arrivals against pair-b's launch). The
+plans and every flag: docs/benchmarks.md, "Real GPUs"."""
 
 
 def drafts(args: argparse.Namespace) -> tuple[str, ...]:
     """The EAGLE drafts the plan's servers load (built unless --models is given)."""
-    if args.plan == "eight":
-        return ()  # the eight plan's build layout makes its own models
     if args.plan == "traffic":
         return (args.draft,)
     return ("hi",)
 
 
 def dry_run(args: argparse.Namespace) -> str:
-    from dynspec.bench.gpu.toolkit import Run
+    from dynspec.bench.gpu import trafficplan
+    from dynspec.bench.gpu.toolkit import Run, Steady
 
     models: Path = args.models or args.work / "models"
-    if args.plan == "kill":
-        from dynspec.bench.gpu.kill import dry_run as kill_dry_run
-
-        dry = Run(out=args.out, work=args.work, deadline=time.monotonic() + args.budget, env={})
-        dry.ports = args.ports
-        return kill_dry_run(dry, models, concurrency=args.concurrency, kills=args.kills)
-    if args.plan == "traffic":
-        from dynspec.bench.gpu import trafficplan
-        from dynspec.bench.gpu.toolkit import Steady
-
-        dry = Run(out=args.out, work=args.work, deadline=time.monotonic() + args.budget, env={})
-        dry.ports, dry.python = args.ports, "python3"
-        dry.steady = Steady(repeats=args.repeats, output_len=args.output_len)
-        plan = trafficplan.plan_of(args)
-        return trafficplan.dry_run(dry, models, plan, budget=min(args.budget, 600.0))
-    from dynspec.bench.gpu.eight import dry_run as eight_dry_run
-
-    return eight_dry_run(args.layout, python=sys.executable, models=models, work=args.work,
-                         ports=args.ports, draft=args.draft, startup_timeout=400.0)  # fmt: skip
+    dry = Run(out=args.out, work=args.work, deadline=time.monotonic() + args.budget, env={})
+    dry.ports, dry.python = args.ports, "python3"
+    dry.steady = Steady(repeats=args.repeats, output_len=args.output_len)
+    plan = trafficplan.plan_of(args)
+    return trafficplan.dry_run(dry, models, plan, budget=min(args.budget, 600.0))
 
 
 def _threshold(text: str) -> str:
@@ -243,14 +202,6 @@ def _threshold(text: str) -> str:
         return str(positive_int(text))
     except (ValueError, TypeError, argparse.ArgumentTypeError):
         raise argparse.ArgumentTypeError(f"want a whole number >= 1 or auto: {text!r}") from None
-
-
-def _kills(text: str) -> tuple[str, ...]:
-    servers = tuple(x.strip() for x in text.split(",") if x.strip())
-    bad = [x for x in servers if x not in KILL_SERVERS]
-    if not servers or bad:
-        raise argparse.ArgumentTypeError(f"want eagle or baseline, comma-separated: {text!r}")
-    return servers
 
 
 def _baseline_args(text: str) -> str:
@@ -274,132 +225,41 @@ def run_parser() -> FlagParser:
     from dynspec.bench.gpu.toolkit import PAIR_LEVELS, Steady
     from dynspec.bench.gpu.toolkit import PROG as RUN_PROG
 
-    steady = Steady()  # the plans' defaults are the flags' defaults: one record of them
+    st = Steady()  # the plans' defaults are the flags' defaults: one record of them
 
     p = FlagParser(prog=RUN_PROG, description=RUN_HELP)
     p.add_argument("--plan", choices=PLANS, required=True, help="what to run")
     p.add_argument("--bundle", type=Path, help="sgl-site.tar.xz (default: the installed SGLang)")
     p.add_argument("--out", type=Path, required=True, help="results folder")
     p.add_argument("--work", type=Path, default=Path("/tmp/dynspec-gpu"), help="models, site")
+    p.add_argument("--budget", type=positive_float, default=540.0, help="seconds for it all")
+    p.add_argument("--levels", type=parse_levels, help=f"default {PAIR_LEVELS}")
+    p.add_argument("--threshold", type=_threshold, help="the router's: N or auto (the default)")
+    p.add_argument("--repeats", type=positive_int, default=st.repeats, help="runs of each point")
     p.add_argument(
-        "--budget", type=positive_float, default=540.0, help="seconds for the whole attempt"
+        "--min-seconds", type=non_negative_float, default=st.min_seconds, help="a level, at least"
     )
     p.add_argument(
-        "--levels",
-        type=parse_levels,
-        help=f"sweep concurrency levels (default {PAIR_LEVELS}; router-cost: 16,64,128,256)",
+        "--requests-per-c", type=positive_int, default=st.per_c, help="a level, at least x C"
     )
-    p.add_argument(
-        "--threshold",
-        type=_threshold,
-        help="router threshold: N or auto (default: auto for pair-* and traffic)",
-    )
-    p.add_argument(
-        "--repeats",
-        type=positive_int,
-        default=steady.repeats,
-        help="runs of each point, targets interleaved",
-    )
-    p.add_argument(
-        "--min-seconds",
-        type=non_negative_float,
-        default=steady.min_seconds,
-        help="a level measures at least this long (and at least --requests-per-c x C requests)",
-    )
-    p.add_argument(
-        "--requests-per-c",
-        type=positive_int,
-        default=steady.per_c,
-        help="measured requests per level / C",
-    )
-    p.add_argument(
-        "--output-len", type=positive_int, default=steady.output_len, help="output tokens a request"
-    )
+    p.add_argument("--output-len", type=positive_int, default=st.output_len, help="tokens out")
     add_prompt_pool_flag(p)
+    p.add_argument("--keep", action="store_true", help="leave the launch for the next command")
+    p.add_argument("--resume-from", type=Path, help="go on from this earlier results folder")
     p.add_argument(
-        "--keep",
-        action="store_true",
-        help="pair-*, router-cost, traffic: when the budget ends before the sweep (the runs), "
-        "leave the launcher running for the next command with the same --work, which resumes",
+        "--sweep-seconds", type=non_negative_float, help="start no level (run) after this"
     )
-    p.add_argument(
-        "--resume-from",
-        type=Path,
-        default=None,
-        help="pair-*, router-cost, traffic: when no session is kept (a fresh machine), go on "
-        "from an earlier command's results carried into the working tree (its sweep JSONL or "
-        "traffic.jsonl, meta.json, calibration-*.json): a new launch keeps its whole (level, "
-        "repeat) or (schedule, repeat) groups and measures the rest; ignored when a session is "
-        "kept",
-    )
-    p.add_argument(
-        "--sweep-seconds",
-        type=non_negative_float,
-        default=None,
-        help="pair-*, router-cost, traffic: start no level (run) later than this many seconds "
-        "into this command's sweep (default: what --budget leaves); with --keep the next "
-        "command goes on",
-    )
-    p.add_argument(
-        "--router-cost",
-        action="store_true",
-        help="pair-*: also measure a second router (threshold above any load) against EAGLE "
-        "alone, at the plan's levels from C=16 up, in the same launch",
-    )
-    p.add_argument(
-        "--baseline-limit",
-        type=positive_int,
-        default=None,
-        help="pair-*, traffic: the baseline server's --max-running-requests (default: SGLang's "
-        "own; traffic: 128); past it the baseline queues, as EAGLE does past its 128",
-    )
-    p.add_argument(
-        "--baseline-args",
-        type=_baseline_args,
-        default=None,
-        help="pair-*, traffic: more SGLang flags for the baseline server alone, after the "
-        "launcher's, e.g. "
-        "'--stream-interval 1' (one token a chunk, SGLang's default; dynspec-launch gives the "
-        "baseline 4)",
-    )
-    p.add_argument(
-        "--baseline-from",
-        type=positive_int,
-        default=None,
-        help="pair-*: measure the baseline alone only at the plan's levels from this C up, where "
-        "it could be the better server (default: every level)",
-    )
-    p.add_argument(
-        "--commit", help="the code's commit, for meta.json (the device copy has no .git)"
-    )
-    p.add_argument(
-        "--start-timeout", type=positive_float, default=240.0, help="seconds per server start"
-    )
+    p.add_argument("--router-cost", action="store_true", help="pair-*: a router-cost target too")
+    p.add_argument("--baseline-limit", type=positive_int, help="baseline --max-running-requests")
+    p.add_argument("--baseline-args", type=_baseline_args, help="more baseline SGLang flags")
+    p.add_argument("--baseline-from", type=positive_int, help="pair-*: baseline alone from C")
+    p.add_argument("--commit", help="the code's commit, for meta.json (the device has no .git)")
     p.add_argument("--models", type=Path, help="prebuilt models (default: build into --work)")
     p.add_argument(
-        "--ports", type=_ports, default="8000,30001,30002", help="router, EAGLE, baseline ports"
+        "--ports", type=_ports, default="8000,30001,30002", help="router, EAGLE, baseline"
     )
-    p.add_argument("--layout", default="split", help="eight plan: " + ", ".join(EIGHT_LAYOUTS))
-    p.add_argument(
-        "--draft",
-        choices=("hi", "p54"),
-        default="hi",
-        help="eight, traffic plans: EAGLE draft (hi: accept 4; p54: about 2.4)",
-    )
-    p.add_argument(
-        "--concurrency", type=positive_int, default=32, help="kill plan: closed-loop clients"
-    )
-    p.add_argument(
-        "--kills",
-        type=_kills,
-        default="eagle,baseline,eagle",
-        help="kill plan: the server SIGKILLed by each kill, in order",
-    )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="eight, kill and traffic plans: print every command, start nothing",
-    )
+    p.add_argument("--draft", choices=("hi", "p54"), default="hi", help="traffic: EAGLE draft")
+    p.add_argument("--dry-run", action="store_true", help="traffic: print the plan, start nothing")
     from dynspec.bench.gpu.trafficplan import add_flags
 
     add_flags(p)
@@ -407,25 +267,14 @@ def run_parser() -> FlagParser:
 
 
 def cmd_report(argv: Sequence[str]) -> NoReturn:
-    from dynspec.bench.gpu import eight, steadyreport
+    from dynspec.bench.gpu import steadyreport
 
     p = FlagParser(prog=f"{PROG} report", description=COMMANDS["report"])
     p.add_argument("sweeps", type=Path, nargs="+", help="sweep-pair-a.jsonl, sweep-pair-b.jsonl")
-    p.add_argument("--eight", action="store_true", help="the eight plan's sweep-eight.jsonl")
-    p.add_argument(
-        "--write",
-        action="store_true",
-        help="also write STEM.md, STEM.png (medians, min-max bars) and STEM-summary.json beside "
-        "the first file, from all of them",
-    )
+    p.add_argument("--write", action="store_true", help="also write STEM.md, .png, -summary.json")
     p.add_argument("--title", default="", help="--write: the plot's title")
     p.add_argument(
-        "--logs",
-        type=Path,
-        action="append",
-        default=[],
-        help="a run's logs.tar.xz (or logs folder; once per launch): add what the servers held "
-        "over each level (running+queued, from their decode-log lines)",
+        "--logs", type=Path, action="append", default=[], help="a launch's logs: what was held"
     )
     add_log_level(p)
     args = p.parse_layered(argv)
@@ -438,8 +287,7 @@ def cmd_report(argv: Sequence[str]) -> NoReturn:
         rows = steadyreport.load(args.sweeps, args.logs)
         if args.write:
             steadyreport.write_rows(args.sweeps[0], rows, args.title)
-        text = eight.eight_markdown(args.sweeps) if args.eight else steadyreport.markdown(rows)
-        print(text, end="")
+        print(steadyreport.markdown(rows), end="")
         return 0
 
     run_main(PROG, body, args.log_level)

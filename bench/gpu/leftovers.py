@@ -8,7 +8,6 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Mapping
 from pathlib import Path
 
 TAG_VAR = "GPU_RUN_TAG"
@@ -40,14 +39,13 @@ def kill_tagged(tag: str) -> list[int]:
     return pids
 
 
-def compute_apps(*, header: bool = True, env: Mapping[str, str] | None = None) -> tuple[bool, str]:
+def compute_apps(*, header: bool = True) -> tuple[bool, str]:
     """``nvidia-smi``'s compute processes (under MPS the servers run inside its server): whether
     it answered, and its text (else the reason it did not)."""
     fmt = "csv" if header else "csv,noheader"
     try:
         done = subprocess.run(
             ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", f"--format={fmt}"],
-            env=None if env is None else dict(env),
             capture_output=True,
             text=True,
             timeout=20,

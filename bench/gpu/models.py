@@ -87,20 +87,15 @@ def target_config() -> dict[str, Any]:
     }
 
 
-def draft_config(
-    draft_vocab: int = VOCAB,
-    target: dict[str, Any] | None = None,
-    aux_layers: Sequence[int] = AUX_LAYERS,
-) -> dict[str, Any]:
-    """The EAGLE-3 draft's config for ``target`` (default the 8B's; the 70B passes its own)."""
-    cfg = dict(target_config() if target is None else target)
+def draft_config(draft_vocab: int = VOCAB) -> dict[str, Any]:
+    cfg = target_config()
     cfg.update(
         architectures=["LlamaForCausalLMEagle3"],
         num_hidden_layers=1,
         draft_vocab_size=draft_vocab,
-        target_hidden_size=cfg["hidden_size"],
+        target_hidden_size=HIDDEN,
         eagle_config={
-            "eagle_aux_hidden_state_layer_ids": list(aux_layers),
+            "eagle_aux_hidden_state_layer_ids": list(AUX_LAYERS),
             "use_aux_hidden_state": True,
         },
     )

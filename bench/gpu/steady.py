@@ -1,9 +1,6 @@
-"""The steady-state plans on one GPU: ``pair-a`` / ``pair-b`` (the routed pair against each of its
-servers alone, without and with ``--mps``) and ``router-cost`` (the router in front of the EAGLE
-server against that server's own port), on one ``dynspec-launch --gpus 0``, over as many device
-commands as it takes (``--keep``; on a fresh machine ``--resume-from``: a new launch,
-``begin_launch``). What each plan runs and what each level records besides the sweep's figures
-(``on_record``): docs/benchmarks.md, "The plans".
+"""The steady-state plans on one GPU, ``pair-a`` / ``pair-b`` (the routed pair against each of its
+servers alone, without and with ``--mps``) and ``router-cost`` (the router against the EAGLE
+server's own port), and the launch they share with ``traffic``: docs/benchmarks.md, "The plans".
 """
 
 from __future__ import annotations
@@ -62,14 +59,8 @@ class Study:
     threshold: str
     mps: bool
     targets: tuple[Target, ...]
-    # The baseline's --max-running-requests (None: SGLang's, which ran all 256 of C=256 at once
-    # on the H200, where EAGLE runs 128 and queues the rest).
-    baseline_limit: int | None = None
-    # More SGLang flags for the baseline alone (--baseline-args), after the launcher's, e.g.
-    # ``--stream-interval 1``: one token a chunk (SGLang's default), the baseline held 118-205 of
-    # C=256 open on the H200 where EAGLE, about four a chunk, held 234-250 (held.py); the
-    # launcher's 4 (pair-a-interval4) fed it 231-240.
-    baseline_args: str = ""
+    baseline_limit: int | None = None  # --baseline-limit (None: SGLang's own)
+    baseline_args: str = ""  # --baseline-args: after the launcher's
 
 
 ROUTED = Target("routed", "routed")
@@ -243,9 +234,7 @@ def plan_steady(
                              baseline_limit=study.baseline_limit,
                              baseline_args=study.baseline_args)  # fmt: skip
         this_launch = begin_launch(run, targets, jsonl, wanted, launch)
-        procs["launcher"] = start_launcher(run, launch)
-        run.meta["compute_apps"] = compute_apps()[1]
-        copy_calibration(run, this_launch)
+        procs["launcher"] = start_launch(run, launch, this_launch)
         if any(t.what == "cost" for t in study.targets):
             argv = cost_router_argv(run.meta["commands"], cost_port)
             run.meta["cost_router_argv"] = argv
@@ -254,9 +243,7 @@ def plan_steady(
                 raise RunFailed(f"the cost router did not come up; see {run.logs}/cost-router.log")
         servers = {t.what: urls[t.what] for t in study.targets if t.what in ("eagle", "baseline")}
         warm(run, servers, wanted)
-        pids = {"launcher": procs["launcher"].pid}
-        if "cost_router" in procs:
-            pids["cost_router"] = procs["cost_router"].pid
+        pids = {name: proc.pid for name, proc in procs.items()}
     else:
         pids = {name: int(pid) for name, (pid, _start) in session["procs"].items()}
         this_launch = max(1, len(run.meta.get("launches", [])))  # the kept one: the last
@@ -269,14 +256,7 @@ def plan_steady(
     title = f"MEASURED: {TITLE}, code at {run.meta.get('commit', '?')}, medians (min-max)"
     done = sweep(run, targets, jsonl, levels=wanted, limit=sweep_seconds, on_record=hook,
                  on_start=hook.start, title=title)  # fmt: skip
-    if not done and keep:
-        if session is None:
-            keep_session(run, procs, cost_port=cost_port)
-        else:
-            run.keep = True
-        return 0
-    stop_all(run, procs, session)
-    return 0
+    return finish(run, procs, session, keep=keep and not done, cost_port=cost_port)
 
 
 def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> bool:
@@ -286,6 +266,33 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> b
             return True
         time.sleep(0.5)
     return False
+
+
+def start_launch(run: Run, launch: Sequence[str], number: int) -> subprocess.Popen[bytes]:
+    """``start_launcher``, then what the GPU runs and the launch's calibration, for the results."""
+    proc = start_launcher(run, launch)
+    run.meta["compute_apps"] = compute_apps()[1]
+    copy_calibration(run, number)
+    return proc
+
+
+def finish(
+    run: Run,
+    procs: Mapping[str, subprocess.Popen[bytes]],
+    session: dict[str, Any] | None,
+    *,
+    keep: bool,
+    **extra: Any,
+) -> int:
+    """The plan's end: its launch kept for the next command (``keep``: the budget ended first;
+    ``extra`` goes into the session's file), or stopped."""
+    if keep and session is None:
+        keep_session(run, procs, **extra)
+    elif keep:
+        run.keep = True
+    else:
+        stop_all(run, procs, session)
+    return 0
 
 
 def stop_all(

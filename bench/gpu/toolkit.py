@@ -1,11 +1,6 @@
 """The GPU plans' toolkit: what one bounded attempt on a GPU machine works with (``Run``), its
 set-up (the SGLang bundle, the test models), ``dynspec-launch`` started and stopped, and the
-steady-state sweep every plan measures with (``Steady``).
-
-Every plan module (``steady``, ``kill``, ``eight``, ``trafficplan``) imports this one
-(``steady`` also ``attempt``'s session calls, ``eight`` a few of its siblings' helpers);
-``attempt.py`` runs one device command around a plan; ``cli.py`` imports the plans and the
-attempt. Nothing here imports a plan, so there is no import loop.
+steady-state sweep every plan measures with (``Steady``). Nothing here imports a plan.
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dynspec.bench.metrics import samples
-from dynspec.bench.procs import Children, http_status, stop_group
+from dynspec.bench.procs import Children, stop_group
 
 PROG = "dynspec-bench gpu run"
 # Never NVLink multicast (it can take a shared host's GPUs down); no hub; no DeepGEMM JIT.
@@ -49,19 +44,13 @@ SGLANG_ARGS = (
     "--dtype bfloat16 --attention-backend triton --sampling-backend pytorch --grammar-backend none "
     "--cuda-graph-backend-prefill disabled --context-length 4096"
 )
-EAGLE_STEPS = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1")
-EAGLE_STEPS_ALL = (*EAGLE_STEPS, "--speculative-num-draft-tokens", "4")
+EAGLE_STEPS = (
+    "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+    "--speculative-num-draft-tokens", "4",
+)  # fmt: skip
 PAIR_LEVELS = "1,2,4,8,16,32,64,128,256"
 SERVED = "llama8b-random"
 
-# Measured on the H200 (the retired main and levels plans' run-*.json, at b22afdf, and kill/):
-# the bundle unpack, SGLang's import probe and the 8B models take about 50 s (68 s in
-# kill-attempt-1); dynspec-launch --gpus 0 was ready after 207 s (EAGLE first, then the
-# baseline; a cold EAGLE start alone took over 142 s, ~75 s of it compiling kernels for its
-# verify graphs); the launcher's SIGINT stop and the results ~25 s.
-SETUP_S = 60.0
-LAUNCH_S = 210.0
-STOP_S = 25.0
 RESERVE_S = 45.0  # kept for stopping the launcher and writing the results
 
 
@@ -71,10 +60,7 @@ class RunFailed(Exception):
 
 @dataclass(frozen=True)
 class Steady:
-    """What every GPU plan's levels are: at least ``per_c`` x C measured requests AND at least
-    ``min_seconds`` (whichever is longer), after a warm pass over every level on every server,
-    the targets taking turns within a level, ``repeats`` times: one short run per point moved by
-    10-20% between commands on the H200 (EAGLE alone at C=64: 8,625-10,438 tok/s)."""
+    """What every GPU plan's levels are (docs/benchmarks.md, "What `Steady` does")."""
 
     repeats: int = 3
     min_seconds: float = 15.0
@@ -117,6 +103,12 @@ class Run:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
+    def sweep_deadline(self, seconds: float | None) -> float:
+        """When a sweep (the open-loop runs) must end: the budget less the reserve, and at most
+        ``seconds`` from now."""
+        deadline = self.deadline - self.reserve
+        return deadline if seconds is None else min(deadline, time.monotonic() + seconds)
+
     def say(self, text: str) -> None:
         print(f"[gpu-run {time.monotonic() - self.t0:5.0f}s] {text}", flush=True)
 
@@ -151,17 +143,9 @@ class Run:
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def fetch(
-    url: str,
-    timeout: float = 10.0,
-    *,
-    headers: Mapping[str, str] | None = None,
-    data: bytes | None = None,
-    method: str | None = None,
-) -> str:
+def fetch(url: str, timeout: float = 10.0) -> str:
     """A loopback page's text (never through a proxy from the environment)."""
-    req = urllib.request.Request(url, data=data, headers=dict(headers or {}), method=method)
-    with _NO_PROXY.open(req, timeout=timeout) as r:
+    with _NO_PROXY.open(url, timeout=timeout) as r:
         return str(r.read().decode("utf-8", "replace"))
 
 
@@ -177,10 +161,9 @@ def dry_run_commands(stdout: str) -> list[str]:
 
 
 def last_line(path: Path) -> str:
-    try:
+    with contextlib.suppress(OSError):
         return last_line_of(path.read_text(errors="replace"))
-    except OSError:
-        return ""
+    return ""
 
 
 class LogTail:
@@ -287,20 +270,6 @@ def check_model_loads(path: Path) -> None:
 # -- waiting -------------------------------------------------------------------------------------
 
 
-def wait_healthy(
-    run: Run, url: str, proc: subprocess.Popen[bytes], what: str, *, log: Path, timeout: float
-) -> float:
-    began = time.monotonic()
-    limit = min(run.deadline, began + timeout)
-    while time.monotonic() < limit:
-        if proc.poll() is not None:
-            raise RunFailed(f"{what} exited with code {proc.returncode} during start-up; see {log}")
-        if http_status(url, timeout=5.0) == 200:
-            return time.monotonic() - began
-        time.sleep(1.0)
-    raise RunFailed(f"{what} did not answer {url} within {limit - began:.0f}s; see {log}")
-
-
 def wait_launcher(run: Run, proc: subprocess.Popen[bytes], log: Path) -> float:
     """Until the launcher prints its ready banner; its own one-line error if it exits first."""
     began = time.monotonic()
@@ -404,10 +373,7 @@ def sweep(
     from dynspec.bench.sweep import ProgressLine, pending
     from dynspec.bench.sweep import sweep as run_sweep
 
-    deadline = run.deadline - run.reserve
-    if limit is not None:
-        deadline = min(deadline, time.monotonic() + limit)
-    cfg = sweep_config(run, levels, deadline)
+    cfg = sweep_config(run, levels, run.sweep_deadline(limit))
     run.out.mkdir(parents=True, exist_ok=True)
 
     def start(label: str) -> None:
@@ -448,8 +414,6 @@ def launch_argv(
     *,
     threshold: str,
     mps: bool = False,
-    hysteresis: int | None = None,
-    restart: str = "never",
     after_s: float = 240.0,
     baseline_limit: int | None = None,
     baseline_args: str = "",
@@ -457,9 +421,8 @@ def launch_argv(
     more: Sequence[str] = (),
 ) -> list[str]:
     """``dynspec-launch --gpus 0``: the EAGLE-3 server (draft ``hi``: every draft accepted) and
-    the baseline on one GPU, the router in front (the plans ``pair-*``, ``router-cost`` and
-    ``kill``, which restarts its servers: ``restart`` on-failure). Each server may take until
-    ``after_s`` is all that is left of the budget (what the plan needs once both run).
+    the baseline on one GPU, the router in front. Each server may take until ``after_s`` is all
+    that is left of the budget (what the plan needs once both run).
     ``baseline_limit``: the baseline's ``--max-running-requests`` too (None: SGLang's own);
     ``baseline_args``: more SGLang flags for the baseline, after those; ``draft``: the EAGLE
     draft (``traffic`` may run ``p54``, accept length about 2.4); ``more``: more launcher flags,
@@ -473,8 +436,7 @@ def launch_argv(
         run.python, "-m", "dynspec.launcher", "--gpus", "0",
         "--model-path", str(models / "llama8b"),
         "--draft-model-path", str(models / f"eagle3-{draft}"),
-        "--served-model-name", SERVED, *EAGLE_STEPS_ALL, "--threshold", threshold,
-        *(["--hysteresis", str(hysteresis)] if hysteresis is not None else []),
+        "--served-model-name", SERVED, *EAGLE_STEPS, "--threshold", threshold,
         "--host", "127.0.0.1", "--port", str(run.ports[0]),
         "--eagle-port", str(run.ports[1]), "--baseline-port", str(run.ports[2]),
         "--sglang-args", SGLANG_ARGS,
@@ -482,7 +444,7 @@ def launch_argv(
         # lost to the baseline from C=128 on), graphs up to 128 keep its start short.
         "--eagle-args", "--max-running-requests 128",
         "--baseline-args", baseline,
-        "--log-dir", str(run.logs), "--restart", restart, "--kill-grace", "15",
+        "--log-dir", str(run.logs), "--restart", "never", "--kill-grace", "15",
         "--startup-timeout", f"{max(60.0, run.left() - after_s):.0f}", "--progress-every", "15",
     ]  # fmt: skip
     if mps:

@@ -1,9 +1,7 @@
 """The ``traffic`` plan: open-loop traffic on one GPU, the routed pair against each of its
-servers alone (``dynspec.bench.traffic.run_live``), on ``pair-b``'s launch (MPS, calibrated, both
-servers capped at 128 running) after a short warm pass. The day's peak, unless given, comes from
-the launch's calibration (``capacity``) and is chosen once, in ``meta.json``, so every later
-command (``--keep``, ``--resume-from``) sends the same arrivals (``settle_peak``). What it runs
-and its flags: docs/benchmarks.md, "The plans" and "Flags of dynspec-bench gpu run".
+servers alone (``dynspec.bench.traffic.run_live``), on ``pair-b``'s launch after a short warm
+pass; the day's peak from the launch's calibration, chosen once (``settle_peak``). What it runs
+and its flags: docs/benchmarks.md, "The plans" and "The traffic plan's day peak".
 """
 
 from __future__ import annotations
@@ -14,24 +12,14 @@ import math
 import shlex
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dynspec.bench import arrivals
-from dynspec.bench.gpu.attempt import keep_session
-from dynspec.bench.gpu.leftovers import compute_apps
-from dynspec.bench.gpu.steady import copy_calibration, record_launch, stop_all
-from dynspec.bench.gpu.toolkit import (
-    Run,
-    RunFailed,
-    check_model_loads,
-    launch_argv,
-    start_launcher,
-    warm,
-)
+from dynspec.bench.gpu.steady import finish, record_launch, start_launch
+from dynspec.bench.gpu.toolkit import Run, RunFailed, check_model_loads, launch_argv, warm
 from dynspec.common.cli import non_negative_float, positive_float
 
 if TYPE_CHECKING:
@@ -39,38 +27,25 @@ if TYPE_CHECKING:
 
 RESULTS = "traffic.jsonl"
 TARGETS = ("routed", "eagle", "baseline")
-WARM_LEVELS = (1, 16, 64, 128, 256)  # pair-b-interval4's warm pass: 26 s on the H200
-# Both servers capped at 128 running, as in every pair run since pair-a-capped: the baseline
-# uncapped ran all 256 of C=256 at once on the H200 and lost to EAGLE, which queues past 128.
-BASELINE_LIMIT = 128
-# What the calibration (decode-only windows, POST /v1/completions) overstated with prefill paid
-# and a new prompt a request, under MPS, both servers capped at 128 (pair-b-interval4, the
-# launch this plan repeats): the steady C=256 median (saturated: 128 running, 128 queued) over
-# the top calibrated tok/s. EAGLE 7,094 / 9,457; the baseline 9,093 / 9,722.
+WARM_LEVELS = (1, 16, 64, 128, 256)
+BASELINE_LIMIT = 128  # both servers capped at 128 running, as in every pair run since pair-a-capped
+# The day's peak (``capacity``), and the times of the commands it takes (``commands_needed``), from
+# the H200's runs: docs/benchmarks.md, "The traffic plan's day peak".
 EAGLE_SCALE = 0.75
 BASELINE_SCALE = 0.935
-# The peak is at least this far above EAGLE's capacity, whatever the baseline's calibration read:
-# that reading has ranged from 0.67x EAGLE's (pair-a-learner: 6,469 against 9,585) to 1.08x
-# (pair-b-calibrated), where the steady runs under MPS put the baseline at 1.28x EAGLE's.
 EAGLE_OVERLOAD = 1.10
-# The open-loop runner: a run is started only if this much (beyond its schedule and drain) is
-# left before the deadline (dynspec.bench.traffic._each); drains of a loaded server's queue.
-RUN_MARGIN_S = 15.0
-DRAIN_S = 30.0
-# The SLOs the runs are judged on (an interactive chat's: the first token within a second, then
-# at least 50 tokens a second). On the H200 the EAGLE server alone runs 3-4 ms a token at light
-# load and the baseline 7 ms; both near 14-18 ms at 128 running: a queue shows first in TTFT.
-SLO_TTFT_MS = 1000.0
-SLO_TPOT_MS = 20.0
-TYPICAL_DRAIN_S = 5.0
-# Measured on the H200 (bench/results/h200/*/meta.json and console-1.txt): set-up (bundle,
-# versions, models) 54 s; an MPS launch with its calibration ready after 225-248 s (pair-b-*);
-# the 5-level warm pass 26 s; the kept launch stopped in about 25 s.
 SETUP_S = 55.0
 LAUNCH_MPS_S = 250.0
 WARM_S = 26.0
 STOP_S = 25.0
 KEEP_RESERVE_S = 20.0  # attempt.py's reserve with --keep
+# The open-loop runner starts a run only if this much (beyond its schedule and drain) is left
+# (dynspec.bench.traffic._each); drains of a loaded server's queue.
+RUN_MARGIN_S = 15.0
+DRAIN_S = 30.0
+TYPICAL_DRAIN_S = 5.0
+SLO_TTFT_MS = 1000.0  # an interactive chat's: the first token within a second,
+SLO_TPOT_MS = 20.0  # then at least 50 tokens a second
 EXAMPLE_CALIBRATION = "results/h200/pair-b-interval4"  # under bench/: the plan's launch, MPS
 
 
@@ -144,11 +119,7 @@ def top_throughput(profile: Mapping[str, Any], mode: str) -> float:
 def capacity(profile: Mapping[str, Any], output_len: int) -> Capacity:
     """Each server's capacity in requests a second (top calibrated tok/s x its scale / output
     tokens a request), and the peak: their geometric mean, at least ``EAGLE_OVERLOAD`` x EAGLE's,
-    rounded to 0.1 req/s. With the H200's
-    pair-b-interval4 calibration: EAGLE 9,457 x 0.75 / 128 = 55.4, the baseline 9,722 x 0.935 /
-    128 = 71.0, peak 62.7 (1.13x EAGLE's, 0.88x the baseline's). The p54 draft's EAGLE served
-    0.53x the hi draft's at C=128 (h200-8b.jsonl: 5,085 tok/s against 9,619): its capacity would
-    read about 29, the peak about 46 (1.6x EAGLE's)."""
+    rounded to 0.1 req/s."""
     eagle = top_throughput(profile, "eagle") * EAGLE_SCALE / output_len
     baseline = top_throughput(profile, "baseline") * BASELINE_SCALE / output_len
     peak = max(math.sqrt(eagle * baseline), eagle * EAGLE_OVERLOAD)
@@ -292,6 +263,7 @@ def plan_traffic(
     check_model_loads(models / "llama8b")
     check_model_loads(models / f"eagle3-{plan.draft}")
     out = run.results / RESULTS
+    served = urls(run.ports)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     if session is None:
         launch = plan_launch(run, models, plan)
@@ -299,12 +271,9 @@ def plan_traffic(
         # starts (the launch's own check leaves out where the models are, the draft included).
         peak = settle_peak(run, plan) if "traffic" in run.meta else None
         this_launch = begin_launch(run, out, launch)
-        procs["launcher"] = start_launcher(run, launch)
-        run.meta["compute_apps"] = compute_apps()[1]
-        copy_calibration(run, this_launch)
+        procs["launcher"] = start_launch(run, launch, this_launch)
         if peak is None:
             peak = settle_peak(run, plan)
-        served = urls(run.ports)
         warm(run, {"eagle": served["eagle"], "baseline": served["baseline"]}, WARM_LEVELS)
     else:
         this_launch = max(1, len(run.meta.get("launches", [])))  # the kept one: the last
@@ -314,32 +283,21 @@ def plan_traffic(
         output_len=run.steady.output_len, repeats=run.steady.repeats, drain_s=plan.drain_s,
         slo_ttft_ms=SLO_TTFT_MS, slo_tpot_ms=SLO_TPOT_MS, command=command,
     )  # fmt: skip
-    deadline = run.deadline - run.reserve
-    if seconds is not None:
-        deadline = min(deadline, time.monotonic() + seconds)
     extra = {"plan": "traffic", "commit": run.meta.get("commit"), "launch": this_launch,
              "draft": plan.draft, "peak_rps": peak, "mps": True,
              "gpu": run.meta.get("versions", {}).get("gpu")}  # fmt: skip
     names = [name for name, _ in plan.schedule_seconds()]
     run.say(f"traffic: {', '.join(names)} (day peak {peak:g} req/s) x {run.steady.repeats} "
             f"repeats over {', '.join(TARGETS)}")  # fmt: skip
-    served = urls(run.ports)
     live = run_live or traffic.run_live
     live(build_targets(run.ports), cfg, out, watch={"routed": served["routed"]}, extra=extra,
-         deadline=deadline)  # fmt: skip
+         deadline=run.sweep_deadline(seconds))  # fmt: skip
     left = runs_left(out, names, run.steady.repeats, TARGETS)
     run.meta["traffic_runs_left"] = left
     if left:
         run.say(f"{left} runs left (the budget): the next command with --keep resumes; on a "
                 "fresh machine, --resume-from this command's results")  # fmt: skip
-    if left and keep:
-        if session is None:
-            keep_session(run, procs)
-        else:
-            run.keep = True
-        return 0
-    stop_all(run, procs, session)
-    return 0
+    return finish(run, procs, session, keep=keep and left > 0)
 
 
 # -- the operator's view: the estimate and the dry run ----------------------------------------
@@ -450,45 +408,14 @@ def _rates(text: str) -> tuple[float, ...]:
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--traffic-day-seconds", type=positive_float, help="the day's (default 120)")
+    p.add_argument("--traffic-peak", type=_peak, help="the day's req/s, or auto (the default)")
+    p.add_argument("--traffic-rates", type=_rates, help="constant req/s after the day: R,R,...")
+    p.add_argument("--traffic-rate-seconds", type=positive_float, help="each (default 30)")
     p.add_argument(
-        "--traffic-day-seconds",
-        type=positive_float,
-        default=None,
-        help="traffic: the compressed day's length (default 120)",
+        "--traffic-return-delay", type=non_negative_float, help="the router's (default 0: off)"
     )
-    p.add_argument(
-        "--traffic-peak",
-        type=_peak,
-        default=None,
-        help="traffic: req/s at the day's peak, or auto (default): from the launch's "
-        "calibration, between EAGLE's capacity and the baseline's (see --dry-run)",
-    )
-    p.add_argument(
-        "--traffic-rates",
-        type=_rates,
-        default=None,
-        help="traffic: constant-rate schedules after the day, req/s, comma-separated (e.g. "
-        "2,8,32,64; default none)",
-    )
-    p.add_argument(
-        "--traffic-rate-seconds",
-        type=positive_float,
-        default=None,
-        help="traffic: each constant rate's length (default 30)",
-    )
-    p.add_argument(
-        "--traffic-return-delay",
-        type=non_negative_float,
-        default=None,
-        help="traffic: the router's --return-delay, seconds (default 0: off)",
-    )
-    p.add_argument(
-        "--traffic-log-level",
-        choices=("info", "debug"),
-        default=None,
-        help="traffic: the launch's --log-level (default info; debug: the router logs each "
-        "observation its learner takes, to replay the learned threshold)",
-    )
+    p.add_argument("--traffic-log-level", choices=("info", "debug"), help="the launch's (info)")
 
 
 def check_flags(args: argparse.Namespace) -> str | None:

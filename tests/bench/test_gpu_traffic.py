@@ -222,13 +222,12 @@ def fake_launch(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         seen.append(("launch", list(launch)))
         return run.spawn("launcher", ["sleep", "120"], run.logs / "launcher.log")
 
-    monkeypatch.setattr(trafficplan, "start_launcher", start)
+    monkeypatch.setattr(steady, "start_launcher", start)
 
     def warm(run: Run, urls: Mapping[str, str], levels: Sequence[int]) -> None:
         seen.append(("warm", dict(urls), tuple(levels)))
 
     monkeypatch.setattr(trafficplan, "warm", warm)
-    monkeypatch.setattr(trafficplan, "compute_apps", lambda **kw: (True, ""))
     monkeypatch.setattr(steady, "compute_apps", lambda **kw: (True, ""))
     return seen
 
