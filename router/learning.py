@@ -123,16 +123,17 @@ def steady(
 
 def plausible(speed: ServerSpeed, load: float, per_token: float) -> bool:
     """Whether a poll's reading (server time a token) lies within ``OUTLIER`` of the server's
-    curve at that load, put on the server's clock; any reading passes while the curve is still a
-    guess (no profile, no data of its own). A steady poll can still read wrong: on a simulated
-    shared pair (h200-8b-accept2, calibrated) a baseline's polls at load 30 read 9,061 and
-    12,819 ms a token where its requests took 30 (22-429x its curve); mixed in, they took the
-    baseline's curve 43x up and the learned threshold to 512. A server that truly slows down
-    moves its curve through its finished requests, which are always learned, and its polls
-    agree again."""
-    if not speed.calibrated:
+    curve at that load, put on the server's clock (``speed.clock``); any reading passes until
+    that clock's ratio to the router's is measured, on this server or another of the deployment
+    (its requests and polls saw the same loads: ``speed.calibration``). A steady poll can still
+    read wrong: on a simulated shared pair (h200-8b-accept2, calibrated) a baseline's polls at
+    load 30 read 9,061 and 12,819 ms a token where its requests took 30 (22-429x its curve);
+    mixed in, they took the baseline's curve 43x up and the learned threshold to 512. A server
+    that truly slows down moves its curve through its finished requests, which are always
+    learned, and its polls agree again."""
+    if speed.clock is None:
         return True
-    expected = speed.curve.at(load) / speed.ratio
+    expected = speed.curve.at(load) / speed.clock
     return expected / OUTLIER <= per_token <= expected * OUTLIER
 
 
@@ -233,7 +234,7 @@ class SpeedLearner:
             logger.debug(
                 "%s (%s): poll, %.2f ms a token at load %.1f: not learned, %.0fx its curve",
                 speed.url, speed.pool, per_token * 1e3, load,
-                per_token * speed.ratio / speed.curve.at(load),
+                per_token * (speed.clock or 1.0) / speed.curve.at(load),
             )  # fmt: skip
             return
         self._learn(speed, speed.polled, load, per_token, alone, "poll")
@@ -323,6 +324,7 @@ class SpeedLearner:
         for speed in self.servers.values():
             direct, polled = sources[speed.url]
             ratio = speed.ratio if speed.calibrated or shared is None else shared
+            speed.clock = ratio if speed.calibrated or shared is not None else None
             merged = combine(direct, polled, ratio)
             data[speed.url] = merged
             shapes[speed.url] = shape = queued_shape(speed.prior, speed.limit)

@@ -35,6 +35,7 @@ class ServerSpeed:
     __slots__ = (
         "accept_length",
         "calibrated",
+        "clock",
         "curve",
         "direct",
         "floor",
@@ -97,6 +98,9 @@ class ServerSpeed:
         self.ratio = 1.0  # router-clock TPOT / server-clock TPOT
         # Whether ``ratio`` was measured on this server (else it is borrowed, or 1).
         self.calibrated = False
+        # The ratio its polls are put on the router's clock with: its own once calibrated, else
+        # the calibrated servers' (one deployment, one clock); None while none is measured.
+        self.clock: float | None = None
         self.scale: float | None = None  # measured level over the prior's
         self.accept_length: float | None = None
         self.curve: SpeedCurve = SpeedCurve(prior, limit)

@@ -484,6 +484,23 @@ def test_a_poll_far_off_the_servers_own_curve_is_not_learned() -> None:
     assert polled_weight() > weight + 4
 
 
+def test_a_far_off_poll_is_not_learned_once_another_servers_clock_is_known() -> None:
+    """A server whose own requests and polls never saw the same load (a pair's baseline between
+    levels: 6 running at 1,234 and 1,735 ms a token) takes the deployment's clock from the
+    servers that were calibrated, and with it the outlier rule."""
+    lr, clock = learner(DEMO)
+    for i in range(12):  # EAGLE's requests and polls at one load: the clock is measured
+        feed(lr, clock, E, 8, 0.012, n=1)
+        clock.now += 0.25
+        lr.polled(E, running=8, queued=0, gen_throughput=8 / 0.012 + i % 2 / 1e6)
+    lr.rebuild()
+    assert lr.servers[E].calibrated and not lr.servers[B].calibrated
+    before = lr.curve(B).at(6)
+    polls(lr, clock, B, 6, 1.234, n=6)
+    lr.rebuild()
+    assert lr.curve(B).at(6) == pytest.approx(before)
+
+
 def test_a_far_off_poll_is_learned_while_the_servers_clock_is_unknown() -> None:
     """Before its requests and polls overlap, the server's clock (a simulator's --speed) may be
     any multiple of the router's: its polls are learned as they come."""
