@@ -166,31 +166,6 @@ def last_line(path: Path) -> str:
     return ""
 
 
-class LogTail:
-    """New complete lines of a growing log file."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.partial = b""
-
-    def skip(self) -> None:
-        with contextlib.suppress(OSError):
-            self.offset = self.path.stat().st_size
-        self.partial = b""
-
-    def lines(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return []
-        self.offset += len(data)
-        *done, self.partial = (self.partial + data).split(b"\n")
-        return [ln.decode("utf-8", "replace").rstrip("\r") for ln in done]
-
-
 # -- set-up --------------------------------------------------------------------------------------
 
 
