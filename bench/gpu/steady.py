@@ -5,6 +5,7 @@ server's own port), and the launch they share with ``traffic``: docs/benchmarks.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import shlex
@@ -15,10 +16,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dynspec.bench.cli_common import levels as parse_levels
 from dynspec.bench.gpu import firsttoken, held
-from dynspec.bench.gpu.attempt import keep_session, stop_kept
+from dynspec.bench.gpu.attempt import Body, keep_session, stop_kept
 from dynspec.bench.gpu.leftovers import compute_apps
 from dynspec.bench.gpu.toolkit import (
+    PAIR_LEVELS,
     Run,
     RunFailed,
     check_model_loads,
@@ -77,6 +80,57 @@ STUDIES = {
         (Target("routed_eagle", "routed"), Target("eagle", "eagle")),
     ),
 }
+
+
+def check_flags(args: argparse.Namespace) -> str | None:
+    """A usage error of the pair plans' flags, or None."""
+    baseline = ("baseline_from", "baseline_limit", "baseline_args")
+    given = [f"--{n.replace('_', '-')}" for n in baseline if getattr(args, n) is not None]
+    if given and args.plan not in ("pair-a", "pair-b", "traffic"):
+        return f"{', '.join(given)}: only the pair-a, pair-b and traffic plans"
+    if args.router_cost and args.plan == "router-cost":
+        return "--router-cost: the router-cost plan measures nothing else"
+    return None
+
+
+def study_of(args: argparse.Namespace) -> tuple[Study, list[int]]:
+    """The plan's study and levels from its flags (``trafficplan.plan_of``'s counterpart)."""
+    study = STUDIES[args.plan]
+    if args.threshold is not None and args.plan != "router-cost":
+        study = replace(study, threshold=args.threshold)
+    if args.levels:
+        levels = list(args.levels)
+    elif args.plan == "router-cost":
+        levels = list(COST_LEVELS)
+    else:
+        levels = parse_levels(PAIR_LEVELS)
+    if args.router_cost:
+        study = with_router_cost(study, levels)
+    if args.baseline_from is not None:
+        study = baseline_from(study, levels, args.baseline_from)
+    if args.baseline_limit is not None:
+        study = replace(study, baseline_limit=args.baseline_limit)
+    if args.baseline_args is not None:
+        study = replace(study, baseline_args=args.baseline_args)
+    return study, levels
+
+
+def body_of(args: argparse.Namespace) -> Body:
+    """The plan's part of the attempt, from its flags."""
+    study, levels = study_of(args)
+
+    def body(run: Run, models: Path, session: dict[str, Any] | None) -> int:
+        return plan_steady(
+            run,
+            models,
+            study,
+            levels=levels,
+            session=session,
+            keep=args.keep,
+            sweep_seconds=args.sweep_seconds,
+        )
+
+    return body
 
 
 def sweep_file(plan: str) -> str:

@@ -85,6 +85,23 @@ def test_router_cost_target_sits_before_eagle_alone_from_c16_up() -> None:
     assert study.targets[1].what == "cost"
 
 
+def test_the_flags_make_the_study_and_its_levels() -> None:
+    from dynspec.bench.gpu.cli import run_parser
+
+    def study(*flags: str) -> tuple[steady.Study, list[int]]:
+        return steady.study_of(run_parser().parse_args(["--out", "o", *flags]))
+
+    cost, levels = study("--plan", "router-cost", "--threshold", "8")
+    assert cost == steady.STUDIES["router-cost"] and levels == list(steady.COST_LEVELS)
+    flags = ["--router-cost", "--baseline-from", "64", "--baseline-limit", "96"]
+    pair, levels = study("--plan", "pair-b", "--threshold", "8", *flags)
+    assert levels == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert (pair.threshold, pair.mps, pair.baseline_limit) == ("8", True, 96)
+    targets = {t.label: t.levels for t in pair.targets}
+    assert targets["routed_eagle"] == (16, 32, 64, 128, 256)
+    assert targets["baseline"] == (64, 128, 256)
+
+
 def test_baseline_from_keeps_the_baseline_alone_to_the_levels_from_there_up() -> None:
     study = steady.with_router_cost(steady.STUDIES["pair-a"], [1, 16, 64, 256])
     study = steady.baseline_from(study, [1, 16, 64, 256], 64)
