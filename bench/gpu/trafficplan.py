@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dynspec.bench import arrivals
-from dynspec.bench.gpu.steady import finish, record_launch, start_launch
-from dynspec.bench.gpu.toolkit import Run, RunFailed, Steady, check_model_loads, launch_argv, warm
+from dynspec.bench.gpu.launch import finish, kept_launch, launch_argv, record_launch, start_launch
+from dynspec.bench.gpu.toolkit import Run, RunFailed, Steady, check_model_loads, warm
 from dynspec.common.cli import non_negative_float, positive_float
 
 if TYPE_CHECKING:
@@ -278,7 +278,7 @@ def plan_traffic(
             peak = settle_peak(run, plan)
         warm(run, {"eagle": served["eagle"], "baseline": served["baseline"]}, WARM_LEVELS)
     else:
-        this_launch = max(1, len(run.meta.get("launches", [])))  # the kept one: the last
+        this_launch = kept_launch(run)
         peak = settle_peak(run, plan)
     cfg = traffic.TrafficConfig(
         schedules=schedules(plan, peak), input_len=run.steady.input_len,
