@@ -24,8 +24,6 @@ EAGLE_STEPS = (
     "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
     "--speculative-num-draft-tokens", "4",
 )  # fmt: skip
-
-
 SERVED = "llama8b-random"
 
 
