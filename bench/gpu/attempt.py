@@ -1,6 +1,6 @@
-"""One device command's life (``attempt``) and the session it may keep for the next one
-(``--keep``), or the earlier results it goes on from on a fresh machine (``--resume-from``):
-docs/benchmarks.md, "Across device commands" and "On a fresh machine".
+"""One device command's life (``attempt``): set-up, the plan, the end, the results; on a fresh
+machine, the earlier results it goes on from (``--resume-from``): docs/benchmarks.md, "On a fresh
+machine".
 """
 
 from __future__ import annotations
@@ -9,17 +9,16 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tarfile
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from dynspec.bench.gpu.launch import kept_session, session_file
 from dynspec.bench.gpu.leftovers import TAG_VAR, kill_tagged
 from dynspec.bench.gpu.toolkit import (
     FIXED_ENV,
@@ -33,53 +32,6 @@ from dynspec.bench.gpu.toolkit import (
     probe_python,
     site_paths,
 )
-from dynspec.bench.procs import alive, proc_stat
-
-# -- a session kept across device commands ---------------------------------------------------------
-
-
-def session_file(run: Run) -> Path:
-    return run.work / "session.json"
-
-
-def keep_session(run: Run, procs: Mapping[str, subprocess.Popen[bytes]], **extra: Any) -> None:
-    """Leave ``procs`` (session leaders: ``Children`` starts every child in a session of its own)
-    running past this command, for the next one with the same ``--work`` (``extra`` is kept in
-    the session's file too)."""
-    kept = {}
-    for name, proc in procs.items():
-        st = proc_stat(proc.pid)
-        if st is None:
-            raise RunFailed(f"{name} (pid {proc.pid}) is gone: nothing to keep")
-        kept[name] = [proc.pid, st[2]]
-        if proc in run.children.procs:
-            run.children.procs.remove(proc)
-    run.keep = True
-    state = {"tag": run.tag, "ports": list(run.ports), "procs": kept, "plan": run.meta.get("plan")}
-    state.update(extra)
-    session_file(run).write_text(json.dumps(state))
-    run.say("kept running for the next command: " + ", ".join(kept))
-
-
-def kept_session(run: Run, plan: str) -> dict[str, Any] | None:
-    """The session an earlier command of this plan left running, if every process of it still
-    runs; a file whose processes are gone is removed (the next command starts afresh)."""
-    path = session_file(run)
-    try:
-        state: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    procs = state.get("procs", {})
-    if state.get("plan") != plan or not all(alive(pid, start) for pid, start in procs.values()):
-        gone = [name for name, (pid, start) in procs.items() if not alive(pid, start)]
-        run.say(f"not resuming the kept session ({', '.join(gone) or 'another plan'} gone): "
-                "starting afresh")  # fmt: skip
-        for pid, start in procs.values():
-            if alive(pid, start):
-                stop_kept(pid, start)
-        path.unlink(missing_ok=True)
-        return None
-    return state
 
 
 def carried_meta(folder: Path, plan: str, steady: Steady) -> dict[str, Any]:
@@ -106,21 +58,6 @@ def carried_meta(folder: Path, plan: str, steady: Steady) -> dict[str, Any]:
     if "failure" in meta and meta.get("device_commands"):
         meta["device_commands"][-1]["failure"] = meta.pop("failure")  # that command's, not ours
     return meta
-
-
-def stop_kept(pid: int, start: int, grace: float = 90.0) -> None:
-    """SIGINT a kept session leader (as Ctrl-C: the launcher drains and stops its servers), then
-    SIGKILL its process group if it has not ended within ``grace`` seconds."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGINT)
-    limit = time.monotonic() + grace
-    while alive(pid, start) and time.monotonic() < limit:
-        time.sleep(0.5)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-# -- the attempt ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ that imports it at module level.
 
 from __future__ import annotations
 
+import importlib.resources
 import shutil
 import subprocess
 import tarfile
@@ -19,63 +20,8 @@ from pathlib import Path
 
 from dynspec.common.cli import UsageError
 
-SGLANG_VERSION = "0.5.17"
 PYTHON_VERSION = "3.12"
-# Exact versions: the set that was seen to import and serve on the H200 image (torch 2.11.0+cu130,
-# transformers and tokenizers from this list shadow the image's own).
-PINS = (
-    f"sglang=={SGLANG_VERSION}",
-    "sglang-kernel==0.4.5",
-    "flashinfer-python==0.6.15.post1",
-    "apache-tvm-ffi==0.1.11",
-    "xgrammar==0.2.1",
-    "compressed-tensors==0.20.1",
-    "loguru==0.7.3",
-    "gguf==0.19.0",
-    "transformers==5.12.1",
-    "tokenizers==0.22.2",
-    "ipython==9.18.1",
-    "ipython-pygments-lexers==1.1.1",
-    "prompt-toolkit==3.0.53",
-    "wcwidth==0.9.4",
-    "traitlets==5.16.1",
-    "stack-data==0.6.3",
-    "executing==2.3.0",
-    "asttokens==3.0.2",
-    "pure-eval==0.2.4",
-    "matplotlib-inline==0.2.2",
-    "pexpect==4.9.0",
-    "ptyprocess==0.7.0",
-    "fastapi==0.165.0",
-    "starlette==1.10.0",
-    "opentelemetry-api==1.45.2",
-    "uvicorn==0.54.0",
-    "httptools==0.9.0",
-    "python-multipart==0.0.34",
-    "pydantic==2.14.4",
-    "pydantic-core==2.50.5",
-    "annotated-types==0.8.0",
-    "typing-inspection==0.4.5",
-    "openai==2.6.1",
-    "jiter==0.19.0",
-    "distro==1.9.0",
-    "sniffio==1.3.1",
-    "jsonschema==4.26.0",
-    "referencing==0.37.0",
-    "rpds-py==2026.9.1",
-    "jsonschema-specifications==2025.9.1",
-    "pyzmq==27.3.0",
-    "orjson==3.13.0",
-    "msgspec==0.23.0",
-    "pybase64==1.5.1",
-    "setproctitle==1.3.8",
-    "partial-json-parser==0.2.1.1.post7",
-    "dill==0.4.1",
-    "zstandard==0.25.0",
-    "soundfile==0.13.1",
-    "cffi==2.1.1",
-    "pycparser==3.12",
-)
+PINS_FILE = "sglang-pins.txt"  # exact versions, beside this module (package data)
 # manylinux tags pip must accept for the 3.12 wheels (it matches each glibc version exactly).
 PLATFORMS = (
     *(f"manylinux_2_{n}_x86_64" for n in (34, 28, 27, 26, 24, 17, 5)),
@@ -118,6 +64,13 @@ def __getattr__(name):
     return _Anything()
 '''
 LIMIT_BYTES = 60 * 1024 * 1024
+
+
+def pins() -> list[str]:
+    """The exact versions (``sglang-pins.txt``), one requirement a line."""
+    text = importlib.resources.files("dynspec.bench.gpu").joinpath(PINS_FILE).read_text("utf-8")
+    lines = (raw.split("#", 1)[0].strip() for raw in text.splitlines())
+    return [line for line in lines if line]
 
 
 def _run(argv: Sequence[str], what: str) -> None:
@@ -172,17 +125,18 @@ def build_bundle(out: Path, python: str, wheels: Path) -> Path:
     wheels.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
+    wanted = pins()
     _run(
         [python, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
          "--python-version", PYTHON_VERSION, "--implementation", "cp", *platforms,
-         "-d", str(wheels), *PINS],
+         "-d", str(wheels), *wanted],
         "pip download",
     )  # fmt: skip
     site = out / "build" / SITE  # installed here, packed, then left for a look inside
     shutil.rmtree(site, ignore_errors=True)
     _run(
         [python, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels),
-         "--no-deps", "--no-compile", "--target", str(site), *PINS],
+         "--no-deps", "--no-compile", "--target", str(site), *wanted],
         "pip install --target",
     )  # fmt: skip
     trim(site)

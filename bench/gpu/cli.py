@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shlex
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 from dynspec.bench.cli_common import add_prompt_pool_flag
 from dynspec.bench.cli_common import levels as parse_levels
@@ -24,9 +22,6 @@ from dynspec.common.cli import (
     positive_int,
     run_main,
 )
-
-if TYPE_CHECKING:
-    from dynspec.bench.gpu.attempt import Body
 
 PROG = "dynspec-bench gpu"
 COMMANDS = {
@@ -88,7 +83,7 @@ def cmd_models(argv: Sequence[str]) -> NoReturn:
 
 def cmd_run(argv: Sequence[str]) -> NoReturn:
     """``dynspec-bench gpu run``: one bounded attempt of one plan (``attempt.attempt``)."""
-    from dynspec.bench.gpu import attempt, toolkit
+    from dynspec.bench.gpu import attempt, steady, toolkit, trafficplan
     from dynspec.bench.harness import code_commit
 
     p = run_parser()
@@ -96,29 +91,16 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
     if args.dry_run and args.plan != "traffic":
         p.error("--dry-run: only the traffic plan has one")
     if args.resume_from is not None:
-        from dynspec.bench.gpu.steady import sweep_file
-        from dynspec.bench.gpu.trafficplan import RESULTS
-
-        name = RESULTS if args.plan == "traffic" else sweep_file(args.plan)
+        name = trafficplan.RESULTS if args.plan == "traffic" else steady.sweep_file(args.plan)
         if not args.resume_from.is_dir():
             p.error(f"--resume-from: no folder {args.resume_from}")
         if not (args.resume_from / name).is_file():
             p.error(f"--resume-from: {args.resume_from} holds no {name}")
-    pair_only = [flag for flag, value in (("--baseline-from", args.baseline_from),
-                                          ("--baseline-limit", args.baseline_limit),
-                                          ("--baseline-args", args.baseline_args))
-                 if value is not None]  # fmt: skip
-    if pair_only and args.plan not in ("pair-a", "pair-b", "traffic"):
-        p.error(f"{', '.join(pair_only)}: only the pair-a, pair-b and traffic plans")
-    from dynspec.bench.gpu import trafficplan
-
-    wrong = trafficplan.check_flags(args)
+    wrong = steady.check_flags(args) or trafficplan.check_flags(args)
     if wrong:
         p.error(wrong)
-    if args.router_cost and args.plan == "router-cost":
-        p.error("--router-cost: the router-cost plan measures nothing else")
     if args.dry_run:
-        print(dry_run(args), end="")
+        print(trafficplan.dry_run(args), end="")
         sys.exit(0)
     a = attempt.Attempt(
         plan=args.plan, out=args.out, work=args.work, budget=args.budget, ports=args.ports,
@@ -129,41 +111,8 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
                               prompt_pool=args.prompt_pool),
         keep=args.keep, resume_from=args.resume_from,
     )  # fmt: skip
-    attempt.attempt(a, plan_body(args))
-
-
-def plan_body(args: argparse.Namespace) -> Body:
-    """The plan's part of the attempt: ``body(run, models, session) -> exit code``."""
-    from dynspec.bench.gpu.toolkit import PAIR_LEVELS
-
-    levels = args.levels or parse_levels(PAIR_LEVELS)
-    if args.plan == "traffic":
-        from dynspec.bench.gpu import trafficplan
-
-        plan = trafficplan.plan_of(args)
-        return lambda run, models, session: trafficplan.plan_traffic(
-            run, models, plan, session=session, keep=args.keep, seconds=args.sweep_seconds,
-            command=trafficplan.command_line(),
-        )  # fmt: skip
-    from dynspec.bench.gpu import steady
-
-    study = steady.STUDIES[args.plan]
-    if args.threshold is not None and args.plan != "router-cost":
-        study = dataclasses.replace(study, threshold=args.threshold)
-    cost_default = args.plan == "router-cost" and not args.levels
-    wanted = list(steady.COST_LEVELS) if cost_default else levels
-    if args.router_cost:
-        study = steady.with_router_cost(study, wanted)
-    if args.baseline_from is not None:
-        study = steady.baseline_from(study, wanted, args.baseline_from)
-    if args.baseline_limit is not None:
-        study = dataclasses.replace(study, baseline_limit=args.baseline_limit)
-    if args.baseline_args is not None:
-        study = dataclasses.replace(study, baseline_args=args.baseline_args)
-    return lambda run, models, session: steady.plan_steady(
-        run, models, study, levels=wanted, session=session, keep=args.keep,
-        sweep_seconds=args.sweep_seconds,
-    )  # fmt: skip
+    plan = trafficplan if args.plan == "traffic" else steady
+    attempt.attempt(a, plan.body_of(args))
 
 
 # Retired, with their results, to git history: main (the router checks and sweeps through
@@ -181,18 +130,6 @@ def drafts(args: argparse.Namespace) -> tuple[str, ...]:
     if args.plan == "traffic":
         return (args.draft,)
     return ("hi",)
-
-
-def dry_run(args: argparse.Namespace) -> str:
-    from dynspec.bench.gpu import trafficplan
-    from dynspec.bench.gpu.toolkit import Run, Steady
-
-    models: Path = args.models or args.work / "models"
-    dry = Run(out=args.out, work=args.work, deadline=time.monotonic() + args.budget, env={})
-    dry.ports, dry.python = args.ports, "python3"
-    dry.steady = Steady(repeats=args.repeats, output_len=args.output_len)
-    plan = trafficplan.plan_of(args)
-    return trafficplan.dry_run(dry, models, plan, budget=min(args.budget, 600.0))
 
 
 def _threshold(text: str) -> str:

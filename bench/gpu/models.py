@@ -1,23 +1,5 @@
 """Test models built offline: a random Llama-3.1-8B-shaped target and EAGLE-3 drafts whose
-acceptance is set by construction.
-
-The target's final norm is zero, so its logits are all zero and greedy decoding always emits token
-0 (argmax takes the first of equal values). Token 0 of the test tokenizer is a normal word, so
-answers have content. A draft is accepted exactly when it proposes token 0:
-
-- ``hi``: the draft's final norm is zero too, so it always proposes its id 0, which its ``d2t``
-  maps to target token 0: every draft accepted (accept length = steps + 1).
-- ``lo``: a random draft over the full vocabulary: almost never token 0 (accept length 1).
-- ``pNN``: a random draft over a small draft vocabulary of ``DRAFT_VOCAB`` ids, of which ``k`` map
-  (through ``d2t``, SGLang's draft-to-target offsets) to target token 0 and the rest to other
-  tokens. Random lm_head rows make the draft's argmax uniform over its ids for any hidden state,
-  so each proposal is accepted with probability p = k / DRAFT_VOCAB; if successive proposals were
-  independent, the accept length would be 1 + p + ... + p^steps. How independent they are depends
-  on how much the hidden state moves from one position to the next: SGLang's own
-  ``sglang:spec_accept_length`` is the figure to report.
-
-The pure parts (configs, d2t offsets, the acceptance arithmetic, the tokenizer's vocabulary) run
-anywhere; building the weights needs torch and safetensors (the GPU machine has them).
+acceptance is set by construction (how: docs/benchmarks.md, "Flags of dynspec-bench gpu models").
 """
 
 from __future__ import annotations
@@ -156,6 +138,24 @@ def draft_d2t(name: str) -> list[int]:
     return d2t_offsets(vocab, accepted)
 
 
+TARGET_NORMS = ("input_layernorm", "post_attention_layernorm")
+DRAFT_NORMS = ("input_layernorm", "hidden_norm", "post_attention_layernorm")
+
+
+def layer_shapes(attn_in: int) -> dict[str, tuple[int, int]]:
+    """A decoder layer's matrices, name -> shape; its attention reads ``attn_in`` features (an
+    EAGLE-3 draft's: the token's embedding and the target's hidden state, side by side)."""
+    return {
+        "self_attn.q_proj.weight": (HEADS * HEAD_DIM, attn_in),
+        "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, attn_in),
+        "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, attn_in),
+        "self_attn.o_proj.weight": (HIDDEN, HEADS * HEAD_DIM),
+        "mlp.gate_proj.weight": (INTERMEDIATE, HIDDEN),
+        "mlp.up_proj.weight": (INTERMEDIATE, HIDDEN),
+        "mlp.down_proj.weight": (HIDDEN, INTERMEDIATE),
+    }
+
+
 # -- building (torch) -----------------------------------------------------------------------
 
 
@@ -198,6 +198,11 @@ def build_models(root: Path, drafts: Sequence[str] | None = None, seed: int = 0)
     def zeros(n: int) -> Any:
         return torch.zeros(n, dtype=torch.bfloat16)
 
+    def layer(prefix: str, attn_in: int, norms: Sequence[str]) -> dict[str, Any]:
+        w = {f"{prefix}{norm}.weight": ones(HIDDEN) for norm in norms}
+        w.update({prefix + name: rnd(*shape) for name, shape in layer_shapes(attn_in).items()})
+        return w
+
     out: dict[str, Path] = {}
     target = root / "llama8b"
     out["target"] = target
@@ -219,20 +224,7 @@ def build_models(root: Path, drafts: Sequence[str] | None = None, seed: int = 0)
             n += 1
 
         for i in range(LAYERS):
-            p = f"model.layers.{i}."
-            shard.update(
-                {
-                    p + "input_layernorm.weight": ones(HIDDEN),
-                    p + "post_attention_layernorm.weight": ones(HIDDEN),
-                    p + "self_attn.q_proj.weight": rnd(HEADS * HEAD_DIM, HIDDEN),
-                    p + "self_attn.k_proj.weight": rnd(KV_HEADS * HEAD_DIM, HIDDEN),
-                    p + "self_attn.v_proj.weight": rnd(KV_HEADS * HEAD_DIM, HIDDEN),
-                    p + "self_attn.o_proj.weight": rnd(HIDDEN, HEADS * HEAD_DIM),
-                    p + "mlp.gate_proj.weight": rnd(INTERMEDIATE, HIDDEN),
-                    p + "mlp.up_proj.weight": rnd(INTERMEDIATE, HIDDEN),
-                    p + "mlp.down_proj.weight": rnd(HIDDEN, INTERMEDIATE),
-                }
-            )
+            shard.update(layer(f"model.layers.{i}.", HIDDEN, TARGET_NORMS))
             if i % 8 == 7:
                 flush()
         # Zero final norm: all-zero logits, greedy always emits token 0.
@@ -251,21 +243,11 @@ def build_models(root: Path, drafts: Sequence[str] | None = None, seed: int = 0)
             continue
         d.mkdir(parents=True, exist_ok=True)
         (d / "config.json").write_text(json.dumps(draft_config(vocab), indent=1))
-        two = 2 * HIDDEN
         w = {
             "fc.weight": rnd(HIDDEN, 3 * HIDDEN),
             "norm.weight": zeros(HIDDEN) if zero_norm else ones(HIDDEN),
             "lm_head.weight": rnd(vocab, HIDDEN),
-            "midlayer.input_layernorm.weight": ones(HIDDEN),
-            "midlayer.hidden_norm.weight": ones(HIDDEN),
-            "midlayer.post_attention_layernorm.weight": ones(HIDDEN),
-            "midlayer.self_attn.q_proj.weight": rnd(HEADS * HEAD_DIM, two),
-            "midlayer.self_attn.k_proj.weight": rnd(KV_HEADS * HEAD_DIM, two),
-            "midlayer.self_attn.v_proj.weight": rnd(KV_HEADS * HEAD_DIM, two),
-            "midlayer.self_attn.o_proj.weight": rnd(HIDDEN, HEADS * HEAD_DIM),
-            "midlayer.mlp.gate_proj.weight": rnd(INTERMEDIATE, HIDDEN),
-            "midlayer.mlp.up_proj.weight": rnd(INTERMEDIATE, HIDDEN),
-            "midlayer.mlp.down_proj.weight": rnd(HIDDEN, INTERMEDIATE),
+            **layer("midlayer.", 2 * HIDDEN, DRAFT_NORMS),
             "d2t": torch.tensor(draft_d2t(name), dtype=torch.int64),
             "t2d": torch.ones(VOCAB, dtype=torch.bool),
         }

@@ -1,38 +1,44 @@
 """The steady-state plans on one GPU, ``pair-a`` / ``pair-b`` (the routed pair against each of its
 servers alone, without and with ``--mps``) and ``router-cost`` (the router against the EAGLE
-server's own port), and the launch they share with ``traffic``: docs/benchmarks.md, "The plans".
+server's own port): docs/benchmarks.md, "The plans".
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import shlex
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dynspec.bench.cli_common import levels as parse_levels
 from dynspec.bench.gpu import firsttoken, held
-from dynspec.bench.gpu.attempt import keep_session, stop_kept
-from dynspec.bench.gpu.leftovers import compute_apps
+from dynspec.bench.gpu.attempt import Body
+from dynspec.bench.gpu.launch import (
+    drop_flag,
+    finish,
+    kept_launch,
+    launch_argv,
+    record_launch,
+    start_launch,
+)
 from dynspec.bench.gpu.toolkit import (
+    PAIR_LEVELS,
     Run,
     RunFailed,
     check_model_loads,
     fetch,
     gauge,
-    launch_argv,
-    start_launcher,
-    stop_launcher,
     sweep,
     sweep_config,
     warm,
 )
 from dynspec.bench.procs import (
-    alive,
     cmdline,
     cpu_seconds,
     descendants,
@@ -79,6 +85,57 @@ STUDIES = {
 }
 
 
+def check_flags(args: argparse.Namespace) -> str | None:
+    """A usage error of the pair plans' flags, or None."""
+    baseline = ("baseline_from", "baseline_limit", "baseline_args")
+    given = [f"--{n.replace('_', '-')}" for n in baseline if getattr(args, n) is not None]
+    if given and args.plan not in ("pair-a", "pair-b", "traffic"):
+        return f"{', '.join(given)}: only the pair-a, pair-b and traffic plans"
+    if args.router_cost and args.plan == "router-cost":
+        return "--router-cost: the router-cost plan measures nothing else"
+    return None
+
+
+def study_of(args: argparse.Namespace) -> tuple[Study, list[int]]:
+    """The plan's study and levels from its flags (``trafficplan.plan_of``'s counterpart)."""
+    study = STUDIES[args.plan]
+    if args.threshold is not None and args.plan != "router-cost":
+        study = replace(study, threshold=args.threshold)
+    if args.levels:
+        levels = list(args.levels)
+    elif args.plan == "router-cost":
+        levels = list(COST_LEVELS)
+    else:
+        levels = parse_levels(PAIR_LEVELS)
+    if args.router_cost:
+        study = with_router_cost(study, levels)
+    if args.baseline_from is not None:
+        study = baseline_from(study, levels, args.baseline_from)
+    if args.baseline_limit is not None:
+        study = replace(study, baseline_limit=args.baseline_limit)
+    if args.baseline_args is not None:
+        study = replace(study, baseline_args=args.baseline_args)
+    return study, levels
+
+
+def body_of(args: argparse.Namespace) -> Body:
+    """The plan's part of the attempt, from its flags."""
+    study, levels = study_of(args)
+
+    def body(run: Run, models: Path, session: dict[str, Any] | None) -> int:
+        return plan_steady(
+            run,
+            models,
+            study,
+            levels=levels,
+            session=session,
+            keep=args.keep,
+            sweep_seconds=args.sweep_seconds,
+        )
+
+    return body
+
+
 def sweep_file(plan: str) -> str:
     """The plan's sweep JSONL, in the results (and in a folder given to ``--resume-from``)."""
     return f"sweep-{plan}.jsonl"
@@ -111,18 +168,6 @@ def cost_router_argv(commands: Sequence[str], port: int) -> list[str]:
     argv = [a for a in shlex.split(lines[-1]) if "=" not in a or a.startswith("-")]
     argv = drop_flag(drop_flag(drop_flag(argv, "--port"), "--threshold"), "--speed-profile")
     return [*argv, "--port", str(port), "--threshold", str(ABOVE_ANY_LOAD)]
-
-
-def drop_flag(argv: Sequence[str], flag: str) -> list[str]:
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == flag:
-            skip = True
-        elif not a.startswith(flag + "="):
-            out.append(a)
-    return out
 
 
 def router_pid(launcher_pid: int, port: int) -> int | None:
@@ -246,7 +291,7 @@ def plan_steady(
         pids = {name: proc.pid for name, proc in procs.items()}
     else:
         pids = {name: int(pid) for name, (pid, _start) in session["procs"].items()}
-        this_launch = max(1, len(run.meta.get("launches", [])))  # the kept one: the last
+        this_launch = kept_launch(run)
     routers = {"routed": router_pid(pids["launcher"], run.ports[0])}
     if "cost_router" in pids:
         routers["cost"] = pids["cost_router"]
@@ -266,76 +311,6 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> b
             return True
         time.sleep(0.5)
     return False
-
-
-def start_launch(run: Run, launch: Sequence[str], number: int) -> subprocess.Popen[bytes]:
-    """``start_launcher``, then what the GPU runs and the launch's calibration, for the results."""
-    proc = start_launcher(run, launch)
-    run.meta["compute_apps"] = compute_apps()[1]
-    copy_calibration(run, number)
-    return proc
-
-
-def finish(
-    run: Run,
-    procs: Mapping[str, subprocess.Popen[bytes]],
-    session: dict[str, Any] | None,
-    *,
-    keep: bool,
-    **extra: Any,
-) -> int:
-    """The plan's end: its launch kept for the next command (``keep``: the budget ended first;
-    ``extra`` goes into the session's file), or stopped."""
-    if keep and session is None:
-        keep_session(run, procs, **extra)
-    elif keep:
-        run.keep = True
-    else:
-        stop_all(run, procs, session)
-    return 0
-
-
-def stop_all(
-    run: Run, procs: Mapping[str, subprocess.Popen[bytes]], session: dict[str, Any] | None
-) -> None:
-    """The launcher (SIGINT: its router drains, its servers stop) and the cost router, whether
-    this command started them or an earlier one kept them; then what the GPU still runs."""
-    if session is None:
-        if "cost_router" in procs:
-            run.stop(procs["cost_router"], grace=20.0)
-        stop_launcher(run, procs["launcher"])
-    else:
-        for name in ("cost_router", "launcher"):
-            if name in session["procs"]:
-                pid, start = session["procs"][name]
-                run.say(f"stopping the kept {name} (pid {pid})")
-                stop_kept(int(pid), int(start))
-        pid, start = session["procs"]["launcher"]
-        # Not this command's child: its exit code is its parent's to read, not ours.
-        run.meta["launcher_exit"] = "running" if alive(int(pid), int(start)) else "stopped"
-    run.meta["compute_apps_after"] = compute_apps(header=False)[1]
-
-
-def record_launch(
-    run: Run, launch: Sequence[str], resume: Callable[[Path], tuple[int, int]]
-) -> int:
-    """This launch's entry in ``meta["launches"]``, and its number (from 1). Going on from an
-    earlier command's results (``run.resumed_from``: its launch must be this one's), ``resume``
-    keeps the records of its whole groups in the results and returns (kept, dropped); its
-    calibration files are copied too. Each plan's ``begin_launch`` says what a group is."""
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    entry: dict[str, Any] = {"tag": run.tag, "started": started,
-                             "commit": run.meta.get("commit"), "records_kept": 0}  # fmt: skip
-    folder = run.resumed_from
-    if folder is not None:
-        same_servers(run.meta.get("launch_argv"), launch)
-        kept, dropped = resume(folder)
-        for f in sorted(folder.glob("calibration-*.json")):
-            (run.results / f.name).write_bytes(f.read_bytes())
-        entry.update(resumed_from=str(folder), records_kept=kept, records_dropped=dropped)
-    launches = run.meta.setdefault("launches", [])
-    launches.append(entry)
-    return len(launches)
 
 
 def begin_launch(
@@ -366,38 +341,3 @@ def begin_launch(
         return len(kept), dropped
 
     return record_launch(run, launch, resume)
-
-
-_WHERE = ("--model-path", "--draft-model-path", "--log-dir", "--startup-timeout")
-
-
-def same_servers(earlier: Sequence[str] | None, launch: Sequence[str]) -> None:
-    """Refuse to go on from a launch whose command line differs from this one's (where it keeps
-    its models and logs aside, which follow ``--work``, and the start timeout, which follows the
-    budget): one point's runs must be of one pair of servers (a baseline capped by
-    ``--baseline-limit`` is not the uncapped one). An earlier meta without the line (a command
-    killed before its launch was written) is not checked."""
-    if not earlier:
-        return
-
-    def servers(argv: Sequence[str]) -> list[str]:
-        for flag in _WHERE:
-            argv = drop_flag(argv, flag)
-        return list(argv)
-
-    mine, theirs = servers(launch[1:]), servers(earlier)
-    if mine != theirs:
-        differ = [f"{a} there, {b} here" for a, b in zip(theirs, mine, strict=False) if a != b]
-        said = "; ".join(differ[:2]) or f"{len(theirs)} words there, {len(mine)} here"
-        raise RunFailed(f"--resume-from: the earlier launch ran otherwise ({said})")
-
-
-def copy_calibration(run: Run, launch: int = 1) -> None:
-    """The launcher's calibration profile(s), into the results (what the router started from);
-    a later launch's under a name of its own (its cache key, so its name, is the same as the
-    earlier launch's, whose file is in the results too)."""
-    folder = run.logs / "calibration"
-    prefix = f"launch{launch}-" if launch > 1 else ""
-    for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        (run.results / f"calibration-{prefix}{f.name}").write_bytes(f.read_bytes())
-        run.meta.setdefault("calibration", []).append(prefix + f.name)

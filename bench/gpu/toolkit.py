@@ -1,6 +1,6 @@
 """The GPU plans' toolkit: what one bounded attempt on a GPU machine works with (``Run``), its
-set-up (the SGLang bundle, the test models), ``dynspec-launch`` started and stopped, and the
-steady-state sweep every plan measures with (``Steady``). Nothing here imports a plan.
+set-up (the SGLang bundle, the test models) and the steady-state sweep every plan measures with
+(``Steady``). Nothing here imports a plan.
 """
 
 from __future__ import annotations
@@ -44,12 +44,7 @@ SGLANG_ARGS = (
     "--dtype bfloat16 --attention-backend triton --sampling-backend pytorch --grammar-backend none "
     "--cuda-graph-backend-prefill disabled --context-length 4096"
 )
-EAGLE_STEPS = (
-    "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-    "--speculative-num-draft-tokens", "4",
-)  # fmt: skip
 PAIR_LEVELS = "1,2,4,8,16,32,64,128,256"
-SERVED = "llama8b-random"
 
 RESERVE_S = 45.0  # kept for stopping the launcher and writing the results
 
@@ -155,40 +150,10 @@ def gauge(text: str, name: str) -> float | None:
     return sum(found) / len(found) if found else None
 
 
-def dry_run_commands(stdout: str) -> list[str]:
-    """The command lines of ``dynspec-launch --dry-run`` (its ``#`` lines are notes)."""
-    return [line for line in stdout.strip().splitlines() if not line.startswith("#")]
-
-
 def last_line(path: Path) -> str:
     with contextlib.suppress(OSError):
         return last_line_of(path.read_text(errors="replace"))
     return ""
-
-
-class LogTail:
-    """New complete lines of a growing log file."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.partial = b""
-
-    def skip(self) -> None:
-        with contextlib.suppress(OSError):
-            self.offset = self.path.stat().st_size
-        self.partial = b""
-
-    def lines(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return []
-        self.offset += len(data)
-        *done, self.partial = (self.partial + data).split(b"\n")
-        return [ln.decode("utf-8", "replace").rstrip("\r") for ln in done]
 
 
 # -- set-up --------------------------------------------------------------------------------------
@@ -265,57 +230,6 @@ def check_model_loads(path: Path) -> None:
         json.loads(cfg.read_text())
     except (OSError, ValueError):
         raise RunFailed(f"model {path}: no readable config.json") from None
-
-
-# -- waiting -------------------------------------------------------------------------------------
-
-
-def wait_launcher(run: Run, proc: subprocess.Popen[bytes], log: Path) -> float:
-    """Until the launcher prints its ready banner; its own one-line error if it exits first."""
-    began = time.monotonic()
-    while time.monotonic() < run.deadline:
-        if proc.poll() is not None:
-            line = last_line(log) or f"exited with code {proc.returncode}"
-            raise RunFailed(f"dynspec-launch: {line.removeprefix('dynspec-launch: ')}")
-        if "[dynspec] ready:" in log.read_text(errors="replace"):
-            return time.monotonic() - began
-        time.sleep(1.0)
-    raise RunFailed(f"dynspec-launch was not ready in time; see {log} and the logs beside it")
-
-
-def start_launcher(
-    run: Run, launch: Sequence[str], env: Mapping[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    """``dynspec-launch``: its ``--dry-run`` first (a bad flag is one line, nothing started; its
-    command lines go to the meta), then the launcher itself, until its ready banner."""
-    dry = subprocess.run(
-        [*launch, "--dry-run"],
-        env={**run.env, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if dry.returncode != 0:
-        raise RunFailed(f"dynspec-launch --dry-run: {last_line_of(dry.stderr)}")
-    run.meta.update(launch_argv=list(launch[1:]), commands=dry_run_commands(dry.stdout))
-    run.say("launch: " + shlex.join(launch[3:]))
-    log = run.logs / "launcher.log"
-    proc = run.spawn("launcher", launch, log, env)
-    took = wait_launcher(run, proc, log)
-    run.meta["launch_ready_s"] = round(took, 1)
-    run.say(f"launcher ready after {took:.0f}s")
-    return proc
-
-
-def stop_launcher(run: Run, proc: subprocess.Popen[bytes]) -> None:
-    """SIGINT, as Ctrl-C: the router drains, then each server's process group is stopped."""
-    run.say("stopping the launcher (SIGINT: router drains, servers stop)")
-    proc.send_signal(signal.SIGINT)
-    try:
-        run.meta["launcher_exit"] = proc.wait(90)
-    except subprocess.TimeoutExpired:
-        run.meta["launcher_exit"] = "timeout"
 
 
 # -- sweeps --------------------------------------------------------------------------------------
@@ -403,50 +317,3 @@ def sweep(
 def last_line_of(text: str) -> str:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     return lines[-1] if lines else ""
-
-
-# -- the launch of a pair on one GPU ---------------------------------------------------------------
-
-
-def launch_argv(
-    run: Run,
-    models: Path,
-    *,
-    threshold: str,
-    mps: bool = False,
-    after_s: float = 240.0,
-    baseline_limit: int | None = None,
-    baseline_args: str = "",
-    draft: str = "hi",
-    more: Sequence[str] = (),
-) -> list[str]:
-    """``dynspec-launch --gpus 0``: the EAGLE-3 server (draft ``hi``: every draft accepted) and
-    the baseline on one GPU, the router in front. Each server may take until ``after_s`` is all
-    that is left of the budget (what the plan needs once both run).
-    ``baseline_limit``: the baseline's ``--max-running-requests`` too (None: SGLang's own);
-    ``baseline_args``: more SGLang flags for the baseline, after those; ``draft``: the EAGLE
-    draft (``traffic`` may run ``p54``, accept length about 2.4); ``more``: more launcher flags,
-    last (``traffic``: the router's return delay, the log level)."""
-    baseline = "--cuda-graph-max-bs-decode 256"
-    if baseline_limit is not None:
-        baseline += f" --max-running-requests {baseline_limit}"
-    if baseline_args:
-        baseline += f" {baseline_args}"
-    argv = [
-        run.python, "-m", "dynspec.launcher", "--gpus", "0",
-        "--model-path", str(models / "llama8b"),
-        "--draft-model-path", str(models / f"eagle3-{draft}"),
-        "--served-model-name", SERVED, *EAGLE_STEPS, "--threshold", threshold,
-        "--host", "127.0.0.1", "--port", str(run.ports[0]),
-        "--eagle-port", str(run.ports[1]), "--baseline-port", str(run.ports[2]),
-        "--sglang-args", SGLANG_ARGS,
-        # Swept alone too: the EAGLE server runs up to 128 (C=256 alone queues the rest; it has
-        # lost to the baseline from C=128 on), graphs up to 128 keep its start short.
-        "--eagle-args", "--max-running-requests 128",
-        "--baseline-args", baseline,
-        "--log-dir", str(run.logs), "--restart", "never", "--kill-grace", "15",
-        "--startup-timeout", f"{max(60.0, run.left() - after_s):.0f}", "--progress-every", "15",
-    ]  # fmt: skip
-    if mps:
-        argv.append("--mps")
-    return [*argv, *more]

@@ -12,17 +12,19 @@ import math
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dynspec.bench import arrivals
-from dynspec.bench.gpu.steady import finish, record_launch, start_launch
-from dynspec.bench.gpu.toolkit import Run, RunFailed, check_model_loads, launch_argv, warm
+from dynspec.bench.gpu.launch import finish, kept_launch, launch_argv, record_launch, start_launch
+from dynspec.bench.gpu.toolkit import Run, RunFailed, Steady, check_model_loads, warm
 from dynspec.common.cli import non_negative_float, positive_float
 
 if TYPE_CHECKING:
+    from dynspec.bench.gpu.attempt import Body
     from dynspec.bench.load import Target
 
 RESULTS = "traffic.jsonl"
@@ -276,7 +278,7 @@ def plan_traffic(
             peak = settle_peak(run, plan)
         warm(run, {"eagle": served["eagle"], "baseline": served["baseline"]}, WARM_LEVELS)
     else:
-        this_launch = max(1, len(run.meta.get("launches", [])))  # the kept one: the last
+        this_launch = kept_launch(run)
         peak = settle_peak(run, plan)
     cfg = traffic.TrafficConfig(
         schedules=schedules(plan, peak), input_len=run.steady.input_len,
@@ -353,10 +355,15 @@ def example_capacity(output_len: int) -> Capacity | None:
         return None
 
 
-def dry_run(run: Run, models: Path, plan: TrafficPlan, *, budget: float) -> str:
+def dry_run(args: argparse.Namespace) -> str:
     """The launch's command line, the schedules, the peak's rule and the commands it takes."""
+    budget = min(args.budget, 600.0)
+    run = Run(out=args.out, work=args.work, deadline=time.monotonic() + args.budget, env={})
+    run.ports, run.python = args.ports, "python3"
+    run.steady = Steady(repeats=args.repeats, output_len=args.output_len)
     st = run.steady
-    launch = plan_launch(run, models, plan)
+    plan = plan_of(args)
+    launch = plan_launch(run, args.models or args.work / "models", plan)
     ex = example_capacity(st.output_len)
     if plan.peak is not None:
         peak = f"{plan.peak:g} req/s (--traffic-peak)"
@@ -455,6 +462,24 @@ def plan_of(args: argparse.Namespace) -> TrafficPlan:
         return_delay=args.traffic_return_delay or d.return_delay,
         log_level=args.traffic_log_level or d.log_level,
     )
+
+
+def body_of(args: argparse.Namespace) -> Body:
+    """The plan's part of the attempt, from its flags."""
+    plan = plan_of(args)
+
+    def body(run: Run, models: Path, session: dict[str, Any] | None) -> int:
+        return plan_traffic(
+            run,
+            models,
+            plan,
+            session=session,
+            keep=args.keep,
+            seconds=args.sweep_seconds,
+            command=command_line(),
+        )
+
+    return body
 
 
 def command_line() -> str:

@@ -15,9 +15,10 @@ import pytest
 from gpu_fake_site import fake_path, make_bundle, make_models
 from utils import free_port
 
-from dynspec.bench.gpu import steady, steadyreport
+from dynspec.bench.gpu import launch, steady, steadyreport
+from dynspec.bench.gpu.launch import launch_argv
 from dynspec.bench.gpu.leftovers import tagged_pids
-from dynspec.bench.gpu.toolkit import FIXED_ENV, Run, RunFailed, launch_argv
+from dynspec.bench.gpu.toolkit import FIXED_ENV, Run, RunFailed
 
 
 def fake_run(tmp: Path) -> Run:
@@ -63,7 +64,7 @@ def test_baseline_args_go_to_the_baseline_server_only_after_its_limit(tmp_path: 
     assert argv[argv.index("--eagle-args") + 1] == "--max-running-requests 128"
     plain = launch_argv(run, tmp_path, threshold="auto", baseline_limit=128)
     with pytest.raises(RunFailed, match=r"the earlier launch ran otherwise .*stream-interval"):
-        steady.same_servers(argv[1:], plain)
+        launch.same_servers(argv[1:], plain)
 
 
 def test_resume_from_refuses_a_launch_of_other_servers(tmp_path: Path) -> None:
@@ -71,11 +72,11 @@ def test_resume_from_refuses_a_launch_of_other_servers(tmp_path: Path) -> None:
     one point; another --work (models and logs elsewhere) or start timeout is the same pair."""
     run = fake_run(tmp_path)
     earlier = launch_argv(run, tmp_path / "a", threshold="auto")[1:]
-    steady.same_servers(earlier, launch_argv(run, tmp_path / "b", threshold="auto", after_s=9))
-    steady.same_servers(None, launch_argv(run, tmp_path, threshold="auto", baseline_limit=128))
+    launch.same_servers(earlier, launch_argv(run, tmp_path / "b", threshold="auto", after_s=9))
+    launch.same_servers(None, launch_argv(run, tmp_path, threshold="auto", baseline_limit=128))
     capped = launch_argv(run, tmp_path / "a", threshold="auto", baseline_limit=128)
     with pytest.raises(RunFailed, match=r"the earlier launch ran otherwise .*max-running-requests"):
-        steady.same_servers(earlier, capped)
+        launch.same_servers(earlier, capped)
 
 
 def test_router_cost_target_sits_before_eagle_alone_from_c16_up() -> None:
@@ -83,6 +84,23 @@ def test_router_cost_target_sits_before_eagle_alone_from_c16_up() -> None:
     assert [t.label for t in study.targets] == ["routed", "routed_eagle", "eagle", "baseline"]
     assert study.targets[1].levels == (16, 64, 256)
     assert study.targets[1].what == "cost"
+
+
+def test_the_flags_make_the_study_and_its_levels() -> None:
+    from dynspec.bench.gpu.cli import run_parser
+
+    def study(*flags: str) -> tuple[steady.Study, list[int]]:
+        return steady.study_of(run_parser().parse_args(["--out", "o", *flags]))
+
+    cost, levels = study("--plan", "router-cost", "--threshold", "8")
+    assert cost == steady.STUDIES["router-cost"] and levels == list(steady.COST_LEVELS)
+    flags = ["--router-cost", "--baseline-from", "64", "--baseline-limit", "96"]
+    pair, levels = study("--plan", "pair-b", "--threshold", "8", *flags)
+    assert levels == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert (pair.threshold, pair.mps, pair.baseline_limit) == ("8", True, 96)
+    targets = {t.label: t.levels for t in pair.targets}
+    assert targets["routed_eagle"] == (16, 32, 64, 128, 256)
+    assert targets["baseline"] == (64, 128, 256)
 
 
 def test_baseline_from_keeps_the_baseline_alone_to_the_levels_from_there_up() -> None:

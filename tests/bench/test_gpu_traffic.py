@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from utils import free_port, running
 
-from dynspec.bench.gpu import cli, steady, trafficplan
-from dynspec.bench.gpu.attempt import kept_session
+from dynspec.bench.gpu import cli, trafficplan
+from dynspec.bench.gpu import launch as launching
+from dynspec.bench.gpu.launch import kept_session
 from dynspec.bench.gpu.toolkit import Run, RunFailed, Steady
 from dynspec.bench.gpu.trafficplan import TrafficPlan, capacity
 from dynspec.bench.procs import alive
@@ -222,13 +223,13 @@ def fake_launch(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         seen.append(("launch", list(launch)))
         return run.spawn("launcher", ["sleep", "120"], run.logs / "launcher.log")
 
-    monkeypatch.setattr(steady, "start_launcher", start)
+    monkeypatch.setattr(launching, "start_launcher", start)
 
     def warm(run: Run, urls: Mapping[str, str], levels: Sequence[int]) -> None:
         seen.append(("warm", dict(urls), tuple(levels)))
 
     monkeypatch.setattr(trafficplan, "warm", warm)
-    monkeypatch.setattr(steady, "compute_apps", lambda **kw: (True, ""))
+    monkeypatch.setattr(launching, "compute_apps", lambda **kw: (True, ""))
     return seen
 
 

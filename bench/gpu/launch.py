@@ -1,0 +1,302 @@
+"""A plan's launch of one pair on one GPU (``dynspec-launch --gpus 0``): its command line, its
+start and its end, its entry in ``meta.json``, and the session that keeps it running for the next
+device command (``--keep``): docs/benchmarks.md, "Across device commands".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dynspec.bench.gpu.leftovers import compute_apps
+from dynspec.bench.gpu.toolkit import SGLANG_ARGS, Run, RunFailed, last_line, last_line_of
+from dynspec.bench.procs import alive, proc_stat
+
+EAGLE_STEPS = (
+    "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+    "--speculative-num-draft-tokens", "4",
+)  # fmt: skip
+SERVED = "llama8b-random"
+
+
+def launch_argv(
+    run: Run,
+    models: Path,
+    *,
+    threshold: str,
+    mps: bool = False,
+    after_s: float = 240.0,
+    baseline_limit: int | None = None,
+    baseline_args: str = "",
+    draft: str = "hi",
+    more: Sequence[str] = (),
+) -> list[str]:
+    """``dynspec-launch --gpus 0``: the EAGLE-3 server (draft ``hi``: every draft accepted) and
+    the baseline on one GPU, the router in front. Each server may take until ``after_s`` is all
+    that is left of the budget (what the plan needs once both run).
+    ``baseline_limit``: the baseline's ``--max-running-requests`` too (None: SGLang's own);
+    ``baseline_args``: more SGLang flags for the baseline, after those; ``draft``: the EAGLE
+    draft (``traffic`` may run ``p54``, accept length about 2.4); ``more``: more launcher flags,
+    last (``traffic``: the router's return delay, the log level)."""
+    baseline = "--cuda-graph-max-bs-decode 256"
+    if baseline_limit is not None:
+        baseline += f" --max-running-requests {baseline_limit}"
+    if baseline_args:
+        baseline += f" {baseline_args}"
+    argv = [
+        run.python, "-m", "dynspec.launcher", "--gpus", "0",
+        "--model-path", str(models / "llama8b"),
+        "--draft-model-path", str(models / f"eagle3-{draft}"),
+        "--served-model-name", SERVED, *EAGLE_STEPS, "--threshold", threshold,
+        "--host", "127.0.0.1", "--port", str(run.ports[0]),
+        "--eagle-port", str(run.ports[1]), "--baseline-port", str(run.ports[2]),
+        "--sglang-args", SGLANG_ARGS,
+        # Swept alone too: the EAGLE server runs up to 128 (C=256 alone queues the rest; it has
+        # lost to the baseline from C=128 on), graphs up to 128 keep its start short.
+        "--eagle-args", "--max-running-requests 128",
+        "--baseline-args", baseline,
+        "--log-dir", str(run.logs), "--restart", "never", "--kill-grace", "15",
+        "--startup-timeout", f"{max(60.0, run.left() - after_s):.0f}", "--progress-every", "15",
+    ]  # fmt: skip
+    if mps:
+        argv.append("--mps")
+    return [*argv, *more]
+
+
+def dry_run_commands(stdout: str) -> list[str]:
+    """The command lines of ``dynspec-launch --dry-run`` (its ``#`` lines are notes)."""
+    return [line for line in stdout.strip().splitlines() if not line.startswith("#")]
+
+
+def wait_launcher(run: Run, proc: subprocess.Popen[bytes], log: Path) -> float:
+    """Until the launcher prints its ready banner; its own one-line error if it exits first."""
+    began = time.monotonic()
+    while time.monotonic() < run.deadline:
+        if proc.poll() is not None:
+            line = last_line(log) or f"exited with code {proc.returncode}"
+            raise RunFailed(f"dynspec-launch: {line.removeprefix('dynspec-launch: ')}")
+        if "[dynspec] ready:" in log.read_text(errors="replace"):
+            return time.monotonic() - began
+        time.sleep(1.0)
+    raise RunFailed(f"dynspec-launch was not ready in time; see {log} and the logs beside it")
+
+
+def start_launcher(
+    run: Run, launch: Sequence[str], env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``dynspec-launch``: its ``--dry-run`` first (a bad flag is one line, nothing started; its
+    command lines go to the meta), then the launcher itself, until its ready banner."""
+    dry = subprocess.run(
+        [*launch, "--dry-run"],
+        env={**run.env, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if dry.returncode != 0:
+        raise RunFailed(f"dynspec-launch --dry-run: {last_line_of(dry.stderr)}")
+    run.meta.update(launch_argv=list(launch[1:]), commands=dry_run_commands(dry.stdout))
+    run.say("launch: " + shlex.join(launch[3:]))
+    log = run.logs / "launcher.log"
+    proc = run.spawn("launcher", launch, log, env)
+    took = wait_launcher(run, proc, log)
+    run.meta["launch_ready_s"] = round(took, 1)
+    run.say(f"launcher ready after {took:.0f}s")
+    return proc
+
+
+def stop_launcher(run: Run, proc: subprocess.Popen[bytes]) -> None:
+    """SIGINT, as Ctrl-C: the router drains, then each server's process group is stopped."""
+    run.say("stopping the launcher (SIGINT: router drains, servers stop)")
+    proc.send_signal(signal.SIGINT)
+    try:
+        run.meta["launcher_exit"] = proc.wait(90)
+    except subprocess.TimeoutExpired:
+        run.meta["launcher_exit"] = "timeout"
+
+
+def drop_flag(argv: Sequence[str], flag: str) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == flag:
+            skip = True
+        elif not a.startswith(flag + "="):
+            out.append(a)
+    return out
+
+
+def start_launch(run: Run, launch: Sequence[str], number: int) -> subprocess.Popen[bytes]:
+    """``start_launcher``, then what the GPU runs and the launch's calibration, for the results."""
+    proc = start_launcher(run, launch)
+    run.meta["compute_apps"] = compute_apps()[1]
+    copy_calibration(run, number)
+    return proc
+
+
+def finish(
+    run: Run,
+    procs: Mapping[str, subprocess.Popen[bytes]],
+    session: dict[str, Any] | None,
+    *,
+    keep: bool,
+    **extra: Any,
+) -> int:
+    """The plan's end: its launch kept for the next command (``keep``: the budget ended first;
+    ``extra`` goes into the session's file), or stopped."""
+    if keep and session is None:
+        keep_session(run, procs, **extra)
+    elif keep:
+        run.keep = True
+    else:
+        stop_all(run, procs, session)
+    return 0
+
+
+def stop_all(
+    run: Run, procs: Mapping[str, subprocess.Popen[bytes]], session: dict[str, Any] | None
+) -> None:
+    """The launcher (SIGINT: its router drains, its servers stop) and the cost router, whether
+    this command started them or an earlier one kept them; then what the GPU still runs."""
+    if session is None:
+        if "cost_router" in procs:
+            run.stop(procs["cost_router"], grace=20.0)
+        stop_launcher(run, procs["launcher"])
+    else:
+        for name in ("cost_router", "launcher"):
+            if name in session["procs"]:
+                pid, start = session["procs"][name]
+                run.say(f"stopping the kept {name} (pid {pid})")
+                stop_kept(int(pid), int(start))
+        pid, start = session["procs"]["launcher"]
+        # Not this command's child: its exit code is its parent's to read, not ours.
+        run.meta["launcher_exit"] = "running" if alive(int(pid), int(start)) else "stopped"
+    run.meta["compute_apps_after"] = compute_apps(header=False)[1]
+
+
+def record_launch(
+    run: Run, launch: Sequence[str], resume: Callable[[Path], tuple[int, int]]
+) -> int:
+    """This launch's entry in ``meta["launches"]``, and its number (from 1). Going on from an
+    earlier command's results (``run.resumed_from``: its launch must be this one's), ``resume``
+    keeps the records of its whole groups in the results and returns (kept, dropped); its
+    calibration files are copied too. Each plan's ``begin_launch`` says what a group is."""
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    entry: dict[str, Any] = {"tag": run.tag, "started": started,
+                             "commit": run.meta.get("commit"), "records_kept": 0}  # fmt: skip
+    folder = run.resumed_from
+    if folder is not None:
+        same_servers(run.meta.get("launch_argv"), launch)
+        kept, dropped = resume(folder)
+        for f in sorted(folder.glob("calibration-*.json")):
+            (run.results / f.name).write_bytes(f.read_bytes())
+        entry.update(resumed_from=str(folder), records_kept=kept, records_dropped=dropped)
+    launches = run.meta.setdefault("launches", [])
+    launches.append(entry)
+    return len(launches)
+
+
+_WHERE = ("--model-path", "--draft-model-path", "--log-dir", "--startup-timeout")
+
+
+def same_servers(earlier: Sequence[str] | None, launch: Sequence[str]) -> None:
+    """Refuse to go on from a launch whose command line differs from this one's (where it keeps
+    its models and logs aside, which follow ``--work``, and the start timeout, which follows the
+    budget): one point's runs must be of one pair of servers (a baseline capped by
+    ``--baseline-limit`` is not the uncapped one). An earlier meta without the line (a command
+    killed before its launch was written) is not checked."""
+    if not earlier:
+        return
+
+    def servers(argv: Sequence[str]) -> list[str]:
+        for flag in _WHERE:
+            argv = drop_flag(argv, flag)
+        return list(argv)
+
+    mine, theirs = servers(launch[1:]), servers(earlier)
+    if mine != theirs:
+        differ = [f"{a} there, {b} here" for a, b in zip(theirs, mine, strict=False) if a != b]
+        said = "; ".join(differ[:2]) or f"{len(theirs)} words there, {len(mine)} here"
+        raise RunFailed(f"--resume-from: the earlier launch ran otherwise ({said})")
+
+
+def copy_calibration(run: Run, launch: int = 1) -> None:
+    """The launcher's calibration profile(s), into the results (what the router started from);
+    a later launch's under a name of its own (its cache key, so its name, is the same as the
+    earlier launch's, whose file is in the results too)."""
+    folder = run.logs / "calibration"
+    prefix = f"launch{launch}-" if launch > 1 else ""
+    for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        (run.results / f"calibration-{prefix}{f.name}").write_bytes(f.read_bytes())
+        run.meta.setdefault("calibration", []).append(prefix + f.name)
+
+
+def session_file(run: Run) -> Path:
+    return run.work / "session.json"
+
+
+def keep_session(run: Run, procs: Mapping[str, subprocess.Popen[bytes]], **extra: Any) -> None:
+    """Leave ``procs`` (session leaders: ``Children`` starts every child in a session of its own)
+    running past this command, for the next one with the same ``--work`` (``extra`` is kept in
+    the session's file too)."""
+    kept = {}
+    for name, proc in procs.items():
+        st = proc_stat(proc.pid)
+        if st is None:
+            raise RunFailed(f"{name} (pid {proc.pid}) is gone: nothing to keep")
+        kept[name] = [proc.pid, st[2]]
+        if proc in run.children.procs:
+            run.children.procs.remove(proc)
+    run.keep = True
+    state = {"tag": run.tag, "ports": list(run.ports), "procs": kept, "plan": run.meta.get("plan")}
+    state.update(extra)
+    session_file(run).write_text(json.dumps(state))
+    run.say("kept running for the next command: " + ", ".join(kept))
+
+
+def kept_session(run: Run, plan: str) -> dict[str, Any] | None:
+    """The session an earlier command of this plan left running, if every process of it still
+    runs; a file whose processes are gone is removed (the next command starts afresh)."""
+    path = session_file(run)
+    try:
+        state: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    procs = state.get("procs", {})
+    if state.get("plan") != plan or not all(alive(pid, start) for pid, start in procs.values()):
+        gone = [name for name, (pid, start) in procs.items() if not alive(pid, start)]
+        run.say(f"not resuming the kept session ({', '.join(gone) or 'another plan'} gone): "
+                "starting afresh")  # fmt: skip
+        for pid, start in procs.values():
+            if alive(pid, start):
+                stop_kept(pid, start)
+        path.unlink(missing_ok=True)
+        return None
+    return state
+
+
+def kept_launch(run: Run) -> int:
+    """The number of the launch a kept session runs: the last recorded."""
+    return max(1, len(run.meta.get("launches", [])))
+
+
+def stop_kept(pid: int, start: int, grace: float = 90.0) -> None:
+    """SIGINT a kept session leader (as Ctrl-C: the launcher drains and stops its servers), then
+    SIGKILL its process group if it has not ended within ``grace`` seconds."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGINT)
+    limit = time.monotonic() + grace
+    while alive(pid, start) and time.monotonic() < limit:
+        time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
