@@ -285,62 +285,6 @@ async def send_request(
     return trace
 
 
-STOPPED = "stopped by the load generator"
-
-
-class ClosedLoop:
-    """Closed-loop clients (each sends its next request when its last one ends), ``set(c)`` of
-    them; those over ``c`` leave as their request ends. A request cancelled by ``stop`` ends
-    then, with the error ``STOPPED``."""
-
-    def __init__(
-        self,
-        session: aiohttp.ClientSession,
-        target: Target,
-        model: str,
-        prompts: Prompts,
-    ) -> None:
-        self.session, self.target, self.model, self.prompts = session, target, model, prompts
-        self.traces: list[RequestTrace] = []
-        self.want = self.active = 0
-        self.tasks: set[asyncio.Task[None]] = set()
-
-    def set(self, want: int) -> None:
-        self.want = want
-        while self.active < want:
-            self.active += 1
-            task = asyncio.create_task(self._client())
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-
-    async def stop(self, drain: float = 0.0) -> None:
-        """No new requests; those in flight may end for ``drain`` seconds, then are cancelled."""
-        self.want = -1
-        tasks = list(self.tasks)
-        if drain > 0 and tasks:
-            await asyncio.wait(tasks, timeout=drain)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _client(self) -> None:
-        hdrs = {"Content-Type": "application/json"}
-        try:
-            while self.active <= self.want:
-                body, prompt = self.prompts.take(self.target, self.model)
-                trace = RequestTrace(send=time.perf_counter())
-                self.traces.append(trace)
-                try:
-                    await send_request(self.session, self.target, body, prompt, hdrs, trace=trace)
-                except asyncio.CancelledError:
-                    trace.error, trace.end = STOPPED, time.perf_counter()
-                    raise
-                if not trace.success:
-                    await asyncio.sleep(0.05)  # a failing server must not make this spin
-        finally:
-            self.active -= 1
-
-
 @dataclass
 class LevelRun:
     traces: list[RequestTrace]

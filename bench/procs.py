@@ -222,13 +222,6 @@ def alive(pid: int, started: int) -> bool:
     return st is not None and st[0] != "Z" and st[2] == started
 
 
-def comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
 def cmdline(pid: int) -> list[str]:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
