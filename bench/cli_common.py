@@ -50,6 +50,16 @@ def ratio(text: str) -> float:
     return value
 
 
+def threshold_value(text: str) -> str:
+    """A router's ``--threshold``: a whole number >= 1, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return str(positive_int(text))
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"want a whole number >= 1 or auto: {text!r}") from None
+
+
 def add_load_flags(p: FlagParser | argparse.ArgumentParser) -> None:
     p.add_argument(
         "--concurrency",
@@ -99,17 +109,26 @@ def add_request_timeout(p: FlagParser | argparse.ArgumentParser) -> None:
     )
 
 
-def add_length_flags(p: FlagParser | argparse.ArgumentParser) -> None:
+def add_length_flags(
+    p: FlagParser | argparse.ArgumentParser,
+    *,
+    pool: bool = True,
+    ratio_flags: Sequence[str] = ("--range-ratio",),
+) -> None:
+    """The prompts' lengths; ``traffic`` spells the ratio as bench_serving does too and has no
+    prompt pool (each arrival gets its own prompt)."""
     p.add_argument("--input-len", type=positive_int, default=256, help="random prompt tokens")
     p.add_argument("--output-len", type=positive_int, default=128, help="output tokens")
     p.add_argument(
-        "--range-ratio",
+        *ratio_flags,
+        dest="range_ratio",
         type=ratio,
         default=1.0,
         help="random lengths uniform in [ratio x len, len] (sglang.bench_serving's "
         "--random-range-ratio); 1 = fixed lengths",
     )
-    add_prompt_pool_flag(p)
+    if pool:
+        add_prompt_pool_flag(p)
 
 
 def add_prompt_pool_flag(p: FlagParser | argparse.ArgumentParser) -> None:

@@ -10,15 +10,16 @@ from typing import TYPE_CHECKING, Any
 from dynspec.bench import arrivals
 from dynspec.bench.arrivals import Schedule
 from dynspec.bench.cli_common import (
+    add_length_flags,
     add_request_timeout,
     add_router_log_level,
     add_sharing_flag,
     add_simulate_flags,
     out_path,
-    ratio,
     rerender,
     run_then_report,
     sim_profile,
+    threshold_value,
 )
 from dynspec.common.cli import (
     FlagParser,
@@ -52,12 +53,6 @@ def _rates(text: str) -> list[float]:
     return sorted(set(out))
 
 
-def _threshold(text: str) -> str:
-    if text == "auto" or (text.isdigit() and int(text) >= 1):
-        return text
-    raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}")
-
-
 def add_arguments(p: FlagParser) -> None:
     add_simulate_flags(p)
     p.add_argument(
@@ -84,12 +79,9 @@ def add_arguments(p: FlagParser) -> None:
         "'R@S' (R req/s for S s) or 'R1-R2@S' (a ramp), comma-separated, or 'day[:S]' (a "
         "compressed day of S s, its peak at --request-rate)",
     )  # fmt: skip
-    p.add_argument(
-        "--random-range-ratio", "--range-ratio", dest="range_ratio", type=ratio, default=1.0,
-        help="lengths uniform in [ratio x len, len] (sglang.bench_serving's); 1 = fixed",
-    )  # fmt: skip
+    add_length_flags(p, pool=False, ratio_flags=("--random-range-ratio", "--range-ratio"))
     for flag, kind, default, text in (
-        ("--threshold", _threshold, "auto", "the routed router's --threshold: N or auto"),
+        ("--threshold", threshold_value, "auto", "the routed router's --threshold: N or auto"),
         ("--hysteresis", positive_int, None, "its --hysteresis"),
         ("--return-delay", non_negative_float, None, "its --return-delay, model seconds"),
         ("--max-concurrency", positive_int, None, "its --max-concurrency (past it: 503)"),
@@ -100,8 +92,6 @@ def add_arguments(p: FlagParser) -> None:
         ("--rate-seconds", positive_float, 30.0, "each --rates schedule's seconds"),
         ("--burstiness", positive_float, 1.0, "gamma shape of the gaps between arrivals "
          "(sglang.bench_serving's): 1 is Poisson, lower is burstier"),
-        ("--input-len", positive_int, 256, "random prompt tokens"),
-        ("--output-len", positive_int, 128, "output tokens"),
         ("--trace", Path, None, "replay a CSV or JSONL trace: Azure's, BurstGPT's or "
          "timestamp,input_tokens,output_tokens"),
         ("--trace-speedup", positive_float, 1.0, "--trace: its times divided by this"),
