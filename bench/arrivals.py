@@ -220,8 +220,7 @@ def synthetic(
 class Trace:
     arrivals: tuple[Arrival, ...]
     source: str  # the path as given
-    rows: int  # data rows read
-    skipped: int  # of those, rows dropped for 0 output tokens (BurstGPT's failures)
+    skipped: int  # rows dropped for 0 output tokens (BurstGPT's failures)
 
 
 # What each column may be called (matched case-insensitively, spaces around stripped), first
@@ -349,4 +348,4 @@ def read_trace(path: Path, *, speedup: float = 1.0) -> Trace:
         raise ValueError(f"{path}: empty: no data row (a trace needs {_NEEDS})")
     if not arrivals:
         raise ValueError(f"{path}: no usable row ({read} read, {skipped} with 0 output tokens)")
-    return Trace(tuple(arrivals), str(path), read, skipped)
+    return Trace(tuple(arrivals), str(path), skipped)

@@ -81,7 +81,7 @@ class TrafficConfig:
             "command": self.command,
         }
         if self.trace is not None:
-            out["trace"] = self.trace.source
+            out["trace"], out["trace_skipped"] = self.trace.source, self.trace.skipped
         else:
             out["random_input_len"] = self.input_len
             out["random_output_len"] = self.output_len
