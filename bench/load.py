@@ -1,10 +1,5 @@
-"""Closed-loop load at a fixed concurrency against an OpenAI-compatible server or a router:
-``C`` workers each send their next request as soon as the last one ends (``sglang.bench_serving
---max-concurrency C`` at an infinite rate), after warm-up requests through the same workers.
-
-Per chunk the client only byte-searches for the content and ``"completion_tokens":`` (no JSON
-parse), so that it is not the bottleneck at C=256 on a small machine; token counts come from the
-usage SGLang sends (``include_usage``, ``continuous_usage_stats``).
+"""Closed-loop load at a fixed concurrency (``sglang.bench_serving --max-concurrency C``) and
+the streamed request every load sends; how a level is measured: docs/benchmarks.md, "sweep".
 """
 
 from __future__ import annotations
@@ -83,9 +78,7 @@ def parse_target(text: str, endpoint: str = "chat") -> Target:
 def random_prompts(
     n: int, input_len: int, output_len: int, seed: int = 0, range_ratio: float = 1.0
 ) -> list[Prompt]:
-    """Random prompts; with ``range_ratio`` < 1 each length is uniform in ``[ratio x len, len]``
-    (bench_serving's ``--random-range-ratio``), which keeps closed-loop requests from finishing
-    in lockstep."""
+    """Random prompts; ``range_ratio`` < 1 keeps closed-loop requests from ending in lockstep."""
     rng = random.Random(seed)
     return [_random_prompt(rng, input_len, output_len, range_ratio) for _ in range(n)]
 
@@ -99,10 +92,8 @@ def _random_prompt(
 
 
 class Prompts:
-    """The prompts of a load, request after request across the levels that share it: ``fixed``
-    in turn (a dataset's, or a pool of random ones), or, with ``fixed`` empty, a new random one
-    for every request, as bench_serving's random dataset sends. A fixed prompt's body is encoded
-    once per target and model."""
+    """The prompts of a load across its levels: ``fixed`` in turn (each body encoded once), or,
+    with none, a new random one for every request, as bench_serving's random dataset sends."""
 
     def __init__(
         self,
@@ -314,19 +305,8 @@ async def run_level(
     on_measure: Callable[[], Awaitable[None]] | None = None,
     min_seconds: float = 0.0,
 ) -> LevelRun:
-    """One level: ``concurrency`` closed-loop workers, measured in a steady state.
-
-    1. Warm-up: measuring starts when the first ``warmup`` requests have all ended (a slow one,
-       say one a router sent to the pool it then left, is gone); requests sent meanwhile are
-       warm-up too.
-    2. The next ``requests`` requests are measured, and more until ``min_seconds`` have passed
-       since the first measured send, so that a fast level is not a few batches' noise.
-    3. Filler requests keep the load up until the last measured one ends; then they are
-       cancelled.
-
-    The window runs from the first measured send to the last measured end; its throughputs count
-    every token delivered inside it, so neither a ramp-up nor a ramp-down dilutes them.
-    """
+    """One level of ``concurrency`` closed-loop workers: warm-up, measured, filler requests
+    (docs/benchmarks.md, "How a level is measured")."""
     measured: list[RequestTrace] = []
     every: list[RequestTrace] = []
     hdrs = {"Content-Type": "application/json", **(headers or {})}
@@ -341,9 +321,7 @@ async def run_level(
         return len(measured) >= max(1, requests) and now - measured[0].send >= min_seconds
 
     def still_measuring(now: float, *, ended: bool) -> bool:
-        """Whether the next send is measured. Measuring closes once ``done_at``, at a measured
-        request's end (``ended``) or while one is still open, so that the window (to the last
-        measured end) is never shorter than ``min_seconds``."""
+        # Closed at a measured end or while one is open: the window is never below min_seconds.
         nonlocal closed
         if not closed and done_at(now) and (ended or state["ended"] < len(measured)):
             closed = True

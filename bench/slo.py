@@ -1,9 +1,5 @@
-"""One open-loop run's figures, per time window and for the whole run, judged on SLOs. Pure.
-
-Times are model time (wall seconds x ``speed``). A request counts in the window its *arrival*
-falls in (its TTFT, TPOT, SLO verdict, failure, shed or cut); what a window *delivered* (tokens,
-in flight, switches, memory) is what happened inside it. SLO attainment and goodput are defined
-in docs/benchmarks.md, "Open-loop traffic".
+"""One open-loop run's figures, per window and for the whole run, judged on SLOs; in model time
+(what a window counts: docs/benchmarks.md, "Open-loop traffic"). Pure.
 """
 
 from __future__ import annotations

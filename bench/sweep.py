@@ -1,10 +1,6 @@
-"""A concurrency sweep: every level against every target, one JSONL line per finished level.
-
-Within a level the targets take turns, once per repeat (A, B, A, B, ...), so that a slow drift
-of the machine spreads over all of them instead of biasing one. A steady-state sweep adds
-``min_seconds`` per level, a ``warm`` pass (no measured level is a server's first traffic at
-that batch size) and ``repeats``, and may span processes: ``resume`` skips the points already in
-``out``, a ``deadline`` stops before a level that would not end in time.
+"""A concurrency sweep: every level against every target, the targets taking turns within a level
+(a drift of the machine spreads over all), one JSONL line per finished level; it may span
+processes (``resume``, ``deadline``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""``dynspec-bench traffic``: open-loop traffic against the routed pair and each server alone,
-judged on SLOs. A run is one target under one schedule's arrivals (``openloop.replay``); per
-repeat and schedule every target runs in turn on the same arrivals, the order rotated; a run
-already in the JSONL is skipped (resume). ``run_live`` loads targets that are up (``watch``:
-the routers sampled), ``run_simulated`` fresh ``dynspec-sim`` servers (and a router) for every
-run. The plan and what a window says: docs/benchmarks.md, "Open-loop traffic".
+"""``dynspec-bench traffic``'s plan: each run is one target under one schedule's arrivals, on
+targets that are up (``run_live``) or on fresh simulators (``run_simulated``); a run already in
+the JSONL is skipped. The plan: docs/benchmarks.md, "Open-loop traffic".
 """
 
 from __future__ import annotations
@@ -117,9 +114,7 @@ def done_runs(out: Path) -> set[Run]:
 
 
 def other_plan(out: Path, cfg: TrafficConfig, more: Mapping[str, Any] | None = None) -> str | None:
-    """Why the runs ``out`` holds are not this plan's (None: they are, or there are none): a
-    schedule of the same name made otherwise, or other ``cfg.meta()`` (but the command) or
-    ``more``. A rerun skips the runs ``out`` holds, so another plan's would stand in for ours."""
+    """Why the runs ``out`` holds are not this plan's (a rerun skips them), or None."""
     texts = {name: sched.text for name, sched in cfg.schedules}
     want = {k: v for k, v in {**cfg.meta(), **(more or {})}.items() if k != "command"}
     for r in _run_records(out):
@@ -242,9 +237,8 @@ def run_live(
     extra: Mapping[str, Any] | None = None,
     deadline: float | None = None,
 ) -> list[Record]:
-    """Every run of the plan against ``targets`` (up already); records appended to ``out``.
-    ``watch`` maps a target's label to a router URL sampled during that target's runs;
-    ``deadline`` (``time.monotonic()``) stops before a run that would not end by then."""
+    """Every run of the plan against ``targets`` (up already), appended to ``out``; ``watch``:
+    label -> the router URL sampled in its runs; no run starts that would end past ``deadline``."""
     by_label = {t.label: t for t in targets}
     watched = dict(watch or {})
 
