@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dynspec.bench import report, simreport
 from dynspec.bench.envelope8 import EXPERIMENT, adaptive_counterpart
-from dynspec.bench.report import Record, Spread, cell, model_time, stats, table
+from dynspec.bench.report import MARK, Record, Spread, cell, model_time, stats, table
 from dynspec.bench.ways import EIGHT_WAYS, HOMOGENEOUS, SHARED
 from dynspec.launcher.sim.profile import Profile, load_profile
 
@@ -157,10 +157,6 @@ def verdict_lines(rows: Sequence[GoalRow]) -> list[str]:
 # ---- report ------------------------------------------------------------------------------------
 
 
-def _mark(ok: bool | None) -> str:
-    return "-" if ok is None else ("PASS" if ok else "MISS")
-
-
 def _tok(r: GoalRow, way: str) -> str:
     """A way's tok/s: the median, and the min-max over the repeats where there are several."""
     return r.spread[way].cell(1) if way in r.spread else f"{r.tput[way]:.1f}"
@@ -183,7 +179,7 @@ def goal_table(rows: Sequence[GoalRow]) -> str:
     body = [
         [str(r.c), _tok(r, SUBJECT), r.best_pair, _tok(r, r.best_pair), f"{r.vs_best_tput:.3f}",
          f"{r.vs_best_tpot:.3f}", cell(r.tput.get("split-threshold", math.nan)),
-         cell(r.vs_split_tput, 3), *(_mark(r.checks[goal]) for goal in GOALS)]
+         cell(r.vs_split_tput, 3), *(MARK[r.checks[goal]] for goal in GOALS)]
         for r in rows
     ]  # fmt: skip
     return "\n".join(table(head, body)) + "\n"
@@ -233,9 +229,15 @@ def _repeats_lines(records: Sequence[Record]) -> list[str]:
     ]
 
 
-def _threshold_line(thr_rec: Record | None, thr: int, records: Sequence[Record] = ()) -> str:
+def _threshold_record(records: Sequence[Record]) -> Record | None:
+    return next((r for r in records if r.get("threshold") is not None), None)
+
+
+def _threshold_line(records: Sequence[Record]) -> str:
+    thr_rec = _threshold_record(records)
     if thr_rec is None:
         return "- split-threshold / paired-threshold: not run."
+    thr = int(thr_rec["threshold"])
     if thr <= 0:
         return (
             "- split-threshold / paired-threshold: baseline servers only: `suggest-threshold` "
@@ -269,7 +271,7 @@ def _judged(records: Sequence[Record]) -> tuple[list[Record], list[str], list[Go
     """The model-time records the goals judge, the notes on ways absent, the goal rows."""
     profile = load_profile(str(records[0].get("profile", "demo")))
     model, notes = comparable([model_time(r) for r in records], profile)
-    thr_rec = next((r for r in model if r.get("threshold") is not None), None)
+    thr_rec = _threshold_record(model)
     thr = int(thr_rec["threshold"]) if thr_rec is not None else 0
     cross = thr_rec.get("crossover") if thr_rec is not None else None
     return model, notes, evaluate(model, thr, None if cross is None else float(cross))
@@ -292,8 +294,6 @@ def _servers_lines(records: Sequence[Record], ran: Sequence[str]) -> list[str]:
 def _header(records: Sequence[Record], ran: Sequence[str], notes: Sequence[str]) -> list[str]:
     meta = records[0]
     speed = float(meta.get("speed", 1.0))
-    thr_rec = next((r for r in records if r.get("threshold") is not None), None)
-    thr = int(thr_rec["threshold"]) if thr_rec is not None else 0
     levels = sorted({int(r["max_concurrency"]) for r in records})
     runs = _runs_line(records)
     run_time = "" if runs else report.run_time_line(records)
@@ -317,7 +317,7 @@ def _header(records: Sequence[Record], ran: Sequence[str], notes: Sequence[str])
         + (f" `2x-adaptive` ran profile `{adaptive}`'s eagle mode." if adaptive else ""),
         *_servers_lines(records, ran),
         *_repeats_lines(records),
-        _threshold_line(thr_rec, thr, records),
+        _threshold_line(records),
         *[f"- {n}." for n in notes],
         *([runs] if runs else []),
         *([run_time] if run_time else []),

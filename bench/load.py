@@ -10,7 +10,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -278,14 +278,16 @@ async def send_request(
 
 @dataclass
 class LevelRun:
-    traces: list[RequestTrace]
-    duration: float
+    traces: list[RequestTrace]  # the measured requests
+    window: tuple[float, float]  # the first measured send to the last measured end
+    everything: list[RequestTrace]  # every request of the level (the window's throughputs)
     warmup_failed: int = 0
+    warmup_sent: int = 0
     mode_switches: int | None = None
-    extra: dict[str, object] = field(default_factory=dict)
-    # The measuring window and every request of the level (for window throughputs).
-    window: tuple[float, float] | None = None
-    everything: list[RequestTrace] = field(default_factory=list)
+
+    @property
+    def duration(self) -> float:
+        return max(0.0, self.window[1] - self.window[0])
 
 
 Progress = Callable[[int, int], None]
@@ -377,11 +379,7 @@ async def run_level(
         await asyncio.gather(*tasks, return_exceptions=True)
     t0 = min((t.send for t in measured), default=0.0)
     t1 = max((t.end for t in measured), default=0.0)
-    run = LevelRun(measured, max(0.0, t1 - t0), state["warm_failed"])
-    run.window = (t0, t1)
-    run.everything = every
-    run.extra["warmup_sent"] = state["warm_sent"]
-    return run
+    return LevelRun(measured, (t0, t1), every, state["warm_failed"], state["warm_sent"])
 
 
 async def fetch_text(session: aiohttp.ClientSession, url: str, timeout: float = 10.0) -> str | None:

@@ -137,6 +137,13 @@ def window(
     return Window(start, end, out, inp, done, busy)
 
 
+def tokens_per_chunk(traces: Sequence[RequestTrace]) -> float:
+    """The successful requests' output tokens per content chunk (1 where none)."""
+    ok = [t for t in traces if t.success]
+    chunks = sum(len(t.chunk_times) for t in ok)
+    return sum(t.output_tokens for t in ok) / chunks if chunks else 1.0
+
+
 def compute(
     traces: Sequence[RequestTrace], duration: float, win: Window | None = None
 ) -> dict[str, float | int]:

@@ -189,15 +189,20 @@ def _label(argv: Sequence[str]) -> str:
 # -- /proc ---------------------------------------------------------------------------------------
 
 
-def proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, parent, start time in clock ticks) of a process, None when there is none."""
+def _stat(pid: int) -> list[str]:
+    """``/proc/PID/stat``'s fields from the state on (field 3), [] when there is no process."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return None
+        return []
     # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
-    fields = text[text.rfind(")") + 2 :].split()
-    return fields[0], int(fields[1]), int(fields[19])
+    return text[text.rfind(")") + 2 :].split()
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent, start time in clock ticks) of a process, None when there is none."""
+    fields = _stat(pid)
+    return (fields[0], int(fields[1]), int(fields[19])) if fields else None
 
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -208,10 +213,9 @@ def cpu_seconds(pid: int) -> float:
     is gone counts 0."""
     ticks = 0
     for p in (pid, *descendants(pid)):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            text = Path(f"/proc/{p}/stat").read_text()
-            # After "(comm) ": state is field 3, so utime (14) and stime (15) sit at 11 and 12.
-            fields = text[text.rfind(")") + 2 :].split()
+        # utime and stime are fields 14 and 15; a process gone meanwhile has none.
+        with contextlib.suppress(ValueError, IndexError):
+            fields = _stat(p)
             ticks += int(fields[11]) + int(fields[12])
     return ticks / CLK_TCK
 

@@ -11,15 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dynspec.bench.report import Record, model_time, targets
-from dynspec.common.levels import (
-    DEFAULT_PREFILL_OVERHEAD_S,
-    fill_levels,
-    measured_mode,
-    prefill_rate,
-)
+from dynspec.common.levels import DEFAULT_PREFILL_OVERHEAD_S, measured_mode, prefill_rate
 from dynspec.launcher.sim.profile import ModeProfile, Profile
-
-__all__ = ["DEFAULT_PREFILL_OVERHEAD_S", "build_profile", "fill_levels", "mode_profile"]
 
 
 def _guess(names: Sequence[str], word: str) -> str | None:

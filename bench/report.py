@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 Record = dict[str, Any]
+MARK = {True: "PASS", False: "MISS", None: "-"}  # a goal met, missed, not judged
 
 
 def append_jsonl(path: Path, record: Record) -> None:
@@ -78,10 +79,7 @@ def run_time_line(records: Sequence[Record]) -> str:
 
 
 def targets(records: Iterable[Record]) -> list[str]:
-    seen: dict[str, None] = {}
-    for r in records:
-        seen.setdefault(str(r.get("target", "?")), None)
-    return list(seen)
+    return list(dict.fromkeys(str(r.get("target", "?")) for r in records))
 
 
 def cell(value: object, digits: int = 1, *, thousands: bool = False) -> str:

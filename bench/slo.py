@@ -124,9 +124,7 @@ def records(
         _Request(a.at, t, speed, slo_ttft_ms, slo_tpot_ms)
         for a, t in zip(run.arrivals, run.traces, strict=True)
     ]
-    ok = [t for t in run.traces if t.success]
-    chunks = sum(len(t.chunk_times) for t in ok)
-    per_chunk = sum(t.output_tokens for t in ok) / chunks if chunks else 1.0
+    per_chunk = metrics.tokens_per_chunk(run.traces)
     duration = schedule.duration
     out: list[Record] = []
     n = max(1, math.ceil(duration / window_s - 1e-9))

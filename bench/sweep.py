@@ -116,16 +116,12 @@ def build_record(
         "random_range_ratio": None if cfg.dataset else cfg.range_ratio,
         "prompt_pool": None if cfg.dataset else cfg.prompt_pool,
     }
-    win = None
-    if run.window is not None:
-        ok = [t for t in run.traces if t.success]
-        chunks = sum(len(t.chunk_times) for t in ok)
-        per_chunk = sum(t.output_tokens for t in ok) / chunks if chunks else 1.0
-        win = metrics.window(run.everything, *run.window, tokens_per_chunk=per_chunk)
+    per_chunk = metrics.tokens_per_chunk(run.traces)
+    win = metrics.window(run.everything, *run.window, tokens_per_chunk=per_chunk)
     rec.update(metrics.compute(run.traces, run.duration, win))
     rec["warmup_failed"] = run.warmup_failed
     rec["min_seconds"] = cfg.min_seconds
-    rec.update(run.extra)
+    rec["warmup_sent"] = run.warmup_sent
     pools = Counter(t.backend for t in run.traces if t.backend)
     if pools:
         n = sum(pools.values())

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dynspec.bench import simreport
 from dynspec.bench.report import (
+    MARK,
     Record,
     cell,
     errorbars,
@@ -296,8 +297,7 @@ def render(records: Sequence[Record]) -> str:
 
 def verdicts(records: Sequence[Record]) -> list[str]:
     """``PASS|MISS|-: goal: detail`` for every goal (``-``: not judged)."""
-    word = {True: "PASS", False: "MISS", None: "-"}
-    return [f"{word[ok]}: {goal}: {detail}" for goal, ok, detail in goals(records)]
+    return [f"{MARK[ok]}: {goal}: {detail}" for goal, ok, detail in goals(records)]
 
 
 def summary(records: Sequence[Record]) -> str:
