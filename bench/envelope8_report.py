@@ -1,7 +1,5 @@
-"""The eight-GPU comparison's goals (``GOALS``, for ``paired-auto`` per C) and its report,
-from the level records alone (so ``--from-jsonl`` re-renders it). Each goal is PASS (met at
-every C where it applies), MISS (with the Cs and figures) or not evaluated; repeats are judged on
-their medians, and the tables give each median with its min-max. SIMULATED.
+"""The eight-GPU comparison's goals for ``paired-auto`` (judged on the repeats' medians at every C
+where each applies) and its report, from the level records alone so that ``--from-jsonl`` works.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Child processes of the benchmarks and the tests: a free loopback port, a start in its own
-process group with its output in a log file, a wait until its readiness URL answers (no proxies:
-only loopback is asked), and a stop of the whole group (SIGTERM, then SIGKILL) that always runs.
-The ``/proc`` readers at the end follow processes started by others (a launcher's servers).
+"""Child processes of the benchmarks and the tests: started in their own process groups, waited
+for on loopback (no proxies), stopped group and all; /proc readers for processes others started.
 """
 
 from __future__ import annotations

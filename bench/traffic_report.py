@@ -1,7 +1,5 @@
-"""The traffic experiment's report: a Markdown file and two pictures (each changing schedule's
-time series; the rate sweep, whose schedules are named ``rate-R``) from ``slo.records``' window
-and run records, each cell the median of the repeats with min-max beside it. The goals (issue 39,
-on medians; ``ATTAINMENT_SLACK``, ``SWITCHES_PER_MIN``): docs/benchmarks.md, "Open-loop traffic".
+"""The traffic experiment's report and pictures from ``slo.records``' records, each cell the
+median of the repeats (min-max); the goals (issue 39): docs/benchmarks.md, "Open-loop traffic".
 """
 
 from __future__ import annotations
