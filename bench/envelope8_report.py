@@ -77,6 +77,11 @@ class GoalRow:
     checks: Mapping[str, bool | None] = field(default_factory=dict)
     spread: Mapping[str, Spread] = field(default_factory=dict)  # way -> tok/s over the repeats
 
+    def figure(self, goal: str) -> str:
+        """The ratio a goal judges at this C, and against which pair."""
+        ratio = {"best": self.vs_best_tput, "tpot": self.vs_best_tpot}.get(goal, self.vs_split_tput)
+        return f"C={self.c} {ratio:.3f}x" + ("" if goal == "split" else f" {self.best_pair}")
+
 
 def evaluate(records: Sequence[Record], thr: int, crossover: float | None = None) -> list[GoalRow]:
     """Per C where paired-auto and a homogeneous pair ran. ``thr``: the threshold split-threshold
@@ -97,16 +102,13 @@ def evaluate(records: Sequence[Record], thr: int, crossover: float | None = None
         vs_split = _ratio(auto, tput["split-threshold"]) if "split-threshold" in tput else math.nan
         vs_tpot = _ratio(tpot[SUBJECT], tpot[best])
         split_applies = thr > 0 and c >= 2 * thr and not math.isnan(vs_split)
+        vs_best = _ratio(auto, tput[best])
         checks: dict[str, bool | None] = {
-            "best": _ratio(auto, tput[best]) >= VS_BEST_TPUT,
+            "best": vs_best >= VS_BEST_TPUT,
             "tpot": vs_tpot <= VS_BEST_TPOT if c < below else None,
             "split": vs_split >= VS_SPLIT_GAIN if split_applies else None,
         }
-        rows.append(
-            GoalRow(
-                c, tput, tpot, best, _ratio(auto, tput[best]), vs_tpot, vs_split, checks, spread
-            )
-        )
+        rows.append(GoalRow(c, tput, tpot, best, vs_best, vs_tpot, vs_split, checks, spread))
     return rows
 
 
@@ -118,14 +120,6 @@ def verdicts(rows: Sequence[GoalRow]) -> dict[str, tuple[bool | None, list[int]]
         missed = [c for c, ok in applied if not ok]
         out[goal] = (None if not applied else not missed, missed)
     return out
-
-
-def _figure(goal: str, r: GoalRow) -> str:
-    if goal == "best":
-        return f"C={r.c} {r.vs_best_tput:.3f}x {r.best_pair}"
-    if goal == "tpot":
-        return f"C={r.c} {r.vs_best_tpot:.3f}x {r.best_pair}"
-    return f"C={r.c} {r.vs_split_tput:.3f}x"
 
 
 # How bad a row is for each goal, the worst first (for PASS lines).
@@ -145,9 +139,9 @@ def verdict_lines(rows: Sequence[GoalRow]) -> list[str]:
             out.append(f"- not evaluated: {GOALS[goal]} (applies at no measured C).")
         elif ok:
             worst = min(applied, key=_WORST[goal])
-            out.append(f"- PASS: {GOALS[goal]} (worst: {_figure(goal, worst)}).")
+            out.append(f"- PASS: {GOALS[goal]} (worst: {worst.figure(goal)}).")
         else:
-            figs = "; ".join(_figure(goal, r) for r in applied if r.c in missed)
+            figs = "; ".join(r.figure(goal) for r in applied if r.c in missed)
             out.append(f"- MISS: {GOALS[goal]}: {figs}.")
     return out
 
