@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from dynspec.bench.ways import SHARING
 from dynspec.common.cli import (
@@ -28,19 +28,23 @@ if TYPE_CHECKING:
     from dynspec.launcher.sim.profile import Profile
 
 PROG = "dynspec-bench"
+Number = TypeVar("Number", int, float)
 DEFAULT_LEVELS = "1,2,4,8,16,32,64,128,256"
 
 
-def levels(text: str) -> list[int]:
+def numbers(text: str, kind: Callable[[str], Number], what: str) -> list[Number]:
+    """A comma-separated list of ``what``, each above 0: sorted, each once."""
     try:
-        out = [int(x) for x in text.replace(" ", "").split(",") if x]
+        out = [kind(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a comma-separated list of integers: {text!r}"
-        ) from None
-    if not out or any(c < 1 for c in out):
-        raise argparse.ArgumentTypeError("concurrency levels must be integers >= 1")
+        raise argparse.ArgumentTypeError(f"expected comma-separated {what}: {text!r}") from None
+    if not out or any(x <= 0 for x in out):
+        raise argparse.ArgumentTypeError(f"{what} must be above 0: {text!r}")
     return sorted(set(out))
+
+
+def levels(text: str) -> list[int]:
+    return numbers(text, int, "concurrency levels (whole numbers)")
 
 
 def ratio(text: str) -> float:

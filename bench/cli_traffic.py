@@ -15,6 +15,7 @@ from dynspec.bench.cli_common import (
     add_router_log_level,
     add_sharing_flag,
     add_simulate_flags,
+    numbers,
     out_path,
     rerender,
     run_then_report,
@@ -44,13 +45,7 @@ DESCRIPTION = (
 
 
 def _rates(text: str) -> list[float]:
-    try:
-        out = [float(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated rates: {text!r}") from None
-    if not out or any(r <= 0 for r in out):
-        raise argparse.ArgumentTypeError("rates must be > 0 requests a second")
-    return sorted(set(out))
+    return numbers(text, float, "rates (requests a second)")
 
 
 def add_arguments(p: FlagParser) -> None:

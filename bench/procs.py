@@ -253,3 +253,12 @@ def descendants(root: int) -> list[int]:
         found += kids
         todo += kids
     return found
+
+
+def rss_mib(pid: int) -> float | None:
+    """A process's resident memory (``VmRSS``) in MiB; None once it is gone."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return None

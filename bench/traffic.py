@@ -6,7 +6,6 @@ the JSONL is skipped. The plan: docs/benchmarks.md, "Open-loop traffic".
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import logging
@@ -21,7 +20,7 @@ import aiohttp
 from dynspec.bench import arrivals, harness, load, openloop, slo
 from dynspec.bench.arrivals import Arrival, Schedule
 from dynspec.bench.load import Target
-from dynspec.bench.procs import Children
+from dynspec.bench.procs import Children, rss_mib
 from dynspec.bench.report import Record, append_jsonl, load_jsonl
 from dynspec.bench.ways import Router
 from dynspec.launcher import spec as launch_spec
@@ -217,15 +216,6 @@ def router_probe(url: str, pid: int | None = None) -> openloop.Probe:
         return got
 
     return probe
-
-
-def rss_mib(pid: int) -> float | None:
-    """A process's resident memory (``VmRSS``) in MiB; None once it is gone."""
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return None
 
 
 def run_live(
