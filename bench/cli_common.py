@@ -137,21 +137,12 @@ def sweep_config(args: argparse.Namespace, **extra: object) -> SweepConfig:
 
     if args.dataset is not None and not args.dataset.is_file():
         raise UsageError(f"--dataset: no such file: {args.dataset}")
+    same = "requests requests_per_c min_requests warmup input_len output_len range_ratio dataset"
+    same += " seed prompt_pool request_timeout pause"
     return SweepConfig(
         concurrencies=args.concurrency,
-        requests=args.requests,
-        requests_per_c=args.requests_per_c,
-        min_requests=args.min_requests,
-        warmup=args.warmup,
-        input_len=args.input_len,
-        output_len=args.output_len,
-        range_ratio=args.range_ratio,
-        dataset=args.dataset,
-        seed=args.seed,
-        prompt_pool=args.prompt_pool,
         api_key=getattr(args, "api_key", None),
-        request_timeout=args.request_timeout,
-        pause=args.pause,
+        **{k: getattr(args, k) for k in same.split()},
         **extra,  # type: ignore[arg-type]
     )
 
@@ -221,15 +212,13 @@ def stopped_code(exc: KeyboardInterrupt) -> int:
     return 143 if isinstance(exc, Terminated) else 130
 
 
-def run_then_report(
-    run: Callable[[], Sequence[Record] | None], out: Path, finished: str, kind: Report
-) -> int:
-    """Run an experiment that writes ``out``, then its report; Ctrl-C or SIGTERM keeps what
-    finished. ``run`` returns the records to report, or None to read them back from ``out``."""
+def run_then_report(run: Callable[[], object], out: Path, finished: str, kind: Report) -> int:
+    """Run an experiment that writes ``out``, then report all ``out`` holds (with ``--append``,
+    earlier runs too); Ctrl-C or SIGTERM keeps what finished."""
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        records = run()
+        run()
     except KeyboardInterrupt as exc:
         print(f"\n{PROG}: interrupted; the finished {finished} are in {out}", file=sys.stderr)
         return stopped_code(exc)
-    return _report(kind, out, read(out) if records is None else records, out)
+    return _report(kind, out, read(out), out)

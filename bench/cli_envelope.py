@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from dynspec.bench import ways
@@ -97,9 +98,5 @@ def run(args: argparse.Namespace) -> int:
         out=out,
         command=args.command_line,
     )
-    progress = ProgressLine(enabled=not args.no_progress)
-
-    def go() -> None:  # the report reads OUT.jsonl back: with --append it holds earlier runs too
-        envelope8.run(cfg, progress)
-
-    return run_then_report(go, out, "levels", envelope8_report)
+    run = partial(envelope8.run, cfg, ProgressLine(enabled=not args.no_progress))
+    return run_then_report(run, out, "levels", envelope8_report)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -172,10 +173,7 @@ def run(args: argparse.Namespace) -> int:
         out = out_path(args, "traffic")
         refuse_other_plan(out, cfg)
         by = {t.label: t.base_url for t in targets}
-
-        def live() -> None:
-            traffic.run_live(targets, cfg, out, watch={w: by[w] for w in watch})
-
+        live = partial(traffic.run_live, targets, cfg, out, watch={w: by[w] for w in watch})
         return run_then_report(live, out, "runs", traffic_report)
     prof = sim_profile(args)
     names = [n for n in args.targets.replace(" ", "").split(",") if n]
@@ -197,11 +195,9 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     out = out_path(args, f"traffic-{prof.name}")
     refuse_other_plan(out, cfg, {"profile": args.profile, "layout": args.layout})
-
-    def simulated() -> None:
-        traffic.run_simulated(cfg, sim, out)
-
-    return run_then_report(simulated, out, "runs", traffic_report)
+    return run_then_report(
+        partial(traffic.run_simulated, cfg, sim, out), out, "runs", traffic_report
+    )
 
 
 def refuse_other_plan(out: Path, cfg: TrafficConfig, more: dict[str, Any] | None = None) -> None:
