@@ -232,20 +232,13 @@ def cmdline(pid: int) -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
-def parents() -> dict[int, int]:
-    """pid -> parent of every live process."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            st = proc_stat(int(entry.name))
-            if st is not None and st[0] != "Z":
-                found[int(entry.name)] = st[1]
-    return found
-
-
 def descendants(root: int) -> list[int]:
     """Every live process below ``root`` (children, their children, ...)."""
-    tree = parents()
+    tree: dict[int, int] = {}  # pid -> parent
+    for entry in Path("/proc").iterdir():
+        st = proc_stat(int(entry.name)) if entry.name.isdigit() else None
+        if st is not None and st[0] != "Z":
+            tree[int(entry.name)] = st[1]
     found, todo = [], [root]
     while todo:
         pid = todo.pop()
