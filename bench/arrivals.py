@@ -1,11 +1,6 @@
-"""The open-loop arrival process of ``dynspec-bench traffic``: when each request is sent and how
-long it is, as SGLang's ``bench_serving`` makes them (--request-rate, --burstiness,
---random-range-ratio) or as a recorded trace has them. Pure: the only I/O is reading a trace.
-
-The rate may change over the run (a :class:`Schedule`: constant or ramp segments, or the named
-compressed :data:`DAY`). Arrivals are a gamma renewal process in operational time: unit-mean
-intervals counted in expected arrivals, mapped back to seconds through the schedule, so a
-constant rate gives bench_serving's intervals exactly. The texts: docs/benchmarks.md.
+"""The open-loop arrivals of ``dynspec-bench traffic``: when each request is sent and how long it
+is, as ``bench_serving`` makes them under a rate that may change (a :class:`Schedule`), or as a
+recorded trace has them. Pure but for reading a trace; the process: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -175,10 +170,8 @@ def parse_schedule(text: str, *, rate: float | None = None) -> Schedule:
 
 
 def arrival_times(schedule: Schedule, burstiness: float, rng: random.Random) -> list[float]:
-    """Send times in seconds, ascending: a gamma renewal process (shape ``burstiness``, unit
-    mean) in expected arrivals, mapped to seconds by the schedule. For a constant rate these are
-    bench_serving's intervals, ``gamma(shape=b, scale=1/(rate*b))``; unlike bench_serving the
-    first request waits one interval too."""
+    """Send times in seconds, ascending: unit-mean gamma gaps (shape ``burstiness``) counted in
+    expected arrivals, mapped to seconds by the schedule."""
     _positive(burstiness, "burstiness")
     times: list[float] = []
     n = 0.0
@@ -220,8 +213,7 @@ def synthetic(
 class Trace:
     arrivals: tuple[Arrival, ...]
     source: str  # the path as given
-    rows: int  # data rows read
-    skipped: int  # of those, rows dropped for 0 output tokens (BurstGPT's failures)
+    skipped: int  # rows dropped for 0 output tokens (BurstGPT's failures)
 
 
 # What each column may be called (matched case-insensitively, spaces around stripped), first
@@ -349,4 +341,4 @@ def read_trace(path: Path, *, speedup: float = 1.0) -> Trace:
         raise ValueError(f"{path}: empty: no data row (a trace needs {_NEEDS})")
     if not arrivals:
         raise ValueError(f"{path}: no usable row ({read} read, {skipped} with 0 output tokens)")
-    return Trace(tuple(arrivals), str(path), read, skipped)
+    return Trace(tuple(arrivals), str(path), skipped)

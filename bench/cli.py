@@ -1,7 +1,5 @@
-"""``dynspec-bench``: only dispatches. Each command module exports ``DESCRIPTION``,
-``add_arguments(parser)`` and ``run(args) -> int``, and gets here a ``FlagParser`` (flags also
-read from ``DYNSPEC_<FLAG>``), ``--log-level``, ``args.command_line`` (the command as typed, for
-the records) and ``run_main``'s one-line errors. ``gpu`` has subcommands and gets its argv.
+"""``dynspec-bench``: only dispatches to command modules (``DESCRIPTION``, ``add_arguments``,
+``run``), each given a ``FlagParser``, ``--log-level`` and ``args.command_line`` for the records.
 """
 
 from __future__ import annotations
@@ -27,27 +25,12 @@ class Command:
 
 
 COMMANDS = {
-    "sweep": Command(
-        "closed-loop concurrency sweep of one or more servers or routers", "cli_sweep", True
-    ),
-    "suggest-threshold": Command(
-        "the router threshold/hysteresis where EAGLE stops paying, from 2 sweeps", "cli_threshold"
-    ),
+    "sweep": Command("closed-loop concurrency sweep of servers or routers", "cli_sweep", True),
+    "suggest-threshold": Command("where EAGLE stops paying, from 2 sweeps", "cli_threshold"),
     "profile": Command("turn a measured sweep into a dynspec-sim profile", "cli_profile"),
-    "envelope": Command(
-        "simulated: eight GPUs seven ways, split, paired and homogeneous (--eight-gpus)",
-        "cli_envelope",
-        True,
-    ),
-    "traffic": Command(
-        "open-loop traffic (rates, a day, a trace) on routed vs each server alone: SLO goodput",
-        "cli_traffic",
-        True,
-    ),
-    "gpu": Command(
-        "real SGLang on one GPU: bundle, test models, launcher + router checks + sweeps",
-        "gpu.cli",
-    ),
+    "envelope": Command("simulated: eight GPUs seven ways (--eight-gpus)", "cli_envelope", True),
+    "traffic": Command("open-loop traffic, routed vs each server alone", "cli_traffic", True),
+    "gpu": Command("real SGLang on a GPU: bundle, models, plans, reports", "gpu.cli"),
 }
 EXTRA_MODULES = ("aiohttp", "matplotlib")
 

@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from dynspec.bench.ways import SHARING
 from dynspec.common.cli import (
@@ -28,19 +28,23 @@ if TYPE_CHECKING:
     from dynspec.launcher.sim.profile import Profile
 
 PROG = "dynspec-bench"
+Number = TypeVar("Number", int, float)
 DEFAULT_LEVELS = "1,2,4,8,16,32,64,128,256"
 
 
-def levels(text: str) -> list[int]:
+def numbers(text: str, kind: Callable[[str], Number], what: str) -> list[Number]:
+    """A comma-separated list of ``what``, each above 0: sorted, each once."""
     try:
-        out = [int(x) for x in text.replace(" ", "").split(",") if x]
+        out = [kind(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a comma-separated list of integers: {text!r}"
-        ) from None
-    if not out or any(c < 1 for c in out):
-        raise argparse.ArgumentTypeError("concurrency levels must be integers >= 1")
+        raise argparse.ArgumentTypeError(f"expected comma-separated {what}: {text!r}") from None
+    if not out or any(x <= 0 for x in out):
+        raise argparse.ArgumentTypeError(f"{what} must be above 0: {text!r}")
     return sorted(set(out))
+
+
+def levels(text: str) -> list[int]:
+    return numbers(text, int, "concurrency levels (whole numbers)")
 
 
 def ratio(text: str) -> float:
@@ -50,132 +54,82 @@ def ratio(text: str) -> float:
     return value
 
 
+def threshold_value(text: str) -> str:
+    """A router's ``--threshold``: a whole number >= 1, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return str(positive_int(text))
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"want a whole number >= 1 or auto: {text!r}") from None
+
+
 def add_load_flags(p: FlagParser | argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--concurrency",
-        type=levels,
-        default=levels(DEFAULT_LEVELS),
-        help="concurrency levels (requests in flight, closed loop), comma-separated",
-    )
-    p.add_argument(
-        "--requests",
-        type=positive_int,
-        default=None,
-        help="measured requests per level (default: max(--min-requests, --requests-per-c x C))",
-    )
-    p.add_argument(
-        "--requests-per-c", type=positive_int, default=4, help="default requests per level / C"
-    )
-    p.add_argument(
-        "--min-requests", type=positive_int, default=16, help="fewest requests in a level"
-    )
-    p.add_argument(
-        "--warmup",
-        type=non_negative_int,
-        default=None,
-        help="warm-up requests per level, not measured (default: C, one round of the loop)",
-    )
+    """The closed-loop levels and their prompts (the longer texts: docs/benchmarks.md)."""
+    text = "concurrency levels (requests in flight, closed loop), comma-separated"
+    p.add_argument("--concurrency", type=levels, default=levels(DEFAULT_LEVELS), help=text)
+    for flag, kind, default, text in (
+        ("--requests", positive_int, None, "measured requests per level"),
+        ("--requests-per-c", positive_int, 4, "default requests per level / C"),
+        ("--min-requests", positive_int, 16, "fewest requests in a level"),
+        ("--warmup", non_negative_int, None, "warm-up requests per level (default: C)"),
+        ("--dataset", Path, None, "a ShareGPT-format JSON file of prompts"),
+        ("--seed", int, 0, "seed for prompt sampling"),
+        ("--pause", float, 1.0, "seconds between levels (lets in-flight drain)"),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=text)
     add_length_flags(p)
-    p.add_argument(
-        "--dataset",
-        type=Path,
-        default=None,
-        help="a ShareGPT-format JSON file to take prompts from (instead of random prompts)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed for prompt sampling")
     add_request_timeout(p)
-    p.add_argument(
-        "--pause", type=float, default=1.0, help="seconds between levels (lets in-flight drain)"
-    )
     p.add_argument("--no-progress", action="store_true", help="no progress output on stderr")
 
 
 def add_request_timeout(p: FlagParser | argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--request-timeout",
-        type=positive_float,
-        default=600.0,
-        help="seconds a stream may stay silent before the request counts as failed",
-    )
+    text = "seconds a stream may stay silent before the request counts as failed"
+    p.add_argument("--request-timeout", type=positive_float, default=600.0, help=text)
 
 
-def add_length_flags(p: FlagParser | argparse.ArgumentParser) -> None:
+def add_length_flags(
+    p: FlagParser | argparse.ArgumentParser,
+    *,
+    pool: bool = True,
+    ratio_flags: Sequence[str] = ("--range-ratio",),
+) -> None:
+    """The prompts' lengths; ``traffic`` spells the ratio as bench_serving does too and has no
+    prompt pool (each arrival gets its own prompt)."""
     p.add_argument("--input-len", type=positive_int, default=256, help="random prompt tokens")
     p.add_argument("--output-len", type=positive_int, default=128, help="output tokens")
-    p.add_argument(
-        "--range-ratio",
-        type=ratio,
-        default=1.0,
-        help="random lengths uniform in [ratio x len, len] (sglang.bench_serving's "
-        "--random-range-ratio); 1 = fixed lengths",
-    )
-    add_prompt_pool_flag(p)
+    text = "random lengths uniform in [ratio x len, len]; 1 = fixed lengths"
+    p.add_argument(*ratio_flags, dest="range_ratio", type=ratio, default=1.0, help=text)
+    if pool:
+        add_prompt_pool_flag(p)
 
 
 def add_prompt_pool_flag(p: FlagParser | argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--prompt-pool",
-        type=non_negative_int,
-        default=0,
-        help="random prompts: 0, a new one for every request (as sglang.bench_serving's random "
-        "dataset); N, N prompts reused in turn, which SGLang's radix cache then serves nearly "
-        "whole (prefill almost free)",
-    )
+    text = "random prompts: 0, a new one for every request; N, N reused in turn"
+    p.add_argument("--prompt-pool", type=non_negative_int, default=0, help=text)
 
 
 def add_sharing_flag(p: FlagParser | argparse.ArgumentParser, where: str) -> None:
-    p.add_argument(
-        "--sharing",
-        choices=SHARING,
-        default="timeslice",
-        help=f"{where}how the two servers of a shared GPU share it (dynspec-sim --sharing)",
-    )
+    text = f"{where}how the two servers of a shared GPU share it (dynspec-sim --sharing)"
+    p.add_argument("--sharing", choices=SHARING, default="timeslice", help=text)
 
 
 def add_router_log_level(p: FlagParser | argparse.ArgumentParser, default: str) -> None:
-    p.add_argument(
-        "--router-log-level",
-        default=default,
-        choices=LOG_LEVELS,
-        help="the --log-level of the routers the bench starts ('info': each learned threshold "
-        "and mode switch; 'debug': each observation the learner takes, which `python -m "
-        "dynspec.router.replay --observations` replays); their logs are router-*.log in the "
-        "run's folder (dynspec-envelope-* in the temporary directory, /tmp by default), kept "
-        "after the run and named in the bench's log",
-    )
+    text = "the --log-level of the routers it starts (their logs: router-*.log in the run's folder)"
+    p.add_argument("--router-log-level", default=default, choices=LOG_LEVELS, help=text)
 
 
 def add_simulate_flags(p: FlagParser | argparse.ArgumentParser) -> None:
     """--simulate, --profile, --speed, --startup-timeout, --out, --from-jsonl."""
-    p.add_argument(
-        "--simulate",
-        action="store_true",
-        help="run against simulated servers (required: the only mode so far)",
-    )
+    p.add_argument("--simulate", action="store_true", help="simulated servers (required)")
     p.add_argument("--profile", default="demo", help="dynspec-sim profile: NAME or FILE.json")
-    p.add_argument(
-        "--speed",
-        type=positive_float,
-        default=1.0,
-        help="simulated time runs this many times faster than real time (figures are reported "
-        "in model time); keep it low enough that the CPU keeps up",
-    )
-    p.add_argument(
-        "--startup-timeout", type=positive_float, default=60.0, help="seconds to wait per process"
-    )
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="results path without suffix (default: the command's name and the profile's, in "
-        "the current directory)",
-    )
-    p.add_argument(
-        "--from-jsonl",
-        type=Path,
-        default=None,
-        help="run nothing: rewrite the report and plot of an earlier run's JSONL",
-    )
+    for flag, kind, default, text in (
+        ("--speed", positive_float, 1.0, "simulated time runs this many times faster"),
+        ("--startup-timeout", positive_float, 60.0, "seconds to wait per process"),
+        ("--out", Path, None, "results path without suffix (default: command and profile)"),
+        ("--from-jsonl", Path, None, "run nothing: rewrite an earlier run's report and plot"),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=text)
 
 
 def sweep_config(args: argparse.Namespace, **extra: object) -> SweepConfig:
@@ -183,21 +137,12 @@ def sweep_config(args: argparse.Namespace, **extra: object) -> SweepConfig:
 
     if args.dataset is not None and not args.dataset.is_file():
         raise UsageError(f"--dataset: no such file: {args.dataset}")
+    same = "requests requests_per_c min_requests warmup input_len output_len range_ratio dataset"
+    same += " seed prompt_pool request_timeout pause"
     return SweepConfig(
         concurrencies=args.concurrency,
-        requests=args.requests,
-        requests_per_c=args.requests_per_c,
-        min_requests=args.min_requests,
-        warmup=args.warmup,
-        input_len=args.input_len,
-        output_len=args.output_len,
-        range_ratio=args.range_ratio,
-        dataset=args.dataset,
-        seed=args.seed,
-        prompt_pool=args.prompt_pool,
         api_key=getattr(args, "api_key", None),
-        request_timeout=args.request_timeout,
-        pause=args.pause,
+        **{k: getattr(args, k) for k in same.split()},
         **extra,  # type: ignore[arg-type]
     )
 
@@ -267,15 +212,13 @@ def stopped_code(exc: KeyboardInterrupt) -> int:
     return 143 if isinstance(exc, Terminated) else 130
 
 
-def run_then_report(
-    run: Callable[[], Sequence[Record] | None], out: Path, finished: str, kind: Report
-) -> int:
-    """Run an experiment that writes ``out``, then its report; Ctrl-C or SIGTERM keeps what
-    finished. ``run`` returns the records to report, or None to read them back from ``out``."""
+def run_then_report(run: Callable[[], object], out: Path, finished: str, kind: Report) -> int:
+    """Run an experiment that writes ``out``, then report all ``out`` holds (with ``--append``,
+    earlier runs too); Ctrl-C or SIGTERM keeps what finished."""
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        records = run()
+        run()
     except KeyboardInterrupt as exc:
         print(f"\n{PROG}: interrupted; the finished {finished} are in {out}", file=sys.stderr)
         return stopped_code(exc)
-    return _report(kind, out, read(out) if records is None else records, out)
+    return _report(kind, out, read(out), out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from dynspec.bench import ways
@@ -43,64 +44,28 @@ RETIRED = (
 
 
 def add_arguments(p: FlagParser) -> None:
+    """Each flag at length: docs/benchmarks.md, "Flags of dynspec-bench envelope"."""
     add_simulate_flags(p)
-    p.add_argument(
-        "--threshold", type=non_negative_int, default=None, help="override the suggested one"
-    )
-    p.add_argument(
-        "--hysteresis", type=non_negative_int, default=None, help="override the suggested one"
-    )
+    p.add_argument("--threshold", type=non_negative_int, help="override the suggested one")
+    p.add_argument("--hysteresis", type=non_negative_int, help="override the suggested one")
     add_load_flags(p)
     p.set_defaults(requests_per_c=2)
-    p.add_argument(
-        "--eight-gpus",
-        action="store_true",
-        help="eight GPUs (each simulated server four of them) used the --ways ways (docs/"
-        "benchmarks.md, 'Eight GPUs seven ways'); reports paired-auto against its goals "
-        "(default --out: envelope8-PROFILE[-mps]). With --threshold and --hysteresis both "
-        "given, the single-server sweeps that suggest them are skipped",
-    )
-    p.add_argument(
-        "--ways",
-        type=ways.parse_ways,
-        default=list(ways.EIGHT_WAYS),
-        help="--eight-gpus: which ways to run, comma-separated",
-    )
+    text = "eight GPUs (each simulated server four of them) used the --ways ways"
+    p.add_argument("--eight-gpus", action="store_true", help=text)
+    ways_text = "--eight-gpus: which ways to run, comma-separated"
+    p.add_argument("--ways", type=ways.parse_ways, default=list(ways.EIGHT_WAYS), help=ways_text)
     add_sharing_flag(p, "--eight-gpus: ")
-    p.add_argument(
-        "--calibrated",
-        action="store_true",
-        help="--eight-gpus: give paired-auto the profile as --speed-profile (the start a "
-        "launch's --calibrate gives it, as the real pairs ran; default: no profile, it learns "
-        "from nothing; default --out gets -calibrated)",
-    )
-    p.add_argument(
-        "--repeats",
-        type=positive_int,
-        default=1,
-        help="--eight-gpus: runs of the whole comparison, each on servers and routers started "
-        "afresh (repeat r seeds the simulators and the prompts with --seed + r - 1); the report "
-        "judges the medians and gives their min-max",
-    )
-    p.add_argument(
-        "--adaptive-profile",
-        default=None,
-        help="--eight-gpus: the profile whose eagle mode 2x-adaptive runs (default: the "
-        "shipped X-adaptive for a profile X-acceptN, where it was measured at X's draft "
-        "acceptance; where none was, 2x-adaptive is left out and the report says why)",
-    )
-    p.add_argument(
-        "--append",
-        action="store_true",
-        help="--eight-gpus: add to an existing --out JSONL instead of replacing it (the report "
-        "then says which ways came from which run)",
-    )
-    p.add_argument(
-        "--metrics-interval",
-        type=positive_float,
-        default=None,
-        help="--eight-gpus: the balance router's --metrics-interval (default: the router's)",
-    )
+    for flag, text in (
+        ("--calibrated", "give paired-auto the profile as --speed-profile (default: none)"),
+        ("--append", "add to an existing --out JSONL instead of replacing it"),
+    ):
+        p.add_argument(flag, action="store_true", help=f"--eight-gpus: {text}")
+    for flag, kind, default, text in (
+        ("--repeats", positive_int, 1, "runs of the whole comparison, each started afresh"),
+        ("--adaptive-profile", str, None, "the profile whose eagle mode 2x-adaptive runs"),
+        ("--metrics-interval", positive_float, None, "the balance router's --metrics-interval"),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=f"--eight-gpus: {text}")
     add_router_log_level(p, "warning")
 
 
@@ -133,9 +98,5 @@ def run(args: argparse.Namespace) -> int:
         out=out,
         command=args.command_line,
     )
-    progress = ProgressLine(enabled=not args.no_progress)
-
-    def go() -> None:  # the report reads OUT.jsonl back: with --append it holds earlier runs too
-        envelope8.run(cfg, progress)
-
-    return run_then_report(go, out, "levels", envelope8_report)
+    run = partial(envelope8.run, cfg, ProgressLine(enabled=not args.no_progress))
+    return run_then_report(run, out, "levels", envelope8_report)

@@ -24,30 +24,17 @@ def _mode_limit(text: str) -> tuple[str, int]:
 
 
 def add_arguments(p: FlagParser) -> None:
+    """Each flag at length: docs/benchmarks.md, "Flags of dynspec-bench profile"."""
     p.add_argument("sweeps", type=Path, nargs="+", help="sweep JSONL file(s)")
     p.add_argument("--name", default=None, help="profile name (default: the first file's stem)")
     p.add_argument("--eagle-target", default=None, help="the EAGLE target's label")
     p.add_argument("--baseline-target", default=None, help="the baseline target's label")
     p.add_argument("--model", default=None, help="model name for the profile")
-    p.add_argument(
-        "--interpolate",
-        action="store_true",
-        help="add points at the powers of two between measured levels, with TPOT (C / tok/s) "
-        "linear in C between the measured neighbours (the simulator would otherwise "
-        "interpolate tok/s linearly); the profile's source lists which points are estimated",
-    )
-    p.add_argument(
-        "--max-running",
-        action="append",
-        type=_mode_limit,
-        default=None,
-        help="MODE=N: the mode's max_running_requests, as the measured server ran "
-        "(e.g. eagle=64 for an EAGLE server started with --max-running-requests 64); repeat "
-        "for both modes",
-    )
-    p.add_argument(
-        "--note", default="", help="text added to the profile's source (what was measured)"
-    )
+    text = "add points at the powers of two between measured levels (TPOT linear in C)"
+    p.add_argument("--interpolate", action="store_true", help=text)
+    text = "MODE=N: the mode's max_running_requests, as the measured server ran (repeatable)"
+    p.add_argument("--max-running", action="append", type=_mode_limit, default=None, help=text)
+    p.add_argument("--note", default="", help="text added to the profile's source")
     p.add_argument("--out", "-o", type=Path, default=None, help="profile file (default: stdout)")
 
 

@@ -30,56 +30,29 @@ DESCRIPTION = (
 
 
 def add_arguments(p: FlagParser) -> None:
+    """Each flag at length: docs/benchmarks.md, "Flags of dynspec-bench sweep"."""
     from dynspec.bench import load
 
-    p.add_argument(
-        "--url",
-        action="append",
-        default=None,
-        help="a target, URL or LABEL=URL (repeat for several); the environment variable takes "
-        "space-separated targets",
-    )
-    p.add_argument(
-        "--endpoint",
-        choices=sorted(load.ENDPOINTS),
-        default="chat",
-        help="API to load (a URL ending in the endpoint's path overrides this)",
-    )
+    text = "a target, URL or LABEL=URL (repeat for several; $DYNSPEC_URL: space-separated)"
+    p.add_argument("--url", action="append", default=None, help=text)
+    text = "API to load (a URL ending in the endpoint's path overrides this)"
+    p.add_argument("--endpoint", choices=sorted(load.ENDPOINTS), default="chat", help=text)
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     add_load_flags(p)
-    p.add_argument(
-        "--repeats",
-        type=positive_int,
-        default=1,
-        help="runs of each target at each level, the targets taking turns (A, B, A, B, ...)",
-    )
-    p.add_argument(
-        "--min-seconds",
-        type=non_negative_float,
-        default=0.0,
-        help="a level measures until it has its requests AND has lasted this long",
-    )
-    p.add_argument(
-        "--warm-pass",
-        action="store_true",
-        help="first run every target at every level once (one round of C requests, not "
-        "recorded): no measured level is a server's first traffic at that batch size",
-    )
-    p.add_argument(
-        "--time-limit",
-        type=positive_float,
-        default=None,
-        help="seconds: start no level that would end later (estimated from the levels before); "
-        "the finished levels are kept and --resume goes on from there",
-    )
-    p.add_argument("--out", type=Path, default=Path("sweep.jsonl"), help="JSONL results file")
-    p.add_argument("--append", action="store_true", help="append to an existing --out file")
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="append to --out, skipping the (target, level, repeat) points already in it",
-    )
-    p.add_argument("--title", default="dynspec-bench sweep", help="plot and table title")
+    for flag, kind, default, text in (
+        ("--repeats", positive_int, 1, "runs of each target at each level, taking turns"),
+        ("--min-seconds", non_negative_float, 0.0, "a level lasts at least this long"),
+        ("--time-limit", positive_float, None, "seconds: start no level that would end later"),
+        ("--out", Path, Path("sweep.jsonl"), "JSONL results file"),
+        ("--title", str, "dynspec-bench sweep", "plot and table title"),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=text)
+    for flag, text in (
+        ("--warm-pass", "first run every target at every level once, not recorded"),
+        ("--append", "append to an existing --out file"),
+        ("--resume", "append to --out, skipping the points already in it"),
+    ):
+        p.add_argument(flag, action="store_true", help=text)
 
 
 def targets(raw: object, endpoint: str) -> list[Target]:

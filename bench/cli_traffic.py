@@ -4,21 +4,24 @@
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dynspec.bench import arrivals
 from dynspec.bench.arrivals import Schedule
 from dynspec.bench.cli_common import (
+    add_length_flags,
     add_request_timeout,
     add_router_log_level,
     add_sharing_flag,
     add_simulate_flags,
+    numbers,
     out_path,
-    ratio,
     rerender,
     run_then_report,
     sim_profile,
+    threshold_value,
 )
 from dynspec.common.cli import (
     FlagParser,
@@ -43,19 +46,7 @@ DESCRIPTION = (
 
 
 def _rates(text: str) -> list[float]:
-    try:
-        out = [float(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated rates: {text!r}") from None
-    if not out or any(r <= 0 for r in out):
-        raise argparse.ArgumentTypeError("rates must be > 0 requests a second")
-    return sorted(set(out))
-
-
-def _threshold(text: str) -> str:
-    if text == "auto" or (text.isdigit() and int(text) >= 1):
-        return text
-    raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}")
+    return numbers(text, float, "rates (requests a second)")
 
 
 def add_arguments(p: FlagParser) -> None:
@@ -84,12 +75,9 @@ def add_arguments(p: FlagParser) -> None:
         "'R@S' (R req/s for S s) or 'R1-R2@S' (a ramp), comma-separated, or 'day[:S]' (a "
         "compressed day of S s, its peak at --request-rate)",
     )  # fmt: skip
-    p.add_argument(
-        "--random-range-ratio", "--range-ratio", dest="range_ratio", type=ratio, default=1.0,
-        help="lengths uniform in [ratio x len, len] (sglang.bench_serving's); 1 = fixed",
-    )  # fmt: skip
+    add_length_flags(p, pool=False, ratio_flags=("--random-range-ratio", "--range-ratio"))
     for flag, kind, default, text in (
-        ("--threshold", _threshold, "auto", "the routed router's --threshold: N or auto"),
+        ("--threshold", threshold_value, "auto", "the routed router's --threshold: N or auto"),
         ("--hysteresis", positive_int, None, "its --hysteresis"),
         ("--return-delay", non_negative_float, None, "its --return-delay, model seconds"),
         ("--max-concurrency", positive_int, None, "its --max-concurrency (past it: 503)"),
@@ -100,8 +88,6 @@ def add_arguments(p: FlagParser) -> None:
         ("--rate-seconds", positive_float, 30.0, "each --rates schedule's seconds"),
         ("--burstiness", positive_float, 1.0, "gamma shape of the gaps between arrivals "
          "(sglang.bench_serving's): 1 is Poisson, lower is burstier"),
-        ("--input-len", positive_int, 256, "random prompt tokens"),
-        ("--output-len", positive_int, 128, "output tokens"),
         ("--trace", Path, None, "replay a CSV or JSONL trace: Azure's, BurstGPT's or "
          "timestamp,input_tokens,output_tokens"),
         ("--trace-speedup", positive_float, 1.0, "--trace: its times divided by this"),
@@ -187,10 +173,7 @@ def run(args: argparse.Namespace) -> int:
         out = out_path(args, "traffic")
         refuse_other_plan(out, cfg)
         by = {t.label: t.base_url for t in targets}
-
-        def live() -> None:
-            traffic.run_live(targets, cfg, out, watch={w: by[w] for w in watch})
-
+        live = partial(traffic.run_live, targets, cfg, out, watch={w: by[w] for w in watch})
         return run_then_report(live, out, "runs", traffic_report)
     prof = sim_profile(args)
     names = [n for n in args.targets.replace(" ", "").split(",") if n]
@@ -212,11 +195,9 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     out = out_path(args, f"traffic-{prof.name}")
     refuse_other_plan(out, cfg, {"profile": args.profile, "layout": args.layout})
-
-    def simulated() -> None:
-        traffic.run_simulated(cfg, sim, out)
-
-    return run_then_report(simulated, out, "runs", traffic_report)
+    return run_then_report(
+        partial(traffic.run_simulated, cfg, sim, out), out, "runs", traffic_report
+    )
 
 
 def refuse_other_plan(out: Path, cfg: TrafficConfig, more: dict[str, Any] | None = None) -> None:

@@ -1,7 +1,5 @@
-"""Eight GPUs, seven ways (``dynspec-bench envelope --eight-gpus``): the same simulated GPUs
-behind each router setup that could use them (``ways.py``), every level running each way in
-turn, ``--repeats`` times on servers and routers started afresh. The ways and why:
-docs/benchmarks.md, "Eight GPUs seven ways"; goals and report: ``envelope8_report.py``.
+"""Eight GPUs, seven ways (``dynspec-bench envelope --eight-gpus``): each level runs each way in
+turn, ``--repeats`` times afresh. The ways and why: docs/benchmarks.md, "Eight GPUs seven ways".
 """
 
 from __future__ import annotations

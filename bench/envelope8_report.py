@@ -1,7 +1,5 @@
-"""The eight-GPU comparison's goals (``GOALS``, for ``paired-auto`` per C) and its report,
-from the level records alone (so ``--from-jsonl`` re-renders it). Each goal is PASS (met at
-every C where it applies), MISS (with the Cs and figures) or not evaluated; repeats are judged on
-their medians, and the tables give each median with its min-max. SIMULATED.
+"""The eight-GPU comparison's goals for ``paired-auto`` (judged on the repeats' medians at every C
+where each applies) and its report, from the level records alone so that ``--from-jsonl`` works.
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ from pathlib import Path
 
 from dynspec.bench import report, simreport
 from dynspec.bench.envelope8 import EXPERIMENT, adaptive_counterpart
-from dynspec.bench.report import Record, Spread, cell, model_time, stats, table
+from dynspec.bench.report import MARK, Record, Spread, cell, model_time, stats, table
 from dynspec.bench.ways import EIGHT_WAYS, HOMOGENEOUS, SHARED
 from dynspec.launcher.sim.profile import Profile, load_profile
 
@@ -79,6 +77,11 @@ class GoalRow:
     checks: Mapping[str, bool | None] = field(default_factory=dict)
     spread: Mapping[str, Spread] = field(default_factory=dict)  # way -> tok/s over the repeats
 
+    def figure(self, goal: str) -> str:
+        """The ratio a goal judges at this C, and against which pair."""
+        ratio = {"best": self.vs_best_tput, "tpot": self.vs_best_tpot}.get(goal, self.vs_split_tput)
+        return f"C={self.c} {ratio:.3f}x" + ("" if goal == "split" else f" {self.best_pair}")
+
 
 def evaluate(records: Sequence[Record], thr: int, crossover: float | None = None) -> list[GoalRow]:
     """Per C where paired-auto and a homogeneous pair ran. ``thr``: the threshold split-threshold
@@ -99,16 +102,13 @@ def evaluate(records: Sequence[Record], thr: int, crossover: float | None = None
         vs_split = _ratio(auto, tput["split-threshold"]) if "split-threshold" in tput else math.nan
         vs_tpot = _ratio(tpot[SUBJECT], tpot[best])
         split_applies = thr > 0 and c >= 2 * thr and not math.isnan(vs_split)
+        vs_best = _ratio(auto, tput[best])
         checks: dict[str, bool | None] = {
-            "best": _ratio(auto, tput[best]) >= VS_BEST_TPUT,
+            "best": vs_best >= VS_BEST_TPUT,
             "tpot": vs_tpot <= VS_BEST_TPOT if c < below else None,
             "split": vs_split >= VS_SPLIT_GAIN if split_applies else None,
         }
-        rows.append(
-            GoalRow(
-                c, tput, tpot, best, _ratio(auto, tput[best]), vs_tpot, vs_split, checks, spread
-            )
-        )
+        rows.append(GoalRow(c, tput, tpot, best, vs_best, vs_tpot, vs_split, checks, spread))
     return rows
 
 
@@ -120,14 +120,6 @@ def verdicts(rows: Sequence[GoalRow]) -> dict[str, tuple[bool | None, list[int]]
         missed = [c for c, ok in applied if not ok]
         out[goal] = (None if not applied else not missed, missed)
     return out
-
-
-def _figure(goal: str, r: GoalRow) -> str:
-    if goal == "best":
-        return f"C={r.c} {r.vs_best_tput:.3f}x {r.best_pair}"
-    if goal == "tpot":
-        return f"C={r.c} {r.vs_best_tpot:.3f}x {r.best_pair}"
-    return f"C={r.c} {r.vs_split_tput:.3f}x"
 
 
 # How bad a row is for each goal, the worst first (for PASS lines).
@@ -147,18 +139,14 @@ def verdict_lines(rows: Sequence[GoalRow]) -> list[str]:
             out.append(f"- not evaluated: {GOALS[goal]} (applies at no measured C).")
         elif ok:
             worst = min(applied, key=_WORST[goal])
-            out.append(f"- PASS: {GOALS[goal]} (worst: {_figure(goal, worst)}).")
+            out.append(f"- PASS: {GOALS[goal]} (worst: {worst.figure(goal)}).")
         else:
-            figs = "; ".join(_figure(goal, r) for r in applied if r.c in missed)
+            figs = "; ".join(r.figure(goal) for r in applied if r.c in missed)
             out.append(f"- MISS: {GOALS[goal]}: {figs}.")
     return out
 
 
 # ---- report ------------------------------------------------------------------------------------
-
-
-def _mark(ok: bool | None) -> str:
-    return "-" if ok is None else ("PASS" if ok else "MISS")
 
 
 def _tok(r: GoalRow, way: str) -> str:
@@ -183,7 +171,7 @@ def goal_table(rows: Sequence[GoalRow]) -> str:
     body = [
         [str(r.c), _tok(r, SUBJECT), r.best_pair, _tok(r, r.best_pair), f"{r.vs_best_tput:.3f}",
          f"{r.vs_best_tpot:.3f}", cell(r.tput.get("split-threshold", math.nan)),
-         cell(r.vs_split_tput, 3), *(_mark(r.checks[goal]) for goal in GOALS)]
+         cell(r.vs_split_tput, 3), *(MARK[r.checks[goal]] for goal in GOALS)]
         for r in rows
     ]  # fmt: skip
     return "\n".join(table(head, body)) + "\n"
@@ -233,9 +221,15 @@ def _repeats_lines(records: Sequence[Record]) -> list[str]:
     ]
 
 
-def _threshold_line(thr_rec: Record | None, thr: int, records: Sequence[Record] = ()) -> str:
+def _threshold_record(records: Sequence[Record]) -> Record | None:
+    return next((r for r in records if r.get("threshold") is not None), None)
+
+
+def _threshold_line(records: Sequence[Record]) -> str:
+    thr_rec = _threshold_record(records)
     if thr_rec is None:
         return "- split-threshold / paired-threshold: not run."
+    thr = int(thr_rec["threshold"])
     if thr <= 0:
         return (
             "- split-threshold / paired-threshold: baseline servers only: `suggest-threshold` "
@@ -269,7 +263,7 @@ def _judged(records: Sequence[Record]) -> tuple[list[Record], list[str], list[Go
     """The model-time records the goals judge, the notes on ways absent, the goal rows."""
     profile = load_profile(str(records[0].get("profile", "demo")))
     model, notes = comparable([model_time(r) for r in records], profile)
-    thr_rec = next((r for r in model if r.get("threshold") is not None), None)
+    thr_rec = _threshold_record(model)
     thr = int(thr_rec["threshold"]) if thr_rec is not None else 0
     cross = thr_rec.get("crossover") if thr_rec is not None else None
     return model, notes, evaluate(model, thr, None if cross is None else float(cross))
@@ -292,8 +286,6 @@ def _servers_lines(records: Sequence[Record], ran: Sequence[str]) -> list[str]:
 def _header(records: Sequence[Record], ran: Sequence[str], notes: Sequence[str]) -> list[str]:
     meta = records[0]
     speed = float(meta.get("speed", 1.0))
-    thr_rec = next((r for r in records if r.get("threshold") is not None), None)
-    thr = int(thr_rec["threshold"]) if thr_rec is not None else 0
     levels = sorted({int(r["max_concurrency"]) for r in records})
     runs = _runs_line(records)
     run_time = "" if runs else report.run_time_line(records)
@@ -317,7 +309,7 @@ def _header(records: Sequence[Record], ran: Sequence[str], notes: Sequence[str])
         + (f" `2x-adaptive` ran profile `{adaptive}`'s eagle mode." if adaptive else ""),
         *_servers_lines(records, ran),
         *_repeats_lines(records),
-        _threshold_line(thr_rec, thr, records),
+        _threshold_line(records),
         *[f"- {n}." for n in notes],
         *([runs] if runs else []),
         *([run_time] if run_time else []),

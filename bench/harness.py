@@ -1,7 +1,5 @@
-"""What every simulated experiment does around its load: ``dynspec-sim`` servers and the
-``dynspec-router``s ``ways.py`` plans, started on free loopback ports, waited for and stopped
-(through ``procs.py``); the router's ``--speed-profile`` at the simulators' wall-clock speed;
-the run metadata (machine, code commit, command) every record carries.
+"""What every simulated experiment does around its load: simulators and routers on free loopback
+ports, started, waited for and stopped, and the run metadata every record carries.
 """
 
 from __future__ import annotations
@@ -137,11 +135,8 @@ def start_servers(
     *,
     launch_intervals: bool = False,
 ) -> Servers:
-    """The simulated servers ``want`` counts per kind (``Servers``' fields), once healthy;
-    ``adaptive`` ones run the ``adaptive`` profile's eagle mode, each ``shared_gpus`` is a
-    ``dynspec-sim --pair``. The k-th of a kind gets ``sim.seed + k``; ``owner`` names the
-    children (each set's logs apart). ``launch_intervals``: the baseline streams a chunk every
-    ``BASELINE_STREAM_INTERVAL`` tokens, as ``dynspec-launch`` makes its real one stream."""
+    """The simulated servers ``want`` counts per kind (``Servers``' fields), once healthy; the
+    k-th of a kind gets ``sim.seed + k``. ``launch_intervals``: stream as dynspec-launch's do."""
     every = str(launch_spec.BASELINE_STREAM_INTERVAL)
     interval = {"baseline": ["--stream-interval", every]} if launch_intervals else {}
     at = f"{owner}-" if owner else ""

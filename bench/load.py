@@ -1,10 +1,5 @@
-"""Closed-loop load at a fixed concurrency against an OpenAI-compatible server or a router:
-``C`` workers each send their next request as soon as the last one ends (``sglang.bench_serving
---max-concurrency C`` at an infinite rate), after warm-up requests through the same workers.
-
-Per chunk the client only byte-searches for the content and ``"completion_tokens":`` (no JSON
-parse), so that it is not the bottleneck at C=256 on a small machine; token counts come from the
-usage SGLang sends (``include_usage``, ``continuous_usage_stats``).
+"""Closed-loop load at a fixed concurrency (``sglang.bench_serving --max-concurrency C``) and
+the streamed request every load sends; how a level is measured: docs/benchmarks.md, "sweep".
 """
 
 from __future__ import annotations
@@ -15,7 +10,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -83,9 +78,7 @@ def parse_target(text: str, endpoint: str = "chat") -> Target:
 def random_prompts(
     n: int, input_len: int, output_len: int, seed: int = 0, range_ratio: float = 1.0
 ) -> list[Prompt]:
-    """Random prompts; with ``range_ratio`` < 1 each length is uniform in ``[ratio x len, len]``
-    (bench_serving's ``--random-range-ratio``), which keeps closed-loop requests from finishing
-    in lockstep."""
+    """Random prompts; ``range_ratio`` < 1 keeps closed-loop requests from ending in lockstep."""
     rng = random.Random(seed)
     return [_random_prompt(rng, input_len, output_len, range_ratio) for _ in range(n)]
 
@@ -99,10 +92,8 @@ def _random_prompt(
 
 
 class Prompts:
-    """The prompts of a load, request after request across the levels that share it: ``fixed``
-    in turn (a dataset's, or a pool of random ones), or, with ``fixed`` empty, a new random one
-    for every request, as bench_serving's random dataset sends. A fixed prompt's body is encoded
-    once per target and model."""
+    """The prompts of a load across its levels: ``fixed`` in turn (each body encoded once), or,
+    with none, a new random one for every request, as bench_serving's random dataset sends."""
 
     def __init__(
         self,
@@ -285,72 +276,18 @@ async def send_request(
     return trace
 
 
-STOPPED = "stopped by the load generator"
-
-
-class ClosedLoop:
-    """Closed-loop clients (each sends its next request when its last one ends), ``set(c)`` of
-    them; those over ``c`` leave as their request ends. A request cancelled by ``stop`` ends
-    then, with the error ``STOPPED``."""
-
-    def __init__(
-        self,
-        session: aiohttp.ClientSession,
-        target: Target,
-        model: str,
-        prompts: Prompts,
-    ) -> None:
-        self.session, self.target, self.model, self.prompts = session, target, model, prompts
-        self.traces: list[RequestTrace] = []
-        self.want = self.active = 0
-        self.tasks: set[asyncio.Task[None]] = set()
-
-    def set(self, want: int) -> None:
-        self.want = want
-        while self.active < want:
-            self.active += 1
-            task = asyncio.create_task(self._client())
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-
-    async def stop(self, drain: float = 0.0) -> None:
-        """No new requests; those in flight may end for ``drain`` seconds, then are cancelled."""
-        self.want = -1
-        tasks = list(self.tasks)
-        if drain > 0 and tasks:
-            await asyncio.wait(tasks, timeout=drain)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _client(self) -> None:
-        hdrs = {"Content-Type": "application/json"}
-        try:
-            while self.active <= self.want:
-                body, prompt = self.prompts.take(self.target, self.model)
-                trace = RequestTrace(send=time.perf_counter())
-                self.traces.append(trace)
-                try:
-                    await send_request(self.session, self.target, body, prompt, hdrs, trace=trace)
-                except asyncio.CancelledError:
-                    trace.error, trace.end = STOPPED, time.perf_counter()
-                    raise
-                if not trace.success:
-                    await asyncio.sleep(0.05)  # a failing server must not make this spin
-        finally:
-            self.active -= 1
-
-
 @dataclass
 class LevelRun:
-    traces: list[RequestTrace]
-    duration: float
+    traces: list[RequestTrace]  # the measured requests
+    window: tuple[float, float]  # the first measured send to the last measured end
+    everything: list[RequestTrace]  # every request of the level (the window's throughputs)
     warmup_failed: int = 0
+    warmup_sent: int = 0
     mode_switches: int | None = None
-    extra: dict[str, object] = field(default_factory=dict)
-    # The measuring window and every request of the level (for window throughputs).
-    window: tuple[float, float] | None = None
-    everything: list[RequestTrace] = field(default_factory=list)
+
+    @property
+    def duration(self) -> float:
+        return max(0.0, self.window[1] - self.window[0])
 
 
 Progress = Callable[[int, int], None]
@@ -370,19 +307,8 @@ async def run_level(
     on_measure: Callable[[], Awaitable[None]] | None = None,
     min_seconds: float = 0.0,
 ) -> LevelRun:
-    """One level: ``concurrency`` closed-loop workers, measured in a steady state.
-
-    1. Warm-up: measuring starts when the first ``warmup`` requests have all ended (a slow one,
-       say one a router sent to the pool it then left, is gone); requests sent meanwhile are
-       warm-up too.
-    2. The next ``requests`` requests are measured, and more until ``min_seconds`` have passed
-       since the first measured send, so that a fast level is not a few batches' noise.
-    3. Filler requests keep the load up until the last measured one ends; then they are
-       cancelled.
-
-    The window runs from the first measured send to the last measured end; its throughputs count
-    every token delivered inside it, so neither a ramp-up nor a ramp-down dilutes them.
-    """
+    """One level of ``concurrency`` closed-loop workers: warm-up, measured, filler requests
+    (docs/benchmarks.md, "How a level is measured")."""
     measured: list[RequestTrace] = []
     every: list[RequestTrace] = []
     hdrs = {"Content-Type": "application/json", **(headers or {})}
@@ -397,9 +323,7 @@ async def run_level(
         return len(measured) >= max(1, requests) and now - measured[0].send >= min_seconds
 
     def still_measuring(now: float, *, ended: bool) -> bool:
-        """Whether the next send is measured. Measuring closes once ``done_at``, at a measured
-        request's end (``ended``) or while one is still open, so that the window (to the last
-        measured end) is never shorter than ``min_seconds``."""
+        # Closed at a measured end or while one is open: the window is never below min_seconds.
         nonlocal closed
         if not closed and done_at(now) and (ended or state["ended"] < len(measured)):
             closed = True
@@ -455,11 +379,7 @@ async def run_level(
         await asyncio.gather(*tasks, return_exceptions=True)
     t0 = min((t.send for t in measured), default=0.0)
     t1 = max((t.end for t in measured), default=0.0)
-    run = LevelRun(measured, max(0.0, t1 - t0), state["warm_failed"])
-    run.window = (t0, t1)
-    run.everything = every
-    run.extra["warmup_sent"] = state["warm_sent"]
-    return run
+    return LevelRun(measured, (t0, t1), every, state["warm_failed"], state["warm_sent"])
 
 
 async def fetch_text(session: aiohttp.ClientSession, url: str, timeout: float = 10.0) -> str | None:

@@ -1,16 +1,5 @@
-"""Per-request traces in, SGLang ``bench_serving``'s metrics out (its definitions, so that the
-numbers compare). Pure: no I/O, no clock.
-
-- TTFT: from sending the request to the first chunk that carries content.
-- latency (E2E): from sending the request to the last line of the stream (``data: [DONE]``).
-- TPOT: ``(latency - TTFT) / (output_tokens - 1)``, only for requests with more than one token.
-- ITL: one value per token after the first chunk. A chunk that brings ``n`` new tokens contributes
-  ``n`` values of ``gap / n`` (``gap`` = time since the previous content chunk); a chunk that brings
-  no new token contributes nothing and its gap rolls into the next chunk, as bench_serving does.
-- throughputs are over the level's ``duration``; ``concurrency`` = sum of E2E latencies / duration
-  (the mean number of requests in flight, "achieved concurrency").
-- percentiles interpolate linearly (numpy's default); std is the population std; p90 keys are
-  ours, named as bench_serving names its p99.
+"""Per-request traces in, SGLang ``bench_serving``'s metrics out, by its definitions so that the
+numbers compare (docs/benchmarks.md, "How a level is measured"). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -146,6 +135,13 @@ def window(
             done += 1
             inp += t.prompt_tokens
     return Window(start, end, out, inp, done, busy)
+
+
+def tokens_per_chunk(traces: Sequence[RequestTrace]) -> float:
+    """The successful requests' output tokens per content chunk (1 where none)."""
+    ok = [t for t in traces if t.success]
+    chunks = sum(len(t.chunk_times) for t in ok)
+    return sum(t.output_tokens for t in ok) / chunks if chunks else 1.0
 
 
 def compute(

@@ -1,8 +1,5 @@
-"""Open-loop load: each request sent at its arrival time (``arrivals.Arrival``), whatever is
-still in flight, as ``bench_serving --request-rate`` sends; a closed loop (``load.run_level``)
-would send a slow server less. After the last arrival the open requests get ``drain_s``, then are
-cancelled and counted as ``cut``; a sampler reads what the caller watches every ``sample_s``.
-Arrival times are model time, sent at wall second ``at / speed`` (``slo.records`` converts).
+"""Open-loop load: each request sent at its arrival time whatever is in flight, as
+``bench_serving --request-rate`` sends (a closed loop would send a slow server less).
 """
 
 from __future__ import annotations
@@ -80,10 +77,8 @@ async def replay(
     probe: Probe | None = None,
     sample_s: float = 1.0,
 ) -> OpenLoopRun:
-    """Send every arrival at its time (``at / speed`` wall seconds from now) and wait for the
-    answers; ``drain_s`` (wall seconds) after the last arrival the requests still open are cut.
-    ``key`` names the run's prompts (``prompt_of``). Never raises for a failed request: its
-    trace says what happened (status, error)."""
+    """Send every arrival at wall second ``at / speed``; ``drain_s`` after the last, cut the
+    requests still open. A failed request's trace says what happened; nothing raises."""
     hdrs = {"Content-Type": "application/json"}
     traces = [RequestTrace(send=0.0) for _ in arrivals]
     inflight: dict[asyncio.Task[RequestTrace], int] = {}

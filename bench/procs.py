@@ -1,7 +1,5 @@
-"""Child processes of the benchmarks and the tests: a free loopback port, a start in its own
-process group with its output in a log file, a wait until its readiness URL answers (no proxies:
-only loopback is asked), and a stop of the whole group (SIGTERM, then SIGKILL) that always runs.
-The ``/proc`` readers at the end follow processes started by others (a launcher's servers).
+"""Child processes of the benchmarks and the tests: started in their own process groups, waited
+for on loopback (no proxies), stopped group and all; /proc readers for processes others started.
 """
 
 from __future__ import annotations
@@ -189,15 +187,20 @@ def _label(argv: Sequence[str]) -> str:
 # -- /proc ---------------------------------------------------------------------------------------
 
 
-def proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, parent, start time in clock ticks) of a process, None when there is none."""
+def _stat(pid: int) -> list[str]:
+    """``/proc/PID/stat``'s fields from the state on (field 3), [] when there is no process."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return None
+        return []
     # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
-    fields = text[text.rfind(")") + 2 :].split()
-    return fields[0], int(fields[1]), int(fields[19])
+    return text[text.rfind(")") + 2 :].split()
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent, start time in clock ticks) of a process, None when there is none."""
+    fields = _stat(pid)
+    return (fields[0], int(fields[1]), int(fields[19])) if fields else None
 
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -208,10 +211,9 @@ def cpu_seconds(pid: int) -> float:
     is gone counts 0."""
     ticks = 0
     for p in (pid, *descendants(pid)):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            text = Path(f"/proc/{p}/stat").read_text()
-            # After "(comm) ": state is field 3, so utime (14) and stime (15) sit at 11 and 12.
-            fields = text[text.rfind(")") + 2 :].split()
+        # utime and stime are fields 14 and 15; a process gone meanwhile has none.
+        with contextlib.suppress(ValueError, IndexError):
+            fields = _stat(p)
             ticks += int(fields[11]) + int(fields[12])
     return ticks / CLK_TCK
 
@@ -222,13 +224,6 @@ def alive(pid: int, started: int) -> bool:
     return st is not None and st[0] != "Z" and st[2] == started
 
 
-def comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
 def cmdline(pid: int) -> list[str]:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -237,20 +232,13 @@ def cmdline(pid: int) -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
-def parents() -> dict[int, int]:
-    """pid -> parent of every live process."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            st = proc_stat(int(entry.name))
-            if st is not None and st[0] != "Z":
-                found[int(entry.name)] = st[1]
-    return found
-
-
 def descendants(root: int) -> list[int]:
     """Every live process below ``root`` (children, their children, ...)."""
-    tree = parents()
+    tree: dict[int, int] = {}  # pid -> parent
+    for entry in Path("/proc").iterdir():
+        st = proc_stat(int(entry.name)) if entry.name.isdigit() else None
+        if st is not None and st[0] != "Z":
+            tree[int(entry.name)] = st[1]
     found, todo = [], [root]
     while todo:
         pid = todo.pop()
@@ -258,3 +246,12 @@ def descendants(root: int) -> list[int]:
         found += kids
         todo += kids
     return found
+
+
+def rss_mib(pid: int) -> float | None:
+    """A process's resident memory (``VmRSS``) in MiB; None once it is gone."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return None

@@ -1,7 +1,5 @@
-"""A measured sweep turned into a ``dynspec-sim`` profile, per mode: ``throughput`` is the
-output tok/s per level, ``accept_length`` the tokens per stream chunk at C=1 (a chunk per decode
-step), ``prefill_tokens_per_s`` what the C=1 TTFT leaves after the default overhead and one
-decode step. The profile's ``source`` names the files, the targets and these assumptions.
+"""A measured sweep turned into a ``dynspec-sim`` profile, per mode; the profile's ``source``
+names the files, the targets and the assumptions.
 """
 
 from __future__ import annotations
@@ -11,15 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dynspec.bench.report import Record, model_time, targets
-from dynspec.common.levels import (
-    DEFAULT_PREFILL_OVERHEAD_S,
-    fill_levels,
-    measured_mode,
-    prefill_rate,
-)
+from dynspec.common.levels import DEFAULT_PREFILL_OVERHEAD_S, measured_mode, prefill_rate
 from dynspec.launcher.sim.profile import ModeProfile, Profile
-
-__all__ = ["DEFAULT_PREFILL_OVERHEAD_S", "build_profile", "fill_levels", "mode_profile"]
 
 
 def _guess(names: Sequence[str], word: str) -> str | None:

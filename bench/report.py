@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 Record = dict[str, Any]
+MARK = {True: "PASS", False: "MISS", None: "-"}  # a goal met, missed, not judged
 
 
 def append_jsonl(path: Path, record: Record) -> None:
@@ -78,16 +79,15 @@ def run_time_line(records: Sequence[Record]) -> str:
 
 
 def targets(records: Iterable[Record]) -> list[str]:
-    seen: dict[str, None] = {}
-    for r in records:
-        seen.setdefault(str(r.get("target", "?")), None)
-    return list(seen)
+    return list(dict.fromkeys(str(r.get("target", "?")) for r in records))
 
 
-def cell(value: object, digits: int = 1) -> str:
-    """A table cell: '-' for none or NaN, a float to ``digits``."""
+def cell(value: object, digits: int = 1, *, thousands: bool = False) -> str:
+    """A table cell: '-' for none or NaN, a float to ``digits`` (``thousands``: separated)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
+    if thousands:
+        return f"{value:,.{digits}f}"
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
@@ -122,14 +122,21 @@ class Spread:
     hi: float
     n: int
 
-    def cell(self, digits: int = 0) -> str:
-        if self.n == 1:
+    def cell(self, digits: int = 0, *, same_once: bool = False) -> str:
+        """The median and the min-max of several values (``same_once``: only where they differ)."""
+        if self.n == 1 or (same_once and self.lo == self.hi):
             return f"{self.median:,.{digits}f}"
         return f"{self.median:,.{digits}f} ({self.lo:,.{digits}f}-{self.hi:,.{digits}f})"
 
 
 def spread(values: Sequence[float]) -> Spread:
     return Spread(statistics.median(values), min(values), max(values), len(values))
+
+
+def spread_of(records: Iterable[Record], key: str) -> Spread | None:
+    """``key``'s spread over the records that have it; None where none has."""
+    values = [float(r[key]) for r in records if r.get(key) is not None]
+    return spread(values) if values else None
 
 
 def by_point(rows: Iterable[Record], key: str) -> dict[str, dict[int, dict[int, float]]]:
@@ -190,11 +197,8 @@ def plot(records: Sequence[Record], path: Path, title: str) -> None:
             cs = sorted(by_c)
             levels.update(cs)
             for ax, key in ((ax_tp, "output_throughput"), (ax_tpot, "median_tpot_ms")):
-                values = [sorted(float(r[key]) for r in by_c[c]) for c in cs]
-                mid = [statistics.median(v) for v in values]
-                low = [m - v[0] for m, v in zip(mid, values, strict=True)]
-                high = [v[-1] - m for m, v in zip(mid, values, strict=True)]
-                ax.errorbar(cs, mid, yerr=[low, high], marker="o", capsize=3, label=name)
+                spreads = [spread([float(r[key]) for r in by_c[c]]) for c in cs]
+                errorbars(ax, cs, spreads, label=name)
         for ax, ylabel in ((ax_tp, "output tokens/s (all requests)"), (ax_tpot, "p50 TPOT (ms)")):
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted(levels))
@@ -209,6 +213,13 @@ def plot(records: Sequence[Record], path: Path, title: str) -> None:
         ax_tpot.yaxis.set_major_formatter(plain)
         ax_tpot.yaxis.set_minor_formatter(NullFormatter())
         ax_tp.set_ylim(bottom=0)
+
+
+def errorbars(ax: Any, xs: Sequence[float], spreads: Sequence[Spread], **kw: Any) -> None:
+    """A line through the medians, a bar over each min-max."""
+    below = [s.median - s.lo for s in spreads]
+    above = [s.hi - s.median for s in spreads]
+    ax.errorbar(xs, [s.median for s in spreads], yerr=[below, above], marker="o", capsize=3, **kw)
 
 
 @contextlib.contextmanager

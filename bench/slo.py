@@ -1,9 +1,5 @@
-"""One open-loop run's figures, per time window and for the whole run, judged on SLOs. Pure.
-
-Times are model time (wall seconds x ``speed``). A request counts in the window its *arrival*
-falls in (its TTFT, TPOT, SLO verdict, failure, shed or cut); what a window *delivered* (tokens,
-in flight, switches, memory) is what happened inside it. SLO attainment and goodput are defined
-in docs/benchmarks.md, "Open-loop traffic".
+"""One open-loop run's figures, per window and for the whole run, judged on SLOs; in model time
+(what a window counts: docs/benchmarks.md, "Open-loop traffic"). Pure.
 """
 
 from __future__ import annotations
@@ -128,9 +124,7 @@ def records(
         _Request(a.at, t, speed, slo_ttft_ms, slo_tpot_ms)
         for a, t in zip(run.arrivals, run.traces, strict=True)
     ]
-    ok = [t for t in run.traces if t.success]
-    chunks = sum(len(t.chunk_times) for t in ok)
-    per_chunk = sum(t.output_tokens for t in ok) / chunks if chunks else 1.0
+    per_chunk = metrics.tokens_per_chunk(run.traces)
     duration = schedule.duration
     out: list[Record] = []
     n = max(1, math.ceil(duration / window_s - 1e-9))

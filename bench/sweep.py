@@ -1,10 +1,6 @@
-"""A concurrency sweep: every level against every target, one JSONL line per finished level.
-
-Within a level the targets take turns, once per repeat (A, B, A, B, ...), so that a slow drift
-of the machine spreads over all of them instead of biasing one. A steady-state sweep adds
-``min_seconds`` per level, a ``warm`` pass (no measured level is a server's first traffic at
-that batch size) and ``repeats``, and may span processes: ``resume`` skips the points already in
-``out``, a ``deadline`` stops before a level that would not end in time.
+"""A concurrency sweep: every level against every target, the targets taking turns within a level
+(a drift of the machine spreads over all), one JSONL line per finished level; it may span
+processes (``resume``, ``deadline``).
 """
 
 from __future__ import annotations
@@ -120,16 +116,12 @@ def build_record(
         "random_range_ratio": None if cfg.dataset else cfg.range_ratio,
         "prompt_pool": None if cfg.dataset else cfg.prompt_pool,
     }
-    win = None
-    if run.window is not None:
-        ok = [t for t in run.traces if t.success]
-        chunks = sum(len(t.chunk_times) for t in ok)
-        per_chunk = sum(t.output_tokens for t in ok) / chunks if chunks else 1.0
-        win = metrics.window(run.everything, *run.window, tokens_per_chunk=per_chunk)
+    per_chunk = metrics.tokens_per_chunk(run.traces)
+    win = metrics.window(run.everything, *run.window, tokens_per_chunk=per_chunk)
     rec.update(metrics.compute(run.traces, run.duration, win))
     rec["warmup_failed"] = run.warmup_failed
     rec["min_seconds"] = cfg.min_seconds
-    rec.update(run.extra)
+    rec["warmup_sent"] = run.warmup_sent
     pools = Counter(t.backend for t in run.traces if t.backend)
     if pools:
         n = sum(pools.values())

@@ -1,13 +1,5 @@
-"""Where EAGLE stops paying: the threshold and hysteresis to give the router, from two sweeps.
-
-The decision variable is each request's decode speed, 1 / p50 TPOT; at a fixed closed-loop
-concurrency it also orders tok/s (~ C / TPOT). Between two levels the crossover is interpolated
-linearly in log2(C) on log2(EAGLE speed / baseline speed): speeds change by ratios, levels are
-powers of two. ``threshold = floor(crossover)``, so every load at or below it goes to EAGLE;
-``hysteresis`` is a quarter of it (at least 1, at most ``threshold - 1`` so that the router can
-switch back): wide enough that a jittering load does not flip the mode on every request, narrow
-enough that the "wrong" pool serves loads near the crossover, where the pools differ least. Two
-sweeps within ``TIE_TOLERANCE`` at every level are a tie: no threshold, no reason for an EAGLE pool.
+"""Where EAGLE stops paying: the threshold and hysteresis to give the router, from two sweeps of
+per-request decode speed, 1 / p50 TPOT (the rules and why: docs/benchmarks.md, "suggest-threshold").
 """
 
 from __future__ import annotations

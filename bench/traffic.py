@@ -1,15 +1,11 @@
-"""``dynspec-bench traffic``: open-loop traffic against the routed pair and each server alone,
-judged on SLOs. A run is one target under one schedule's arrivals (``openloop.replay``); per
-repeat and schedule every target runs in turn on the same arrivals, the order rotated; a run
-already in the JSONL is skipped (resume). ``run_live`` loads targets that are up (``watch``:
-the routers sampled), ``run_simulated`` fresh ``dynspec-sim`` servers (and a router) for every
-run. The plan and what a window says: docs/benchmarks.md, "Open-loop traffic".
+"""``dynspec-bench traffic``'s plan: each run is one target under one schedule's arrivals, on
+targets that are up (``run_live``) or on fresh simulators (``run_simulated``); a run already in
+the JSONL is skipped. The plan: docs/benchmarks.md, "Open-loop traffic".
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import logging
@@ -24,7 +20,7 @@ import aiohttp
 from dynspec.bench import arrivals, harness, load, openloop, slo
 from dynspec.bench.arrivals import Arrival, Schedule
 from dynspec.bench.load import Target
-from dynspec.bench.procs import Children
+from dynspec.bench.procs import Children, rss_mib
 from dynspec.bench.report import Record, append_jsonl, load_jsonl
 from dynspec.bench.ways import Router
 from dynspec.launcher import spec as launch_spec
@@ -81,7 +77,7 @@ class TrafficConfig:
             "command": self.command,
         }
         if self.trace is not None:
-            out["trace"] = self.trace.source
+            out["trace"], out["trace_skipped"] = self.trace.source, self.trace.skipped
         else:
             out["random_input_len"] = self.input_len
             out["random_output_len"] = self.output_len
@@ -117,9 +113,7 @@ def done_runs(out: Path) -> set[Run]:
 
 
 def other_plan(out: Path, cfg: TrafficConfig, more: Mapping[str, Any] | None = None) -> str | None:
-    """Why the runs ``out`` holds are not this plan's (None: they are, or there are none): a
-    schedule of the same name made otherwise, or other ``cfg.meta()`` (but the command) or
-    ``more``. A rerun skips the runs ``out`` holds, so another plan's would stand in for ours."""
+    """Why the runs ``out`` holds are not this plan's (a rerun skips them), or None."""
     texts = {name: sched.text for name, sched in cfg.schedules}
     want = {k: v for k, v in {**cfg.meta(), **(more or {})}.items() if k != "command"}
     for r in _run_records(out):
@@ -224,15 +218,6 @@ def router_probe(url: str, pid: int | None = None) -> openloop.Probe:
     return probe
 
 
-def rss_mib(pid: int) -> float | None:
-    """A process's resident memory (``VmRSS``) in MiB; None once it is gone."""
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return None
-
-
 def run_live(
     targets: Sequence[Target],
     cfg: TrafficConfig,
@@ -242,9 +227,8 @@ def run_live(
     extra: Mapping[str, Any] | None = None,
     deadline: float | None = None,
 ) -> list[Record]:
-    """Every run of the plan against ``targets`` (up already); records appended to ``out``.
-    ``watch`` maps a target's label to a router URL sampled during that target's runs;
-    ``deadline`` (``time.monotonic()``) stops before a run that would not end by then."""
+    """Every run of the plan against ``targets`` (up already), appended to ``out``; ``watch``:
+    label -> the router URL sampled in its runs; no run starts that would end past ``deadline``."""
     by_label = {t.label: t for t in targets}
     watched = dict(watch or {})
 

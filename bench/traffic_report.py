@@ -1,28 +1,28 @@
-"""The traffic experiment's report: a Markdown file and two pictures (each changing schedule's
-time series; the rate sweep, whose schedules are named ``rate-R``) from ``slo.records``' window
-and run records, each cell the median of the repeats with min-max beside it. The goals (issue 39,
-on medians; ``ATTAINMENT_SLACK``, ``SWITCHES_PER_MIN``): docs/benchmarks.md, "Open-loop traffic".
+"""The traffic experiment's report and pictures from ``slo.records``' records, each cell the
+median of the repeats (min-max); the goals (issue 39): docs/benchmarks.md, "Open-loop traffic".
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from dynspec.bench import simreport
-from dynspec.bench.report import Record, Spread, figure, run_time_line, spread, table
+from dynspec.bench.report import (
+    MARK,
+    Record,
+    cell,
+    errorbars,
+    figure,
+    run_time_line,
+    spread_of,
+    table,
+)
 
 ROUTED = "routed"
 SINGLES = ("eagle", "baseline")
 ATTAINMENT_SLACK = 0.02
 SWITCHES_PER_MIN = 6.0
-
-
-def _cell(m: Spread | None, digits: int = 1) -> str:
-    if m is None:
-        return "-"
-    return m.cell(digits) if m.lo != m.hi else f"{m.median:,.{digits}f}"
 
 
 def schedules(records: Sequence[Record]) -> list[str]:
@@ -48,13 +48,8 @@ def windows(records: Sequence[Record], schedule: str, target: str) -> dict[int, 
     return dict(sorted(out.items()))
 
 
-def med_of(recs: Sequence[Record], key: str) -> Spread | None:
-    xs = [float(r[key]) for r in recs if r.get(key) is not None]
-    return spread(xs) if xs else None
-
-
 def _mid(recs: Sequence[Record], key: str) -> float | None:
-    m = med_of(recs, key)
+    m = spread_of(recs, key)
     return m.median if m else None
 
 
@@ -155,9 +150,9 @@ def run_table(records: Sequence[Record], name: str) -> list[str]:
     body = []
     for t in targets(records):
         if recs := runs(records, name, t):
-            body.append(
-                [t, str(len(recs)), *(_cell(med_of(recs, k), d) for k, _, d in RUN_COLUMNS)]
-            )
+            spreads = [(spread_of(recs, k), d) for k, _, d in RUN_COLUMNS]
+            cells = [m.cell(d, same_once=True) if m else "-" for m, d in spreads]
+            body.append([t, str(len(recs)), *cells])
     return table(["target", "repeats", *(c[1] for c in RUN_COLUMNS)], body)
 
 
@@ -198,14 +193,9 @@ def _range(recs: Sequence[Record]) -> str:
     return f"{a:g}" if a == b else f"{a:g}-{b:g}"
 
 
-def _num(v: float | None, digits: int) -> str:
-    """A number with thousands separators; '-' for none or NaN."""
-    return "-" if v is None or math.isnan(v) else f"{v:,.{digits}f}"
-
-
 def _med(recs: Sequence[Record], key: str, digits: int) -> str:
     """The median of the repeats, a number only (the tables of windows are wide already)."""
-    return _num(_mid(recs, key), digits)
+    return cell(_mid(recs, key), digits, thousands=True)
 
 
 def overload_lines(records: Sequence[Record]) -> list[str]:
@@ -223,7 +213,8 @@ def overload_lines(records: Sequence[Record]) -> list[str]:
             f"- {r['schedule']} #{r['repeat']} {r['target']}: {r['requests']} requests, statuses "
             f"{r.get('statuses')}, {r.get('shed_without_retry_after')} shed without Retry-After, "
             f"{r.get('cut')} cut, errors {r.get('errors')}; served TTFT p99 "
-            f"{_num(r.get('p99_ttft_ms'), 0)} ms, max {_num(r.get('max_ttft_ms'), 0)} ms; {mem}."
+            f"{cell(r.get('p99_ttft_ms'), 0, thousands=True)} ms, max "
+            f"{cell(r.get('max_ttft_ms'), 0, thousands=True)} ms; {mem}."
         )
     return lines
 
@@ -304,8 +295,7 @@ def render(records: Sequence[Record]) -> str:
 
 def verdicts(records: Sequence[Record]) -> list[str]:
     """``PASS|MISS|-: goal: detail`` for every goal (``-``: not judged)."""
-    word = {True: "PASS", False: "MISS", None: "-"}
-    return [f"{word[ok]}: {goal}: {detail}" for goal, ok, detail in goals(records)]
+    return [f"{MARK[ok]}: {goal}: {detail}" for goal, ok, detail in goals(records)]
 
 
 def summary(records: Sequence[Record]) -> str:
@@ -370,15 +360,14 @@ def plot_sweep(records: Sequence[Record], path: Path) -> None:
             for ax, key in ((left, "goodput"), (right, "p99_tpot_ms")):
                 pts = []
                 for n in names:
-                    m = med_of(runs(records, n, t), key)
+                    m = spread_of(runs(records, n, t), key)
                     rate = _rate_of(records, n)
                     if m is not None and rate is not None:
-                        pts.append((rate, m.median, m.median - m.lo, m.hi - m.median))
-                if not pts:
-                    continue
-                xs, ys, below, above = zip(*sorted(pts), strict=True)
-                ax.errorbar(xs, ys, yerr=[below, above], marker="o", capsize=3,
-                            color=COLORS.get(t), label=t)  # fmt: skip
+                        pts.append((rate, m))
+                if pts:
+                    pts.sort(key=lambda p: (p[0], p[1].median))
+                    xs, spreads = [x for x, _ in pts], [m for _, m in pts]
+                    errorbars(ax, xs, spreads, color=COLORS.get(t), label=t)
         left.set_xlabel("request rate (req/s)")
         left.set_ylabel("goodput (req/s meeting both SLOs)")
         right.set_xlabel("request rate (req/s)")

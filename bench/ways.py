@@ -1,10 +1,5 @@
 """The eight-GPU ways: their names, the simulated servers each needs and the router each runs.
-Pure, and loading nothing heavy: the CLI validates ``--ways`` with it before the load modules
-are imported; ``harness.py`` starts what it plans.
-
-A way whose router learns from its servers (``LEARNING``) runs on a server set of its own, so
-that no other way's load reaches the ``/metrics`` it polls; the others share ``SHARED``, one
-after the other.
+Pure and light: the CLI validates ``--ways`` with it before the load modules are imported.
 """
 
 from __future__ import annotations
@@ -27,7 +22,8 @@ EIGHT_WAYS = (
 )
 HOMOGENEOUS = ("2x-eagle", "2x-baseline", "2x-adaptive")
 PAIRED = ("paired-threshold", "paired-auto")
-# Routers that learn from the servers they poll: ``--policy balance`` and ``--threshold auto``.
+# Routers that learn from the servers they poll run on servers of their own: no other way's load
+# reaches the /metrics they read. The others share SHARED, one after the other.
 LEARNING = ("split-balance", "paired-auto")
 SHARED = "shared"  # the server set of the ways that learn nothing
 SHARING = ("timeslice", "mps")
@@ -112,10 +108,8 @@ def way_router(
     metrics_interval: float | None = None,
     calibrated: bool = False,
 ) -> Router:
-    """The router of one way. Threshold 0 is suggest-threshold's "EAGLE never wins": the
-    threshold ways then get the baseline servers alone (``--threshold 1`` would still send lone
-    requests to EAGLE). ``calibrated``: ``paired-auto`` starts from ``speed_profile``, as a
-    launch's ``--calibrate`` starts it; uncalibrated, it learns from nothing."""
+    """The router of one way. Threshold 0 ("EAGLE never wins") gives the threshold ways the
+    baseline servers alone: ``--threshold 1`` would still send lone requests to EAGLE."""
     e, b = servers.eagle, servers.baseline
     split = ("--eagle-url", e[0], "--baseline-url", b[0]) if e and b else ()
     policy = ("--threshold", str(threshold), "--hysteresis", str(hysteresis))

@@ -17,6 +17,7 @@ from dynspec.bench.load import (
     parse_target,
     random_prompts,
     sharegpt_prompts,
+    thresholds,
 )
 from dynspec.bench.metrics import RequestTrace, compute, percentile, samples, window
 
@@ -177,6 +178,10 @@ def test_parse_target_and_router_metrics() -> None:
         ('to="eagle"', 2.0),
     ]
     assert samples(page, "x") == [('a="b"', 1000.0)] and samples(page, "y") == []
+    # Every routing group's threshold; a name that only starts like it is another metric.
+    groups = 'dynspec_threshold{pair="0"} 69.0\ndynspec_threshold{pair="1"} 128.0\n'
+    assert thresholds(groups + "dynspec_thresholds_other 3\n") == [69.0, 128.0]
+    assert thresholds("sglang:num_running_reqs 3\n") == []
 
 
 def test_random_prompts_fixed_and_ranged_lengths() -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dynspec.bench.profile_export import build_profile, fill_levels
+from dynspec.bench.profile_export import build_profile
+from dynspec.common.levels import fill_levels
 from dynspec.launcher.sim.profile import load_profile
 
 

@@ -91,16 +91,6 @@ def test_a_window_reports_the_range_of_the_thresholds_sampled_in_it() -> None:
     )[0]  # fmt: skip
 
 
-def test_thresholds_read_every_group_from_a_routers_metrics() -> None:
-    text = (
-        "# HELP dynspec_threshold Current threshold\n# TYPE dynspec_threshold gauge\n"
-        'dynspec_threshold{pair="0"} 69.0\ndynspec_threshold{pair="1"} 128.0\n'
-        "dynspec_thresholds_other 3\n"
-    )
-    assert load.thresholds(text) == [69.0, 128.0]
-    assert load.thresholds("sglang:num_running_reqs 3\n") == []
-
-
 def test_a_shed_request_without_retry_after_is_counted() -> None:
     shed = RequestTrace(send=1.0, end=1.01, status=429)
     run = openloop.OpenLoopRun([Arrival(0.0, 1, 1)], [shed], 1.0, 1.1)
