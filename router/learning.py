@@ -129,8 +129,8 @@ def plausible(speed: ServerSpeed, load: float, per_token: float) -> bool:
     read wrong: on a simulated shared pair (h200-8b-accept2, calibrated) a baseline's polls at
     load 30 read 9,061 and 12,819 ms a token where its requests took 30 (22-429x its curve);
     mixed in, they took the baseline's curve 43x up and the learned threshold to 512. A server
-    that truly slows down moves its curve through its finished requests, which are always
-    learned, and its polls agree again."""
+    that truly slows down moves its curve through its finished requests, which this rule does
+    not filter, and its polls agree again."""
     if speed.clock is None:
         return True
     expected = speed.curve.at(load) / speed.clock
