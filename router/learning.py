@@ -323,9 +323,8 @@ class SpeedLearner:
         shared = sum(ratios) / len(ratios) if ratios else None
         for speed in self.servers.values():
             direct, polled = sources[speed.url]
-            ratio = speed.ratio if speed.calibrated or shared is None else shared
-            speed.clock = ratio if speed.calibrated or shared is not None else None
-            merged = combine(direct, polled, ratio)
+            speed.clock = speed.ratio if speed.calibrated else shared
+            merged = combine(direct, polled, speed.ratio if speed.clock is None else speed.clock)
             data[speed.url] = merged
             shapes[speed.url] = shape = queued_shape(speed.prior, speed.limit)
             anchor = PROFILE_FIT_WEIGHT if speed.seeded else 0.0
