@@ -31,12 +31,12 @@ _WORDS = (
     "but have an they you were her she there been one all we their has would when if so no what "
     "up out more said time about can some could into them other then than its two these may do"
 )
-_WORD_LIST = _WORDS.split(" ")
+PROMPT_WORDS = _WORDS.split(" ")
 
 
 def words(rng: random.Random, n: int) -> str:
     """``n`` random words: a prompt of about ``n`` tokens."""
-    return " ".join(rng.choices(_WORD_LIST, k=n))
+    return " ".join(rng.choices(PROMPT_WORDS, k=n))
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from dynspec.bench.cli_common import add_prompt_pool_flag
+from dynspec.bench.cli_common import add_prompt_pool_flag, threshold_value
 from dynspec.bench.cli_common import levels as parse_levels
 from dynspec.common.cli import (
     FlagParser,
@@ -132,15 +132,6 @@ def drafts(args: argparse.Namespace) -> tuple[str, ...]:
     return ("hi",)
 
 
-def _threshold(text: str) -> str:
-    if text == "auto":
-        return text
-    try:
-        return str(positive_int(text))
-    except (ValueError, TypeError, argparse.ArgumentTypeError):
-        raise argparse.ArgumentTypeError(f"want a whole number >= 1 or auto: {text!r}") from None
-
-
 def _baseline_args(text: str) -> str:
     try:
         words = shlex.split(text)
@@ -171,7 +162,9 @@ def run_parser() -> FlagParser:
     p.add_argument("--work", type=Path, default=Path("/tmp/dynspec-gpu"), help="models, site")
     p.add_argument("--budget", type=positive_float, default=540.0, help="seconds for it all")
     p.add_argument("--levels", type=parse_levels, help=f"default {PAIR_LEVELS}")
-    p.add_argument("--threshold", type=_threshold, help="the router's: N or auto (the default)")
+    p.add_argument(
+        "--threshold", type=threshold_value, help="the router's: N or auto (the default)"
+    )
     p.add_argument("--repeats", type=positive_int, default=st.repeats, help="runs of each point")
     p.add_argument(
         "--min-seconds", type=non_negative_float, default=st.min_seconds, help="a level, at least"

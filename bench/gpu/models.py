@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dynspec.bench.load import _WORD_LIST as _PROMPT_WORDS
+from dynspec.bench.load import PROMPT_WORDS
 
 # Llama-3.1-8B shapes.
 VOCAB = 128256
@@ -27,7 +27,7 @@ INIT_STD = 0.02
 
 # The sweep's random prompts are made of these words (each one token), then the chat template's
 # pieces and the special tokens. Id 0 is "the".
-WORDS = tuple(dict.fromkeys(["the", *_PROMPT_WORDS]))
+WORDS = tuple(dict.fromkeys(["the", *PROMPT_WORDS]))
 TEMPLATE_PIECES = ("user", "assistant", "system", ":", ".", ",", "?", "!", "'", "-")
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
