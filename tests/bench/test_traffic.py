@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from utils import bench, usage_error
+import uvicorn
+from utils import bench, free_port, usage_error
 
 from dynspec.bench import arrivals, load, openloop, slo, traffic, traffic_report
 from dynspec.bench.arrivals import Arrival
@@ -140,6 +141,42 @@ def test_replay_sends_on_time_whatever_is_in_flight_and_cuts_at_the_drain(eagle_
     assert run.cut == 5 and all(not t.success and t.error.startswith("cut") for t in longs)
     assert all(t.success for i, t in enumerate(run.traces) if i % 2 == 0)
     assert run.end - run.start < 10.0
+
+
+async def _client_port(scope: Any, receive: Any, send: Any) -> None:
+    """An ASGI app answering each request with the client's port: which connection it came on."""
+    body = str(scope["client"][1]).encode()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": body})
+
+
+def test_the_client_drops_a_connection_idle_near_the_servers_keep_alive() -> None:
+    """uvicorn (SGLang's server, the router) closes a connection idle for 5 s: the bench's client
+    does not send on one idle that long (aiohttp's own 15 s did, and lost requests to
+    ServerDisconnectedError on an H100), while a connection idle briefly is reused."""
+
+    async def ports(idle: float) -> list[str]:
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(_client_port, port=port, log_level="warning"))
+        serving = asyncio.create_task(server.serve())
+        for _ in range(1000):  # at most 10 s
+            if server.started:
+                break
+            await asyncio.sleep(0.01)
+        seen = []
+        async with load.make_session(30) as session:
+            for wait in (idle, 0):
+                async with session.get(f"http://127.0.0.1:{port}/") as resp:
+                    seen.append(await resp.text())
+                await asyncio.sleep(wait)
+        server.should_exit = True
+        await serving
+        return seen
+
+    first, again = asyncio.run(ports(0.1))
+    assert first == again
+    first, again = asyncio.run(ports(load.KEEPALIVE_S + 0.3))
+    assert first != again
 
 
 def test_run_live_appends_as_it_goes_and_resumes(eagle_sim: str, tmp_path: Path) -> None:
