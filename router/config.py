@@ -305,11 +305,12 @@ def build_parser() -> FlagParser:
         "--return-delay",
         type=non_negative_float,
         default=None,
-        help="seconds the load must stay at or below threshold - hysteresis, at every request "
-        "routed, before new requests go back to the eagle pool (0: at once); leaving it is never "
-        "delayed. Stops a load that hovers near the threshold, or a learned threshold that "
-        f"moves, from switching the mode back and forth (default: {PAIR_RETURN_DELAY_S:g} with "
-        "--pair, where EAGLE shares the baseline's GPU; else 0)",
+        help="seconds the load must stay at or below threshold - hysteresis (seen at every "
+        "request routed and every one finished) before new requests go back to the eagle pool "
+        "(0: at once); leaving it is never delayed. Stops a load that hovers near the "
+        "threshold, or a learned threshold that moves, from switching the mode back and forth "
+        f"(default: {PAIR_RETURN_DELAY_S:g} with --pair, where EAGLE shares the baseline's GPU; "
+        "else 0)",
     )
     p.add_argument(
         "--host",

@@ -237,8 +237,9 @@ class Group:
         # --threshold auto: the last derived threshold was held down by its bound (the curves
         # allowed more), so a load past it derives again at once (``autothreshold.past_held``).
         self.held = False
-        # In baseline mode: since when every routing decision saw its load at or below the
-        # return bound (threshold - hysteresis); None while it is above, or in eagle mode.
+        # In baseline mode: since when its load has been at or below the return bound
+        # (threshold - hysteresis), as every routing decision and every release saw it; None
+        # while it is above, or in eagle mode.
         # ``pool.Pools`` writes it, and a group returns to EAGLE once it is --return-delay old.
         self.calm_since: float | None = None
 

@@ -24,7 +24,7 @@ from dynspec.router.learning import SpeedLearner
 from dynspec.router.policy import (
     ThresholdPolicy,
 )
-from dynspec.router.pool import Pools
+from dynspec.router.pool import Lease, Pools
 from dynspec.router.speed import BUCKETS, NEUTRAL_CURVE, SpeedCurve, profile_from_json
 from dynspec.router.thresholds import Thresholds
 
@@ -125,15 +125,20 @@ def test_pools_with_pairs_switch_each_pair_by_its_own_load() -> None:
     lease.release()
 
 
-def one_at_a_time(pools: Pools, now: list[float], every: float, n: int) -> list[str]:
-    """The pool of each of ``n`` requests sent alone, ``every`` seconds apart on clock ``now``."""
-    routed = []
+def one_at_a_time_leases(pools: Pools, now: list[float], every: float, n: int) -> list[Lease]:
+    """The leases of ``n`` requests sent alone, ``every`` seconds apart on clock ``now``."""
+    leases = []
     for _ in range(n):
         now[0] += every
         lease = pools.acquire()
-        routed.append(lease.pool)
+        leases.append(lease)
         lease.release()
-    return routed
+    return leases
+
+
+def one_at_a_time(pools: Pools, now: list[float], every: float, n: int) -> list[str]:
+    """The pool of each of ``n`` requests sent alone, ``every`` seconds apart on clock ``now``."""
+    return [lease.pool for lease in one_at_a_time_leases(pools, now, every, n)]
 
 
 def test_pairs_wait_before_going_back_to_eagle_so_a_wave_s_dip_stays_on_the_baseline() -> None:
@@ -162,8 +167,9 @@ def test_pairs_wait_before_going_back_to_eagle_so_a_wave_s_dip_stays_on_the_base
         assert [x.pool for x in wave] == ["baseline"] * 32, n
     for lease in wave:
         lease.release()
-    # A light load that lasts: back to EAGLE once it has for the delay.
-    assert one_at_a_time(pools, now, 0.4, 4) == ["baseline", "baseline", "baseline", "eagle"]
+    # A light load that lasts: back to EAGLE once it has for the delay, counted from the last
+    # wave's end (the releases), not from the first light request.
+    assert one_at_a_time(pools, now, 0.4, 4) == ["baseline", "baseline", "eagle", "eagle"]
 
 
 def test_one_request_at_a_time_goes_to_every_pair_in_turn() -> None:
@@ -497,9 +503,10 @@ def test_in_baseline_mode_a_pair_probes_eagle_only_after_the_return_delay() -> N
     assert [(x.pool, x.probe) for x in wave] == [("baseline", False)] * 128
     for lease in wave:
         lease.release()
-    # A light load that lasts: the mode goes back to EAGLE (no probe needed to measure it).
-    now[0] += 1.0
-    assert one_at_a_time(pools, now, 0.6, 3) == ["baseline", "baseline", "eagle"]
+    # A light load that lasts: the mode goes back to EAGLE once the delay has passed since the
+    # load fell (no probe before, nor needed after, to measure it).
+    routed = [(x.pool, x.probe) for x in one_at_a_time_leases(pools, now, 0.6, 3)]
+    assert routed == [("baseline", False), ("eagle", False), ("eagle", False)]
 
 
 def test_a_server_left_out_of_many_requests_gets_a_probe() -> None:

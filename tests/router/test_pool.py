@@ -166,9 +166,9 @@ def test_balance_records_the_last_pool_without_switches() -> None:
 
 
 def test_return_delay_holds_baseline_until_the_load_stayed_low_that_long() -> None:
-    """--return-delay 5: leaving EAGLE at once, going back only after every routing decision
-    for 5 s saw the load at or below threshold - hysteresis; a request above it restarts the
-    wait."""
+    """--return-delay 5: leaving EAGLE at once, going back only once the load stayed at or below
+    threshold - hysteresis for 5 s, as every request routed saw it; a request above it restarts
+    the wait."""
     now = [0.0]
     pools = Pools(
         [("http://e1", "eagle"), ("http://b1", "baseline")],
@@ -182,10 +182,11 @@ def test_return_delay_holds_baseline_until_the_load_stayed_low_that_long() -> No
         pools.set_healthy(s.url, True)
     held = [pools.acquire(), pools.acquire(), pools.acquire()]  # the third: load 3 > 2
     assert pools.mode == "baseline"
+    now[0] = 1.0
     for lease in held:
-        lease.release()
+        lease.release()  # load 0 from t=1: the wait starts then
     routed = []
-    for t in (1.0, 3.0, 5.9):  # load 1 <= 1 from t=1: the wait started then
+    for t in (1.0, 3.0, 5.9):
         now[0] = t
         lease = pools.acquire()
         routed.append(lease.pool)
@@ -205,14 +206,47 @@ def test_return_delay_holds_baseline_until_the_load_stayed_low_that_long() -> No
     first.release()
     now[0] = 8.0
     pools.acquire().release()  # load 2 with held[0]: still above
-    held[0].release()
+    held[0].release()  # load 0: the wait starts now
     now[0] = 9.0
-    pools.acquire().release()  # load 1: the wait starts now
-    for t, pool in ((13.9, "baseline"), (14.0, "eagle")):
+    pools.acquire().release()  # load 1: low, the wait goes on
+    for t, pool in ((12.9, "baseline"), (13.0, "eagle")):
         now[0] = t
         lease = pools.acquire()
         assert lease.pool == pool, t
         lease.release()
+
+
+def test_return_delay_counts_from_when_the_load_fell_not_from_the_next_request() -> None:
+    """A busy spell ends with no arrival after it: the load fell at its last release, so the
+    first request of a quiet start after the delay goes to EAGLE (it went to the baseline for a
+    whole delay: on an H100, half the night window of a routed run after a busy one)."""
+    now = [0.0]
+    pools = Pools(
+        [("http://e1", "eagle"), ("http://b1", "baseline")],
+        ThresholdPolicy(),
+        threshold=2,
+        hysteresis=1,
+        clock=lambda: now[0],
+        return_delay=5.0,
+    )
+    for s in pools.servers:
+        pools.set_healthy(s.url, True)
+    held = [pools.acquire(), pools.acquire(), pools.acquire()]
+    assert pools.mode == "baseline"
+    now[0] = 2.0
+    held[0].release()
+    now[0] = 3.0
+    held[1].release()  # a request now would see load 2: still above the bound
+    now[0] = 4.0
+    held[2].release()  # load 0: low from t=4
+    now[0] = 8.9
+    lease = pools.acquire()
+    assert lease.pool == "baseline"
+    lease.release()
+    now[0] = 9.0
+    lease = pools.acquire()
+    assert lease.pool == "eagle" and pools.mode == "eagle"
+    lease.release()
     assert pools.load == 0
 
 
