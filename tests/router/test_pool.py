@@ -7,7 +7,7 @@ import pytest
 from dynspec.router.errors import NoServer, Overloaded
 from dynspec.router.health import HealthTracker, Probe
 from dynspec.router.policy import BalancePolicy, ThresholdPolicy
-from dynspec.router.pool import Pools, Server
+from dynspec.router.pool import Lease, Pools, Server
 from dynspec.router.thresholds import validate_settings
 
 
@@ -165,11 +165,9 @@ def test_balance_records_the_last_pool_without_switches() -> None:
         lease.release()
 
 
-def test_return_delay_holds_baseline_until_the_load_stayed_low_that_long() -> None:
-    """--return-delay 5: leaving EAGLE at once, going back only once the load stayed at or below
-    threshold - hysteresis for 5 s, as every request routed saw it; a request above it restarts
-    the wait."""
-    now = [0.0]
+def _out_of_eagle_with_a_return_delay(now: list[float]) -> tuple[Pools, list[Lease]]:
+    """Threshold 2, hysteresis 1, --return-delay 5 on clock ``now``: three requests in flight,
+    the third (load 3 > 2) took the pools to baseline mode."""
     pools = Pools(
         [("http://e1", "eagle"), ("http://b1", "baseline")],
         ThresholdPolicy(),
@@ -180,7 +178,15 @@ def test_return_delay_holds_baseline_until_the_load_stayed_low_that_long() -> No
     )
     for s in pools.servers:
         pools.set_healthy(s.url, True)
-    held = [pools.acquire(), pools.acquire(), pools.acquire()]  # the third: load 3 > 2
+    return pools, [pools.acquire(), pools.acquire(), pools.acquire()]
+
+
+def test_return_delay_holds_baseline_until_the_load_stayed_low_that_long() -> None:
+    """--return-delay 5: leaving EAGLE at once, going back only once the load stayed at or below
+    threshold - hysteresis for 5 s, as every request routed saw it; a request above it restarts
+    the wait."""
+    now = [0.0]
+    pools, held = _out_of_eagle_with_a_return_delay(now)
     assert pools.mode == "baseline"
     now[0] = 1.0
     for lease in held:
@@ -221,17 +227,7 @@ def test_return_delay_counts_from_when_the_load_fell_not_from_the_next_request()
     first request of a quiet start after the delay goes to EAGLE (it went to the baseline for a
     whole delay: on an H100, half the night window of a routed run after a busy one)."""
     now = [0.0]
-    pools = Pools(
-        [("http://e1", "eagle"), ("http://b1", "baseline")],
-        ThresholdPolicy(),
-        threshold=2,
-        hysteresis=1,
-        clock=lambda: now[0],
-        return_delay=5.0,
-    )
-    for s in pools.servers:
-        pools.set_healthy(s.url, True)
-    held = [pools.acquire(), pools.acquire(), pools.acquire()]
+    pools, held = _out_of_eagle_with_a_return_delay(now)
     assert pools.mode == "baseline"
     now[0] = 2.0
     held[0].release()
