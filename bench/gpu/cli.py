@@ -203,18 +203,15 @@ def cmd_report(argv: Sequence[str]) -> NoReturn:
     p.add_argument("sweeps", type=Path, nargs="+", help="sweep-pair-a.jsonl, sweep-pair-b.jsonl")
     p.add_argument("--write", action="store_true", help="also write STEM.md, .png, -summary.json")
     p.add_argument("--title", default="", help="--write: the plot's title")
-    p.add_argument(
-        "--logs", type=Path, action="append", default=[], help="a launch's logs: what was held"
-    )
     add_log_level(p)
     args = p.parse_layered(argv)
     configure_logging(args.log_level)
 
     def body() -> int:
-        missing = [s for s in [*args.sweeps, *args.logs] if not s.exists()]
+        missing = [s for s in args.sweeps if not s.exists()]
         if missing:
             raise UsageError(f"{missing[0]}: no such file")
-        rows = steadyreport.load(args.sweeps, args.logs)
+        rows = steadyreport.read(args.sweeps)
         if args.write:
             steadyreport.write_rows(args.sweeps[0], rows, args.title)
         print(steadyreport.markdown(rows), end="")

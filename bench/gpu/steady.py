@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dynspec.bench.cli_common import levels as parse_levels
-from dynspec.bench.gpu import firsttoken, held
+from dynspec.bench.gpu import firsttoken
 from dynspec.bench.gpu.attempt import Body
 from dynspec.bench.gpu.launch import (
     drop_flag,
@@ -213,14 +213,11 @@ class Levels:
         urls: Mapping[str, str],
         routers: Mapping[str, int],
         launch: int = 1,
-        logs: Path | None = None,
     ) -> None:
         self.what = {t.label: t.what for t in targets}
         self.urls, self.routers = urls, routers  # routers: what -> pid
         self.cpu = {what: cpu_seconds(pid) for what, pid in routers.items()}
         self.launch = launch
-        # The launch's server logs: what each server held over the level (held.py).
-        self.tail = held.LogTail(logs) if logs is not None else None
         self.first = firsttoken.FirstTokens({}, fetch)
 
     def start(self, label: str) -> None:
@@ -234,8 +231,6 @@ class Levels:
     def __call__(self, rec: dict[str, Any]) -> None:
         what = self.what[rec["target"]]
         rec["launch"] = self.launch
-        if self.tail is not None:
-            held.annotate([rec], self.tail.read())
         seen = self.first.read()
         if seen:
             rec["first_token"] = seen
@@ -296,7 +291,7 @@ def plan_steady(
     if "cost_router" in pids:
         routers["cost"] = pids["cost_router"]
     live = {w: p for w, p in routers.items() if p is not None}
-    hook = Levels(study.targets, urls, live, launch=this_launch, logs=run.logs)
+    hook = Levels(study.targets, urls, live, launch=this_launch)
     run.say(f"sweep {', '.join(t.label for t in study.targets)} at C={wanted}")
     title = f"MEASURED: {TITLE}, code at {run.meta.get('commit', '?')}, medians (min-max)"
     done = sweep(run, targets, jsonl, levels=wanted, limit=sweep_seconds, on_record=hook,

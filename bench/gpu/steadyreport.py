@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dynspec.bench.gpu import firsttoken, held
+from dynspec.bench.gpu import firsttoken
 from dynspec.bench.report import Record, Spread, by_point, load_jsonl, spread, stats, table
 
 PAIR_GOAL = 0.95  # routed >= 0.95 x the better server alone, at every C
@@ -151,7 +151,6 @@ def markdown(
             for c, r in ratios.items()
         ]
         lines += table(["C", "ratio", "per repeat", "better", "on EAGLE / switches"], body)
-    lines += held_table(rows, targets, levels)
     costs = cost_rows(rows)
     if costs:
         ok = all(r["ratio"] >= COST_GOAL and added_ms(r) <= COST_TTFT_MS for r in costs.values())
@@ -178,23 +177,6 @@ def markdown(
             ]
     lines += firsttoken.table(rows)
     return "\n".join(lines) + "\n"
-
-
-def held_table(rows: Sequence[Record], targets: Sequence[str], levels: Sequence[int]) -> list[str]:
-    """What the servers held over each level, repeat by repeat (``held.py``), where the records
-    say: a level whose server held fewer than C was not fed the load it names."""
-    found = held.cells(rows)
-    if not found:
-        return []
-    body = [[str(c), *(found.get(t, {}).get(c, "-") for t in targets)] for c in levels]
-    return [
-        "",
-        "Requests the servers held over each level, running+queued, each repeat (SGLang's own "
-        "counts, the mean of its decode-log lines in the level; a router's: both servers'); the "
-        "clients kept C open:",
-        "",
-        *table(["C", *targets], body),
-    ]
 
 
 def added_ms(row: Mapping[str, Any]) -> float:
@@ -255,18 +237,8 @@ def summary(rows: Sequence[Record]) -> dict[str, Any]:
     }
 
 
-def load(paths: Sequence[Path], logs: Sequence[Path] = ()) -> list[Record]:
-    """The records of ``paths``, each with what its servers held where ``logs`` (the runs' logs
-    folders or tarballs) say, read anew over what a live run wrote (``held.py``)."""
-    rows = read(paths)
-    if logs and rows:
-        held.annotate(rows, held.samples(logs), again=True)
-    return rows
-
-
 def write_report(jsonl: Path, title: str = "") -> None:
-    """``write_rows`` from ``jsonl`` (a live plan's, whose records already say what the servers
-    held); nothing while ``jsonl`` is not there."""
+    """``write_rows`` from ``jsonl`` (a live plan's); nothing while ``jsonl`` is not there."""
     if jsonl.exists():
         write_rows(jsonl, read([jsonl]), title)
 
@@ -274,7 +246,7 @@ def write_report(jsonl: Path, title: str = "") -> None:
 def write_rows(jsonl: Path, rows: Sequence[Record], title: str = "") -> None:
     """``STEM.md`` (the tables), ``STEM.png`` (tok/s and TPOT, medians with min-max) and
     ``STEM-summary.json`` beside ``jsonl``, from ``rows`` (``gpu report --write``: the records
-    of every file given, ``load``)."""
+    of every file given)."""
     import json
 
     from dynspec.bench.report import plot
