@@ -11,13 +11,12 @@ import json
 import shlex
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from dynspec.bench.cli_common import levels as parse_levels
-from dynspec.bench.gpu import firsttoken
 from dynspec.bench.gpu.attempt import Body
 from dynspec.bench.gpu.launch import (
     drop_flag,
@@ -38,6 +37,7 @@ from dynspec.bench.gpu.toolkit import (
     sweep_config,
     warm,
 )
+from dynspec.bench.metrics import samples
 from dynspec.bench.procs import (
     cmdline,
     cpu_seconds,
@@ -204,6 +204,47 @@ _LEARNED = ("pool", "curve", "running_limit", "learned_floor", "learned_reach",
             "spec_accept_length")  # fmt: skip
 
 
+ROUTER_DELAY = "dynspec_router_delay_seconds"
+
+
+def delay_totals(text: str) -> tuple[float, float] | None:
+    """The ``_sum`` and ``_count`` of the router's ``dynspec_router_delay_seconds`` on a Prometheus
+    page, each added up over its series; None where the page has no ``_count`` of it."""
+    count = samples(text, f"{ROUTER_DELAY}_count")
+    if not count:
+        return None
+    return sum((v for _, v in samples(text, f"{ROUTER_DELAY}_sum")), 0.0), sum(v for _, v in count)
+
+
+class RouterDelay:
+    """The router's own share of a level's TTFT (from a request's arrival to its last byte sent to
+    the server): the change of its histogram's sum over its count from ``start()`` to ``read()``,
+    the record's ``first_token`` (why: docs/benchmarks.md, "Where the first token waited"). A
+    router that does not answer, or counted nothing, gives nothing."""
+
+    def __init__(self, url: str | None, get: Callable[[str], str] = fetch) -> None:
+        self.url, self.get = url, get
+        self.before = (0.0, 0.0)
+
+    def _totals(self) -> tuple[float, float] | None:
+        if self.url is not None:
+            with contextlib.suppress(OSError, ValueError):
+                return delay_totals(self.get(f"{self.url}/metrics"))
+        return None
+
+    def start(self) -> None:
+        self.before = self._totals() or (0.0, 0.0)
+
+    def read(self) -> dict[str, dict[str, float]]:
+        """``{"router_delay": {"ms": mean, "n": requests}}`` over the level, or ``{}``."""
+        total, count = self._totals() or self.before
+        was_total, was_count = self.before
+        n = count - was_count
+        if n <= 0:
+            return {}
+        return {"router_delay": {"ms": round(1000 * (total - was_total) / n, 3), "n": n}}
+
+
 class Levels:
     """``on_record``: what the router and the servers say about each level, and its launch."""
 
@@ -218,20 +259,19 @@ class Levels:
         self.urls, self.routers = urls, routers  # routers: what -> pid
         self.cpu = {what: cpu_seconds(pid) for what, pid in routers.items()}
         self.launch = launch
-        self.first = firsttoken.FirstTokens({}, fetch)
+        self.delay = RouterDelay(None)
 
     def start(self, label: str) -> None:
         what = self.what[label]
         if what in self.routers:
             self.cpu[what] = cpu_seconds(self.routers[what])
-        router = self.urls[what] if what in ("routed", "cost") else None
-        self.first = firsttoken.FirstTokens(firsttoken.sources(router, self.urls), fetch)
-        self.first.start()
+        self.delay = RouterDelay(self.urls[what] if what in ("routed", "cost") else None)
+        self.delay.start()
 
     def __call__(self, rec: dict[str, Any]) -> None:
         what = self.what[rec["target"]]
         rec["launch"] = self.launch
-        seen = self.first.read()
+        seen = self.delay.read()
         if seen:
             rec["first_token"] = seen
         if what in self.routers:

@@ -261,15 +261,12 @@ def test_pair_a_over_two_commands_keeps_its_launcher_and_resumes_the_sweep(tmp_p
     assert {r["router"]["threshold"] for r in rows if r["target"] == "routed_eagle"} == {
         steady.ABOVE_ANY_LOAD
     }
-    # Each level's mean TTFT as its router and the servers counted it (firsttoken.py): a level
-    # through a router has the router's, one straight to a server has none.
+    # Each level through a router has the router's own share of its TTFT (steady.RouterDelay);
+    # one straight to a server has none.
     for r in rows:
-        seen = r["first_token"]
-        assert ("router" in seen) == (r["target"] in ("routed", "routed_eagle")), r
-        assert ("router_delay" in seen) == ("router" in seen), r
-        served = sum(seen[s]["n"] for s in ("eagle", "baseline") if s in seen)
-        assert served >= r["completed"] and seen.get("router", {"n": served})["n"] >= r["completed"]
-    assert "Mean TTFT ms where it was seen" in (out / "sweep-pair-a.md").read_text()
+        seen = r.get("first_token", {})
+        assert ("router_delay" in seen) == (r["target"] in ("routed", "routed_eagle")), r
+        assert seen.get("router_delay", {"n": r["completed"]})["n"] >= r["completed"]
     meta = json.loads((out / "meta.json").read_text())
     assert [c["resumed"] for c in meta["device_commands"]] == [False, True]
     assert meta["launcher_exit"] == "stopped" and meta["leftovers_killed"] == []
