@@ -184,17 +184,6 @@ def pending(
     return [p for p in points(targets, cfg) if p not in finished]
 
 
-def complete_groups(
-    targets: Sequence[load.Target], cfg: SweepConfig, done: Sequence[Record]
-) -> list[Record]:
-    """``done`` less the sweep's (level, repeat) groups that it holds only in part: the report
-    compares the targets repeat by repeat, so a group one launch of the servers left unfinished
-    is measured again whole by the next launch. Records of points outside the sweep are kept."""
-    have = {point(r) for r in done}
-    partial = {(c, rep) for label, c, rep in points(targets, cfg) if (label, c, rep) not in have}
-    return [r for r in done if point(r)[1:] not in partial]
-
-
 def estimate_seconds(c: int, cfg: SweepConfig, seen: Sequence[Record]) -> float:
     """How long one level at ``c`` takes, from the target's earlier records (``seen``): at the
     tok/s of the nearest level at or below ``c`` (tok/s grows with C, so this errs long), plus a

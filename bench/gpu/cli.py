@@ -90,12 +90,6 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
     args = p.parse_args(argv)
     if args.dry_run and args.plan != "traffic":
         p.error("--dry-run: only the traffic plan has one")
-    if args.resume_from is not None:
-        name = trafficplan.RESULTS if args.plan == "traffic" else steady.sweep_file(args.plan)
-        if not args.resume_from.is_dir():
-            p.error(f"--resume-from: no folder {args.resume_from}")
-        if not (args.resume_from / name).is_file():
-            p.error(f"--resume-from: {args.resume_from} holds no {name}")
     wrong = steady.check_flags(args) or trafficplan.check_flags(args)
     if wrong:
         p.error(wrong)
@@ -109,7 +103,7 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
         steady=toolkit.Steady(repeats=args.repeats, min_seconds=args.min_seconds,
                               per_c=args.requests_per_c, output_len=args.output_len,
                               prompt_pool=args.prompt_pool),
-        keep=args.keep, resume_from=args.resume_from,
+        keep=args.keep,
     )  # fmt: skip
     plan = trafficplan if args.plan == "traffic" else steady
     attempt.attempt(a, plan.body_of(args))
@@ -175,7 +169,6 @@ def run_parser() -> FlagParser:
     p.add_argument("--output-len", type=positive_int, default=st.output_len, help="tokens out")
     add_prompt_pool_flag(p)
     p.add_argument("--keep", action="store_true", help="leave the launch for the next command")
-    p.add_argument("--resume-from", type=Path, help="go on from this earlier results folder")
     p.add_argument(
         "--sweep-seconds", type=non_negative_float, help="start no level (run) after this"
     )

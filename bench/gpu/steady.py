@@ -18,14 +18,7 @@ from typing import Any
 
 from dynspec.bench.cli_common import levels as parse_levels
 from dynspec.bench.gpu.attempt import Body
-from dynspec.bench.gpu.launch import (
-    drop_flag,
-    finish,
-    kept_launch,
-    launch_argv,
-    record_launch,
-    start_launch,
-)
+from dynspec.bench.gpu.launch import drop_flag, finish, launch_argv, start_launch
 from dynspec.bench.gpu.toolkit import (
     PAIR_LEVELS,
     Run,
@@ -34,7 +27,6 @@ from dynspec.bench.gpu.toolkit import (
     fetch,
     gauge,
     sweep,
-    sweep_config,
     warm,
 )
 from dynspec.bench.metrics import samples
@@ -246,19 +238,17 @@ class RouterDelay:
 
 
 class Levels:
-    """``on_record``: what the router and the servers say about each level, and its launch."""
+    """``on_record``: what the router and the servers say about each level."""
 
     def __init__(
         self,
         targets: Sequence[Target],
         urls: Mapping[str, str],
         routers: Mapping[str, int],
-        launch: int = 1,
     ) -> None:
         self.what = {t.label: t.what for t in targets}
         self.urls, self.routers = urls, routers  # routers: what -> pid
         self.cpu = {what: cpu_seconds(pid) for what, pid in routers.items()}
-        self.launch = launch
         self.delay = RouterDelay(None)
 
     def start(self, label: str) -> None:
@@ -270,7 +260,6 @@ class Levels:
 
     def __call__(self, rec: dict[str, Any]) -> None:
         what = self.what[rec["target"]]
-        rec["launch"] = self.launch
         seen = self.delay.read()
         if seen:
             rec["first_token"] = seen
@@ -313,8 +302,7 @@ def plan_steady(
         launch = launch_argv(run, models, threshold=study.threshold, mps=study.mps,
                              baseline_limit=study.baseline_limit,
                              baseline_args=study.baseline_args)  # fmt: skip
-        this_launch = begin_launch(run, targets, jsonl, wanted, launch)
-        procs["launcher"] = start_launch(run, launch, this_launch)
+        procs["launcher"] = start_launch(run, launch)
         if any(t.what == "cost" for t in study.targets):
             argv = cost_router_argv(run.meta["commands"], cost_port)
             run.meta["cost_router_argv"] = argv
@@ -326,12 +314,11 @@ def plan_steady(
         pids = {name: proc.pid for name, proc in procs.items()}
     else:
         pids = {name: int(pid) for name, (pid, _start) in session["procs"].items()}
-        this_launch = kept_launch(run)
     routers = {"routed": router_pid(pids["launcher"], run.ports[0])}
     if "cost_router" in pids:
         routers["cost"] = pids["cost_router"]
     live = {w: p for w, p in routers.items() if p is not None}
-    hook = Levels(study.targets, urls, live, launch=this_launch)
+    hook = Levels(study.targets, urls, live)
     run.say(f"sweep {', '.join(t.label for t in study.targets)} at C={wanted}")
     title = f"MEASURED: {TITLE}, code at {run.meta.get('commit', '?')}, medians (min-max)"
     done = sweep(run, targets, jsonl, levels=wanted, limit=sweep_seconds, on_record=hook,
@@ -346,33 +333,3 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> b
             return True
         time.sleep(0.5)
     return False
-
-
-def begin_launch(
-    run: Run, targets: Sequence[Any], jsonl: Path, levels: Sequence[int], launch: Sequence[str]
-) -> int:
-    """``record_launch`` for a sweep: going on from an earlier command's results, its records of
-    whole groups (``complete_groups``: a group left in part is measured again whole, in this
-    launch)."""
-    from dynspec.bench.report import append_jsonl, load_jsonl
-    from dynspec.bench.sweep import complete_groups, pending, point
-
-    def resume(folder: Path) -> tuple[int, int]:
-        cfg = sweep_config(run, levels, None)
-        try:
-            rows = load_jsonl(folder / jsonl.name)
-        except (OSError, ValueError) as exc:
-            raise RunFailed(f"--resume-from: {exc}") from None
-        kept = complete_groups(targets, cfg, rows)
-        jsonl.unlink(missing_ok=True)
-        for r in kept:
-            append_jsonl(jsonl, r)
-        dropped = len(rows) - len(kept)  # the records of groups kept in part
-        groups = {point(r)[1:] for r in rows} - {point(r)[1:] for r in kept}
-        left = len(pending(targets, cfg, None, kept))
-        part = "a partial group" if len(groups) == 1 else f"{len(groups)} partial groups"
-        what = f", {dropped} of {part} dropped (measured again whole)" if dropped else ""
-        run.say(f"resuming from {folder}: {len(kept)} points kept{what}, {left} left")
-        return len(kept), dropped
-
-    return record_launch(run, launch, resume)

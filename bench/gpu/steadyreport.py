@@ -58,7 +58,7 @@ def unjudged(
     """What keeps a goal at every C from being judged, from the tok/s ``stats`` and the
     ``pair_ratios`` of ``routed_label``: the levels it ran where no server alone did, and those
     where it or the better server alone has fewer than ``repeats`` runs (a run cut short by the
-    device's time, or split over launches). Empty: none."""
+    device's time). Empty: none."""
     alone_missing = [c for c in sorted(tok.get(routed_label, {})) if c not in ratios]
     short = [
         c for c, r in ratios.items()
@@ -129,10 +129,7 @@ def markdown(
     targets = list(tok)
     levels = sorted({c for t in tok.values() for c in t})
     reps = max((s.n for t in tok.values() for s in t.values()), default=0)
-    launches = len({int(r.get("launch") or 1) for r in rows})  # a record without: launch 1
-    also = (f", points from {launches} launches (each with its own calibration and a fresh "
-            "router)" if launches > 1 else "")  # fmt: skip
-    lines = [f"Output tok/s, median (min-max) of up to {reps} repeats{also}:", ""]
+    lines = [f"Output tok/s, median (min-max) of up to {reps} repeats:", ""]
     lines += table(["C", *targets], [[str(c), *cells(tok, targets, c)] for c in levels])
     lines += ["", "p50 TPOT ms, median (min-max):", ""]
     lines += table(["C", *targets], [[str(c), *cells(tpot, targets, c, 2)] for c in levels])

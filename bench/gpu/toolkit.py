@@ -82,7 +82,6 @@ class Run:
     steady: Steady = field(default_factory=Steady)
     keep: bool = False  # a kept session: leave its processes running at the end
     reserve: float = RESERVE_S  # seconds kept at the end of the budget for the stop and results
-    resumed_from: Path | None = None  # --resume-from, taken: an earlier launch's results folder
 
     @property
     def logs(self) -> Path:
@@ -309,8 +308,7 @@ def sweep(
     write_report(out, title)
     left = pending(targets, cfg, out)
     if left:
-        run.say(f"{len(left)} points left (the budget): the next command with --keep resumes; "
-                "on a fresh machine, --resume-from this command's results")  # fmt: skip
+        run.say(f"{len(left)} points left (the budget): the next command with --keep resumes")
     return not left
 
 

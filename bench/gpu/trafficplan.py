@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dynspec.bench import arrivals
-from dynspec.bench.gpu.launch import finish, kept_launch, launch_argv, record_launch, start_launch
+from dynspec.bench.gpu.launch import finish, launch_argv, start_launch
 from dynspec.bench.gpu.toolkit import Run, RunFailed, Steady, check_model_loads, warm
 from dynspec.common.cli import non_negative_float, positive_float
 
@@ -181,17 +181,6 @@ def run_keys(out: Path) -> set[tuple[str, int, str]]:
     return keys
 
 
-def whole_groups(lines: Sequence[str], labels: Sequence[str]) -> list[str]:
-    """The records of the (schedule, repeat) groups every target ran in: a group left in part
-    is run again whole in the next launch, its targets measured side by side."""
-    rows = [(ln, json.loads(ln)) for ln in lines if ln.strip()]
-    ran: dict[tuple[str, int], set[str]] = {}
-    for _, r in rows:
-        ran.setdefault((str(r["schedule"]), int(r["repeat"])), set()).add(str(r["target"]))
-    whole = {g for g, got in ran.items() if set(labels) <= got}
-    return [ln for ln, r in rows if (str(r["schedule"]), int(r["repeat"])) in whole]
-
-
 def settle_peak(run: Run, plan: TrafficPlan) -> float:
     """The peak of this run: the one an earlier command of it chose (``meta.json``), else the
     flag's, else the calibration's (``capacity``); refused when the earlier command's plan was
@@ -217,25 +206,6 @@ def settle_peak(run: Run, plan: TrafficPlan) -> float:
         run.say(f"the day's peak from the calibration: {cap.line()}")
     run.meta["traffic"] = record
     return float(record["peak_rps"])
-
-
-def begin_launch(run: Run, out: Path, launch: Sequence[str]) -> int:
-    """``steady.record_launch`` for the traffic runs: going on from an earlier command's results
-    (``--resume-from``), first its whole groups into ``out``."""
-
-    def resume(folder: Path) -> tuple[int, int]:
-        try:
-            lines = (folder / RESULTS).read_text().splitlines()
-            kept = whole_groups(lines, TARGETS)
-        except (OSError, ValueError, KeyError) as exc:
-            raise RunFailed(f"--resume-from: {exc}") from None
-        out.write_text("".join(ln + "\n" for ln in kept))
-        dropped = len([ln for ln in lines if ln.strip()]) - len(kept)
-        run.say(f"resuming from {folder}: {len(kept)} records kept, {dropped} dropped (of "
-                "groups run in part: run again whole)")  # fmt: skip
-        return len(kept), dropped
-
-    return record_launch(run, launch, resume)
 
 
 def plan_launch(run: Run, models: Path, plan: TrafficPlan) -> list[str]:
@@ -268,25 +238,18 @@ def plan_traffic(
     served = urls(run.ports)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     if session is None:
-        launch = plan_launch(run, models, plan)
-        # Going on from an earlier command (--resume-from): its plan checked before anything
-        # starts (the launch's own check leaves out where the models are, the draft included).
-        peak = settle_peak(run, plan) if "traffic" in run.meta else None
-        this_launch = begin_launch(run, out, launch)
-        procs["launcher"] = start_launch(run, launch, this_launch)
-        if peak is None:
-            peak = settle_peak(run, plan)
+        procs["launcher"] = start_launch(run, plan_launch(run, models, plan))
+        peak = settle_peak(run, plan)
         warm(run, {"eagle": served["eagle"], "baseline": served["baseline"]}, WARM_LEVELS)
     else:
-        this_launch = kept_launch(run)
         peak = settle_peak(run, plan)
     cfg = traffic.TrafficConfig(
         schedules=schedules(plan, peak), input_len=run.steady.input_len,
         output_len=run.steady.output_len, repeats=run.steady.repeats, drain_s=plan.drain_s,
         slo_ttft_ms=SLO_TTFT_MS, slo_tpot_ms=SLO_TPOT_MS, command=command,
     )  # fmt: skip
-    extra = {"plan": "traffic", "commit": run.meta.get("commit"), "launch": this_launch,
-             "draft": plan.draft, "peak_rps": peak, "mps": True,
+    extra = {"plan": "traffic", "commit": run.meta.get("commit"), "draft": plan.draft,
+             "peak_rps": peak, "mps": True,
              "gpu": run.meta.get("versions", {}).get("gpu")}  # fmt: skip
     names = [name for name, _ in plan.schedule_seconds()]
     run.say(f"traffic: {', '.join(names)} (day peak {peak:g} req/s) x {run.steady.repeats} "
@@ -297,8 +260,7 @@ def plan_traffic(
     left = runs_left(out, names, run.steady.repeats, TARGETS)
     run.meta["traffic_runs_left"] = left
     if left:
-        run.say(f"{left} runs left (the budget): the next command with --keep resumes; on a "
-                "fresh machine, --resume-from this command's results")  # fmt: skip
+        run.say(f"{left} runs left (the budget): the next command with --keep resumes")
     return finish(run, procs, session, keep=keep and left > 0)
 
 

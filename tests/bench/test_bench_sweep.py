@@ -208,26 +208,3 @@ def test_level_estimate_errs_long_from_the_level_below() -> None:
     expect = 640 * 128 / 5000 + 2 * 64 * 128 / 5000 + 0.5 + 1.0
     assert abs(estimate_seconds(64, cfg, seen) - expect) < 1e-9
     assert estimate_seconds(16, cfg, seen) == 15 + 2 * 16 * 128 / 5000 + 1.5  # min_seconds rules
-
-
-def test_complete_groups_drops_a_group_measured_in_part_by_its_levels() -> None:
-    from dynspec.bench.load import Target
-    from dynspec.bench.sweep import SweepConfig, complete_groups
-
-    # The baseline runs only from C=64 (--baseline-from 64): at C=16 a group is routed and eagle.
-    targets = [Target("routed", "u"), Target("eagle", "u"),
-               Target("baseline", "u", levels=frozenset({64}))]  # fmt: skip
-    cfg = SweepConfig(concurrencies=[16, 64], repeats=2)
-
-    def rec(target: str, c: int, rep: int) -> dict[str, object]:
-        return {"target": target, "max_concurrency": c, "repeat": rep}
-
-    whole16 = [rec("routed", 16, 1), rec("eagle", 16, 1), rec("routed", 16, 2), rec("eagle", 16, 2)]
-    whole64 = [rec("routed", 64, 1), rec("eagle", 64, 1), rec("baseline", 64, 1)]
-    partial = [rec("routed", 64, 2), rec("eagle", 64, 2)]  # the baseline's C=64 #2 not measured
-    other = [rec("routed", 4, 1)]  # a level this sweep has not: not its business
-    done = [*whole16, *whole64, *partial, *other]
-    assert complete_groups(targets, cfg, done) == [*whole16, *whole64, *other]
-    # A record without ``repeat`` is repeat 1; a group of one target alone is partial too.
-    assert complete_groups(targets, cfg, [{"target": "eagle", "max_concurrency": 16}]) == []
-    assert complete_groups(targets, cfg, []) == []

@@ -1,13 +1,11 @@
 """The ``traffic`` plan: its flags, the day's peak from a calibration, the targets from a launch's
 ports, the commands it takes, and its body over two commands on a fake launch and a fake
-``run_live`` (the first keeping the launch for the second), and on a fresh machine going on from
-an earlier command's results."""
+``run_live`` (the first keeping the launch for the second)."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -79,7 +77,7 @@ def test_schedules_the_day_then_each_constant_rate() -> None:
                                        ("rate-0.5", 20)]  # fmt: skip
 
 
-def test_runs_left_and_whole_groups(tmp_path: Path) -> None:
+def test_runs_left(tmp_path: Path) -> None:
     out = tmp_path / "traffic.jsonl"
     assert trafficplan.runs_left(out, ["day"], 3, trafficplan.TARGETS) == 9
     rows = [rec("day", 1, t) for t in ("routed", "eagle", "baseline")]
@@ -87,8 +85,6 @@ def test_runs_left_and_whole_groups(tmp_path: Path) -> None:
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert trafficplan.runs_left(out, ["day"], 3, trafficplan.TARGETS) == 5
     assert trafficplan.runs_left(out, ["day"], 1, trafficplan.TARGETS) == 0
-    kept = trafficplan.whole_groups(out.read_text().splitlines(), trafficplan.TARGETS)
-    assert [json.loads(ln)["repeat"] for ln in kept] == [1, 1, 1, 1]  # repeat 2: eagle only
 
 
 def test_commands_needed_from_the_h200s_times() -> None:
@@ -126,7 +122,7 @@ def test_bad_flags_are_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path
         (["--plan", "traffic", "--baseline-from", "64"], "--baseline-from: not for the traffic"),
         (["--plan", "traffic", "--traffic-day-seconds", "600", "--budget", "565"],
          "a run takes up to 645 s, more than --budget 565 holds"),
-        (["--plan", "traffic", "--resume-from", str(tmp_path)], "holds no traffic.jsonl"),
+        (["--plan", "traffic", "--resume-from", str(tmp_path)], "unrecognized arguments"),
         (["--plan", "pair-b", "--traffic-return-delay", "5"], "only the traffic plan"),
         (["--plan", "router-cost", "--baseline-limit", "128"],
          "only the pair-a, pair-b and traffic plans"),
@@ -270,7 +266,7 @@ def test_two_commands_keep_the_launch_and_the_second_finishes(
     cfg = call["cfg"]
     assert [(n, x.text) for n, x in cfg.schedules] == [("day", "day:120 peak 62.7")]
     assert (cfg.repeats, cfg.output_len, cfg.input_len, cfg.drain_s) == (2, 128, 256, 30.0)
-    assert call["extra"]["launch"] == 1 and call["extra"]["peak_rps"] == 62.7
+    assert call["extra"]["peak_rps"] == 62.7
     assert call["extra"]["commit"] == "abc1234" and call["extra"]["plan"] == "traffic"
     assert abs(call["deadline"] - (run.deadline - run.reserve)) < 1e-6
     assert run.meta["traffic"]["capacity"] == {"eagle_rps": 55.4, "baseline_rps": 71.0,
@@ -288,56 +284,13 @@ def test_two_commands_keep_the_launch_and_the_second_finishes(
     assert trafficplan.plan_traffic(again, m, TrafficPlan(), session=session, keep=True,
                                     run_live=live.run_live) == 0  # fmt: skip
     assert len(fake_launch) == 2 and len(live.calls) == 2
-    assert live.calls[1]["cfg"] == cfg and live.calls[1]["extra"]["launch"] == 1
+    assert live.calls[1]["cfg"] == cfg
     rows = [json.loads(ln) for ln in (run.results / "traffic.jsonl").read_text().splitlines()]
     assert [(r["repeat"], r["target"]) for r in rows] == [
         (1, "routed"), (1, "eagle"), (1, "baseline"), (2, "eagle"), (2, "baseline"), (2, "routed"),
     ]  # fmt: skip
     assert again.meta["traffic_runs_left"] == 0 and not again.keep
     assert again.meta["launcher_exit"] == "stopped" and not alive(pid, start)
-
-
-def test_a_fresh_machine_goes_on_from_an_earlier_commands_results(
-    tmp_path: Path, fake_launch: list[Any]
-) -> None:
-    """Repeat 1 whole, repeat 2 with only routed: repeat 2 is run again whole in the new launch,
-    at the peak the first launch chose (50), not this launch's calibration's."""
-    carried = tmp_path / "carried"
-    carried.mkdir()
-    rows = [rec("day", 1, t) for t in ("routed", "eagle", "baseline")] + [rec("day", 2, "routed")]
-    (carried / "traffic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (carried / "calibration-llama8b-random-x.json").write_text("{}")
-    m = models(tmp_path, "hi", "p54")
-    earlier = make_run(tmp_path / "earlier")
-    earlier_argv = trafficplan.plan_launch(earlier, m, TrafficPlan())
-    meta = {"plan": "traffic", "commit": "abc1234", "launch_argv": earlier_argv[1:],
-            "launches": [{"tag": "t1", "records_kept": 0}],
-            "traffic": {"settings": TrafficPlan().settings(), "peak_rps": 50.0}}  # fmt: skip
-
-    # Another draft than the earlier launch's: refused before anything starts.
-    run = make_run(tmp_path, json.loads(json.dumps(meta)))
-    run.resumed_from = carried
-    live = FakeLive(per_call=[100])
-    with pytest.raises(RunFailed, match=r"another traffic plan \(draft hi there, p54 here\)"):
-        trafficplan.plan_traffic(run, m, TrafficPlan(draft="p54"), session=None, keep=False,
-                                 run_live=live.run_live)  # fmt: skip
-    assert fake_launch == [] and live.calls == []
-
-    run = make_run(tmp_path, json.loads(json.dumps(meta)))
-    run.resumed_from = carried
-    assert trafficplan.plan_traffic(run, m, TrafficPlan(), session=None, keep=False,
-                                    run_live=live.run_live) == 0  # fmt: skip
-    assert live.calls[0]["cfg"].schedules[0][1].peak == 50.0
-    assert live.calls[0]["extra"]["launch"] == 2
-    got = [json.loads(ln) for ln in (run.results / "traffic.jsonl").read_text().splitlines()]
-    assert [(r["repeat"], r["target"], r.get("launch")) for r in got] == [
-        (1, "routed", None), (1, "eagle", None), (1, "baseline", None),
-        (2, "eagle", 2), (2, "baseline", 2), (2, "routed", 2),
-    ]  # fmt: skip
-    second = run.meta["launches"][1]
-    assert (second["records_kept"], second["records_dropped"]) == (3, 1)
-    assert (run.results / "calibration-llama8b-random-x.json").read_text() == "{}"
-    assert run.meta["launcher_exit"] == 0 or run.meta["launcher_exit"] == -signal.SIGINT
 
 
 def test_a_later_command_of_another_plan_is_refused(tmp_path: Path) -> None:
@@ -367,7 +320,7 @@ def test_the_real_runner_on_a_simulator_ends_the_plan_and_stops_the_launch(
     rows = [json.loads(ln) for ln in (run.results / "traffic.jsonl").read_text().splitlines()]
     whole = [r for r in rows if r["scope"] == "run"]
     assert [r["target"] for r in whole] == ["routed", "eagle", "baseline"]
-    assert all(r["peak_rps"] == 12 and r["launch"] == 1 and r["plan"] == "traffic" for r in rows)
+    assert all(r["peak_rps"] == 12 and r["plan"] == "traffic" for r in rows)
     assert all(r["schedule_text"] == "day:1 peak 12" and r["requests"] > 0 for r in whole)
     assert run.meta["traffic_runs_left"] == 0 and not run.keep
     assert run.meta["traffic"] == {"settings": plan.settings(), "peak_rps": 12}
