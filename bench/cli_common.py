@@ -213,8 +213,8 @@ def stopped_code(exc: KeyboardInterrupt) -> int:
 
 
 def run_then_report(run: Callable[[], object], out: Path, finished: str, kind: Report) -> int:
-    """Run an experiment that writes ``out``, then report all ``out`` holds (with ``--append``,
-    earlier runs too); Ctrl-C or SIGTERM keeps what finished."""
+    """Run an experiment that writes ``out``, then report all ``out`` holds (``traffic``: earlier
+    runs of the plan too); Ctrl-C or SIGTERM keeps what finished."""
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
         run()

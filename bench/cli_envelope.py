@@ -55,11 +55,8 @@ def add_arguments(p: FlagParser) -> None:
     ways_text = "--eight-gpus: which ways to run, comma-separated"
     p.add_argument("--ways", type=ways.parse_ways, default=list(ways.EIGHT_WAYS), help=ways_text)
     add_sharing_flag(p, "--eight-gpus: ")
-    for flag, text in (
-        ("--calibrated", "give paired-auto the profile as --speed-profile (default: none)"),
-        ("--append", "add to an existing --out JSONL instead of replacing it"),
-    ):
-        p.add_argument(flag, action="store_true", help=f"--eight-gpus: {text}")
+    text = "--eight-gpus: give paired-auto the profile as --speed-profile (default: none)"
+    p.add_argument("--calibrated", action="store_true", help=text)
     for flag, kind, default, text in (
         ("--repeats", positive_int, 1, "runs of the whole comparison, each started afresh"),
         ("--adaptive-profile", str, None, "the profile whose eagle mode 2x-adaptive runs"),
@@ -88,10 +85,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(RETIRED)
     suffix = ("-mps" if args.sharing == "mps" else "") + ("-calibrated" if args.calibrated else "")
     out = out_path(args, f"envelope8-{prof.name}{suffix}")
-    if args.append and not (out.exists() and out.stat().st_size > 0):
-        raise UsageError(f"--append: {out} does not exist or is empty")
     names = "profile speed threshold hysteresis seed startup_timeout router_log_level ways"
-    names += " metrics_interval sharing adaptive_profile append repeats calibrated"
+    names += " metrics_interval sharing adaptive_profile repeats calibrated"
     cfg = envelope8.EightGpusConfig(
         **{k: getattr(args, k) for k in names.split()},
         sweep=sweep_config(args),

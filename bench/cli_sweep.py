@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,7 +14,6 @@ from dynspec.common.cli import (
     FlagParser,
     UsageError,
     non_negative_float,
-    positive_float,
     positive_int,
 )
 
@@ -42,17 +40,12 @@ def add_arguments(p: FlagParser) -> None:
     for flag, kind, default, text in (
         ("--repeats", positive_int, 1, "runs of each target at each level, taking turns"),
         ("--min-seconds", non_negative_float, 0.0, "a level lasts at least this long"),
-        ("--time-limit", positive_float, None, "seconds: start no level that would end later"),
         ("--out", Path, Path("sweep.jsonl"), "JSONL results file"),
         ("--title", str, "dynspec-bench sweep", "plot and table title"),
     ):
         p.add_argument(flag, type=kind, default=default, help=text)
-    for flag, text in (
-        ("--warm-pass", "first run every target at every level once, not recorded"),
-        ("--append", "append to an existing --out file"),
-        ("--resume", "append to --out, skipping the points already in it"),
-    ):
-        p.add_argument(flag, action="store_true", help=text)
+    text = "first run every target at every level once, not recorded"
+    p.add_argument("--warm-pass", action="store_true", help=text)
 
 
 def targets(raw: object, endpoint: str) -> list[Target]:
@@ -90,17 +83,15 @@ def _finish(out: Path, title: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dynspec.bench.sweep import ProgressLine, pending, sweep
+    from dynspec.bench.sweep import ProgressLine, sweep
 
     chosen = targets(args.url, args.endpoint)
-    deadline = time.monotonic() + args.time_limit if args.time_limit else None
     cfg = sweep_config(
-        args, repeats=args.repeats, min_seconds=args.min_seconds, resume=args.resume,
-        deadline=deadline, warm_pass=args.warm_pass,
-    )  # fmt: skip
+        args, repeats=args.repeats, min_seconds=args.min_seconds, warm_pass=args.warm_pass
+    )
     out: Path = args.out
-    if out.exists() and out.stat().st_size > 0 and not (args.append or args.resume):
-        raise UsageError(f"--out {out} exists; use --append, --resume or another --out")
+    if out.exists() and out.stat().st_size > 0:
+        raise UsageError(f"--out {out} exists; give another --out")
     out.parent.mkdir(parents=True, exist_ok=True)
     progress = ProgressLine(enabled=not args.no_progress)
     signal.signal(signal.SIGTERM, on_sigterm)
@@ -111,7 +102,4 @@ def run(args: argparse.Namespace) -> int:
         _finish(out, args.title)
         return stopped_code(exc)
     _finish(out, args.title)
-    left = pending(chosen, cfg, out)
-    if left:
-        print(f"{PROG}: {len(left)} points left for --resume (--time-limit)", file=sys.stderr)
     return 0

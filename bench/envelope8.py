@@ -58,7 +58,6 @@ class EightGpusConfig:
     seed: int = 0
     startup_timeout: float = 60.0
     router_log_level: str = "warning"
-    append: bool = False
     command: str = ""
     repeats: int = 1
     calibrated: bool = False  # paired-auto starts from the profile (a launch's --calibrate)
@@ -114,8 +113,7 @@ def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Reco
         extra["adaptive_profile"] = adaptive
         if cfg.adaptive_profile is not None:
             extra["adaptive_by_hand"] = True
-    if not cfg.append:
-        cfg.out.write_text("", encoding="utf-8")
+    cfg.out.write_text("", encoding="utf-8")
     records: list[Record] = []
     for rep in range(1, cfg.repeats + 1):
         # Repeat r: seeds + r - 1 (repeat 1 is a run without repeats), nothing left of the last.

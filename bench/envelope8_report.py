@@ -188,24 +188,6 @@ def way_table(records: Sequence[Record], ways: Sequence[str], key: str, unit: st
     return "\n".join(table(["C", *(f"{w} {unit}" for w in ways)], body)) + "\n"
 
 
-def _runs_line(records: Sequence[Record]) -> str:
-    runs: dict[str, tuple[set[str], str]] = {}
-    for r in records:
-        ts, _ = runs.setdefault(str(r.get("run_started", "?")), (set(), str(r.get("command", ""))))
-        ts.add(str(r["target"]))
-    if len(runs) <= 1:
-        return ""
-    parts = [
-        f"{start}: {', '.join(sorted(ts))} (`{cmd}`)" for start, (ts, cmd) in sorted(runs.items())
-    ]
-    return (
-        "- NOTE: these records come from more than one run: "
-        + "; ".join(parts)
-        + ". Ways from different runs did not share each level's time slot, so a change in the "
-        "machine's load between the runs shows up as a difference between those ways."
-    )
-
-
 def _repeats(records: Sequence[Record]) -> int:
     return max((int(r.get("repeat") or 1) for r in records), default=1)
 
@@ -287,8 +269,7 @@ def _header(records: Sequence[Record], ran: Sequence[str], notes: Sequence[str])
     meta = records[0]
     speed = float(meta.get("speed", 1.0))
     levels = sorted({int(r["max_concurrency"]) for r in records})
-    runs = _runs_line(records)
-    run_time = "" if runs else report.run_time_line(records)
+    run_time = report.run_time_line(records)
     adaptive = meta.get("adaptive_profile") if "2x-adaptive" in ran else None
     return [
         f"Command: `{meta.get('command') or 'dynspec-bench envelope --eight-gpus --simulate'}`",
@@ -311,7 +292,6 @@ def _header(records: Sequence[Record], ran: Sequence[str], notes: Sequence[str])
         *_repeats_lines(records),
         _threshold_line(records),
         *[f"- {n}." for n in notes],
-        *([runs] if runs else []),
         *([run_time] if run_time else []),
         "",
     ]

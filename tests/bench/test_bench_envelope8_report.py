@@ -242,18 +242,6 @@ def test_the_report_of_repeats_says_how_they_ran_and_gives_medians(tmp_path: Pat
     assert "repeats" not in one.read_text() and "per repeat" not in one.read_text()
 
 
-def test_records_from_two_runs_are_flagged(tmp_path: Path) -> None:
-    recs = full_records()
-    for r in recs:
-        if r["target"] == "paired-auto":
-            r["run_started"] = "2026-12-01T08:00:00+00:00"
-            r["command"] = "dynspec-bench envelope --eight-gpus --append --ways paired-auto"
-    md, _ = envelope8_report.write_report(tmp_path / "x.jsonl", recs)
-    text = md.read_text()
-    assert "come from more than one run" in text
-    assert "--append --ways paired-auto" in text
-
-
 def with_adaptive(profile: str, **more: Any) -> list[dict[str, Any]]:
     """full_records() as a run of ``profile`` whose 2x-adaptive (h200-8b-adaptive's curve)
     served more than every other way at both levels."""

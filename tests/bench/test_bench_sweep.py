@@ -168,33 +168,28 @@ def test_env_layer_sets_flags(eagle_sim: str, tmp_path: Path) -> None:
     assert rec["prompt_pool"] == 3
 
 
-def test_steady_levels_last_min_seconds_take_turns_and_resume(
-    eagle_sim: str, tmp_path: Path
-) -> None:
+def test_steady_levels_last_min_seconds_and_take_turns(eagle_sim: str, tmp_path: Path) -> None:
     out = tmp_path / "s.jsonl"
     common = ["--url", f"a={eagle_sim}", "--url", f"b={eagle_sim}", "--concurrency", "1,4"]
     common += ["--requests-per-c", "2", "--min-requests", "2", "--output-len", "8"]
     common += ["--min-seconds", "0.6", "--pause", "0", "--no-progress", "--out", str(out)]
-    first = bench("sweep", *common, "--warm-pass")
+    first = bench("sweep", *common, "--warm-pass", "--repeats", "2")
     assert first.returncode == 0, first.stderr
-    assert [json.loads(ln)["repeat"] for ln in out.read_text().splitlines()] == [1] * 4
-    # A time limit shorter than any level (estimated from the levels before): nothing starts,
-    # and the sweep says what is left.
-    short = bench("sweep", *common, "--repeats", "2", "--resume", "--time-limit", "1")
-    assert short.returncode == 0, short.stderr
-    assert "4 points left for --resume" in short.stderr
-    # --resume runs only the points not in the file, in the sweep's order (A, B at each level).
-    second = bench("sweep", *common, "--repeats", "2", "--resume")
-    assert second.returncode == 0, second.stderr
     rows = [json.loads(ln) for ln in out.read_text().splitlines()]
+    # The targets take turns, repeat by repeat, at each level (A, B, A, B).
     points = [(r["target"], r["max_concurrency"], r["repeat"]) for r in rows]
-    assert points[4:] == [(t, c, 2) for c in (1, 4) for t in ("a", "b")]
+    assert points == [(t, c, rep) for c in (1, 4) for rep in (1, 2) for t in ("a", "b")]
     for r in rows:
         # At least min-seconds, though the request count alone would end sooner.
         assert r["duration"] >= 0.6 and r["completed"] > 2 * r["max_concurrency"], r
         assert r["min_seconds"] == 0.6 and r["client_cpu_s"] > 0
-    again = bench("sweep", *common, "--repeats", "2", "--resume")
-    assert again.returncode == 0 and len(out.read_text().splitlines()) == len(rows)
+    # An --out that holds results is not overwritten; the retired --resume is a usage error.
+    again = bench("sweep", *common)
+    assert again.returncode == 2 and "exists; give another --out" in again.stderr
+    for retired in (["--resume"], ["--append"], ["--time-limit", "1"]):
+        gone = bench("sweep", *common, *retired)
+        assert gone.returncode == 2 and "unrecognized arguments" in gone.stderr, gone.stderr
+    assert len(out.read_text().splitlines()) == len(rows)
 
 
 def test_level_estimate_errs_long_from_the_level_below() -> None:
