@@ -87,7 +87,7 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
     from dynspec.bench.harness import code_commit
 
     p = run_parser()
-    args = p.parse_args(argv)
+    args = p.parse_layered(argv)
     if args.dry_run and args.plan != "traffic":
         p.error("--dry-run: only the traffic plan has one")
     wrong = steady.check_flags(args) or trafficplan.check_flags(args)
@@ -115,7 +115,8 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
 PLANS = ("pair-a", "pair-b", "router-cost", "traffic")
 RUN_HELP = """One bounded attempt on a GPU machine, at most --budget seconds. Plans: pair-a /
 pair-b (one GPU = one pair behind --threshold auto; pair-b with --mps), router-cost (the router
-against the EAGLE server's own port), traffic (open-loop arrivals against pair-b's launch). The
+against the EAGLE server's own port), traffic (open-loop arrivals against pair-b's launch, or
+pair-a's with --traffic-mps off). The
 plans and every flag: docs/benchmarks.md, "Real GPUs"."""
 
 

@@ -70,6 +70,7 @@ class TrafficPlan:
     # so a run's learned threshold can be replayed from its log).
     return_delay: float = 0.0
     log_level: str = "info"
+    mps: bool = True  # pair-b's launch; False: pair-a's, the two servers time-slicing the GPU
 
     def schedule_seconds(self) -> list[tuple[str, float]]:
         """Each schedule's name and length, in the order ``run_live`` runs them."""
@@ -209,9 +210,9 @@ def settle_peak(run: Run, plan: TrafficPlan) -> float:
 
 
 def plan_launch(run: Run, models: Path, plan: TrafficPlan) -> list[str]:
-    """The plan's ``dynspec-launch`` command line (``launch_argv``, MPS, the plan's settings)."""
+    """The plan's ``dynspec-launch`` command line (``launch_argv`` with the plan's settings)."""
     router = ["--return-delay", f"{plan.return_delay:g}"] if plan.return_delay else []
-    return launch_argv(run, models, threshold=plan.threshold, mps=True, draft=plan.draft,
+    return launch_argv(run, models, threshold=plan.threshold, mps=plan.mps, draft=plan.draft,
                        baseline_limit=plan.baseline_limit, baseline_args=plan.baseline_args,
                        more=[*router, "--log-level", plan.log_level])  # fmt: skip
 
@@ -249,7 +250,7 @@ def plan_traffic(
         slo_ttft_ms=SLO_TTFT_MS, slo_tpot_ms=SLO_TPOT_MS, command=command,
     )  # fmt: skip
     extra = {"plan": "traffic", "commit": run.meta.get("commit"), "draft": plan.draft,
-             "peak_rps": peak, "mps": True,
+             "peak_rps": peak, "mps": plan.mps,
              "gpu": run.meta.get("versions", {}).get("gpu")}  # fmt: skip
     names = [name for name, _ in plan.schedule_seconds()]
     run.say(f"traffic: {', '.join(names)} (day peak {peak:g} req/s) x {run.steady.repeats} "
@@ -335,11 +336,12 @@ def dry_run(args: argparse.Namespace) -> str:
                 f"{st.output_len} output tokens, at least {EAGLE_OVERLOAD:g}x EAGLE's")  # fmt: skip
         peak += f"; with {EXAMPLE_CALIBRATION}'s (draft hi): {ex.line()}" if ex else ""
     lines = [
-        f"# traffic plan: one launch (MPS, draft {plan.draft}, threshold {plan.threshold}, return "
-        f"delay {plan.return_delay:g} s, log level {plan.log_level}), a warm "
-        f"pass at C={','.join(map(str, WARM_LEVELS))}, then {st.repeats} repeats x each schedule "
-        f"x {', '.join(TARGETS)} (order rotated each repeat, the same arrivals within a repeat), "
-        f"{st.input_len} tokens in, {st.output_len} out, drain {plan.drain_s:g} s",
+        f"# traffic plan: one launch ({'MPS' if plan.mps else 'no MPS'}, draft {plan.draft}, "
+        f"threshold {plan.threshold}, return delay {plan.return_delay:g} s, log level "
+        f"{plan.log_level}), a warm pass at C={','.join(map(str, WARM_LEVELS))}, then "
+        f"{st.repeats} repeats x each schedule x {', '.join(TARGETS)} (order rotated each "
+        f"repeat, the same arrivals within a repeat), {st.input_len} tokens in, "
+        f"{st.output_len} out, drain {plan.drain_s:g} s",
         f"# day: the compressed day over {plan.day_seconds:g} s (day:{plan.day_seconds:g}), "
         f"peak {peak}",
         *(f"# {rate_name(r)}: {r:g} req/s for {plan.rate_seconds:g} s" for r in plan.rates),
@@ -353,7 +355,7 @@ def dry_run(args: argparse.Namespace) -> str:
 
 TRAFFIC_FLAGS = (
     "traffic_day_seconds", "traffic_peak", "traffic_rates", "traffic_rate_seconds",
-    "traffic_return_delay", "traffic_log_level",
+    "traffic_return_delay", "traffic_log_level", "traffic_mps",
 )  # fmt: skip
 
 
@@ -385,6 +387,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "--traffic-return-delay", type=non_negative_float, help="the router's (default 0: off)"
     )
     p.add_argument("--traffic-log-level", choices=("info", "debug"), help="the launch's (info)")
+    p.add_argument("--traffic-mps", choices=("on", "off"), help="the launch's --mps (on)")
 
 
 def check_flags(args: argparse.Namespace) -> str | None:
@@ -423,6 +426,7 @@ def plan_of(args: argparse.Namespace) -> TrafficPlan:
         baseline_args=args.baseline_args or "",
         return_delay=args.traffic_return_delay or d.return_delay,
         log_level=args.traffic_log_level or d.log_level,
+        mps=args.traffic_mps != "off",
     )
 
 

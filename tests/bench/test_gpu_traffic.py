@@ -124,6 +124,8 @@ def test_bad_flags_are_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path
          "a run takes up to 645 s, more than --budget 565 holds"),
         (["--plan", "traffic", "--resume-from", str(tmp_path)], "unrecognized arguments"),
         (["--plan", "pair-b", "--traffic-return-delay", "5"], "only the traffic plan"),
+        (["--plan", "pair-a", "--traffic-mps", "off"], "--traffic-mps: only the traffic plan"),
+        (["--plan", "traffic", "--traffic-mps", "no"], "invalid choice: 'no'"),
         (["--plan", "router-cost", "--baseline-limit", "128"],
          "only the pair-a, pair-b and traffic plans"),
     ]  # fmt: skip
@@ -162,6 +164,30 @@ def test_dry_run_prints_the_launch_the_schedules_and_the_commands(
     with pytest.raises(SystemExit):
         cli.cmd_run([*given, "--dry-run", "--out", "o"])
     assert "peak 40 req/s (--traffic-peak)" in capsys.readouterr().out
+
+
+def test_traffic_mps_off_launches_the_pair_without_mps(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--traffic-mps off (or $DYNSPEC_TRAFFIC_MPS): pair-a's launch, no MPS; the dry run's first
+    line says which, and the plan's settings (meta.json) and records keep it."""
+    argv = ["--plan", "traffic", "--dry-run", "--out", "o", "--traffic-peak", "40"]
+    for extra, env in ((["--traffic-mps", "off"], None), ([], "off"), ([], None)):
+        if env is None:
+            monkeypatch.delenv("DYNSPEC_TRAFFIC_MPS", raising=False)
+        else:
+            monkeypatch.setenv("DYNSPEC_TRAFFIC_MPS", env)
+        with pytest.raises(SystemExit) as exc:
+            cli.cmd_run([*argv, *extra])
+        assert exc.value.code == 0
+        lines = capsys.readouterr().out.splitlines()
+        mps = not extra and env is None
+        want = "MPS" if mps else "no MPS"
+        assert lines[0].startswith(f"# traffic plan: one launch ({want}, "), lines[0]
+        assert lines[-1].split().count("--mps") == int(mps), lines[-1]
+    plan = trafficplan.plan_of(cli.run_parser().parse_args([*argv, "--traffic-mps", "off"]))
+    assert not plan.mps and plan.settings()["mps"] is False
+    assert TrafficPlan().settings()["mps"] is True
 
 
 # -- the plan's body on a fake launch and a fake run_live ----------------------------------------
