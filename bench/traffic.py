@@ -107,9 +107,11 @@ def _run_records(out: Path) -> list[Record]:
     return [r for r in load_jsonl(out) if r.get("scope") == "run"] if out.is_file() else []
 
 
-def done_runs(out: Path) -> set[Run]:
-    """The runs whose whole-run record ``out`` already holds."""
-    return {Run(int(r["repeat"]), str(r["schedule"]), str(r["target"])) for r in _run_records(out)}
+def runs_left(cfg: TrafficConfig, labels: Sequence[str], out: Path) -> list[Run]:
+    """The plan's runs whose whole-run record ``out`` does not hold yet (a run appends its records
+    as it ends: it is in ``out`` whole or not at all), in order."""
+    done = {(int(r["repeat"]), str(r["schedule"]), str(r["target"])) for r in _run_records(out)}
+    return [run for run in plan(cfg, labels) if run not in done]
 
 
 def other_plan(out: Path, cfg: TrafficConfig, more: Mapping[str, Any] | None = None) -> str | None:
@@ -141,11 +143,8 @@ def _each(
     deadline: float | None,
 ) -> list[Record]:
     schedules = dict(cfg.schedules)
-    done = done_runs(out)
     records: list[Record] = []
-    for run in plan(cfg, labels):
-        if run in done:
-            continue
+    for run in runs_left(cfg, labels, out):
         sched = schedules[run.schedule]
         length = sched.duration / cfg.speed + cfg.drain_s + 15.0
         if deadline is not None and time.monotonic() + length > deadline:

@@ -10,9 +10,9 @@ import contextlib
 import json
 import shlex
 import subprocess
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +23,14 @@ from dynspec.bench.gpu.toolkit import (
     PAIR_LEVELS,
     Run,
     RunFailed,
-    check_model_loads,
-    fetch,
+    check_models,
     gauge,
+    pair_urls,
     sweep,
     warm,
 )
 from dynspec.bench.metrics import samples
-from dynspec.bench.procs import (
-    cmdline,
-    cpu_seconds,
-    descendants,
-    free_port,
-    http_status,
-)
+from dynspec.bench.procs import cmdline, cpu_seconds, descendants, fetch, free_port, wait_http
 
 TITLE = "One H200 = one pair, SGLang 0.5.17, random 8B (tp 1)"
 COST_LEVELS = (16, 64, 128, 256)  # router-cost's levels; with --router-cost: the plan's >= 16
@@ -113,24 +107,9 @@ def study_of(args: argparse.Namespace) -> tuple[Study, list[int]]:
 def body_of(args: argparse.Namespace) -> Body:
     """The plan's part of the attempt, from its flags."""
     study, levels = study_of(args)
-
-    def body(run: Run, models: Path, session: dict[str, Any] | None) -> int:
-        return plan_steady(
-            run,
-            models,
-            study,
-            levels=levels,
-            session=session,
-            keep=args.keep,
-            sweep_seconds=args.sweep_seconds,
-        )
-
-    return body
-
-
-def sweep_file(plan: str) -> str:
-    """The plan's sweep JSONL, in the results (and in a folder given to ``--resume-from``)."""
-    return f"sweep-{plan}.jsonl"
+    return partial(
+        plan_steady, study=study, levels=levels, keep=args.keep, sweep_seconds=args.sweep_seconds
+    )
 
 
 def with_router_cost(study: Study, levels: Sequence[int]) -> Study:
@@ -276,27 +255,24 @@ class Levels:
 def plan_steady(
     run: Run,
     models: Path,
-    study: Study,
-    *,
-    levels: Sequence[int],
     session: dict[str, Any] | None,
+    *,
+    study: Study,
+    levels: Sequence[int],
     keep: bool,
     sweep_seconds: float | None = None,
 ) -> int:
     from dynspec.bench import load
 
-    check_model_loads(models / "llama8b")
-    check_model_loads(models / "eagle3-hi")
-    router, eagle, baseline = (f"http://127.0.0.1:{p}" for p in run.ports)
+    check_models(models, "hi")
     cost_port = int(session["cost_port"]) if session and "cost_port" in session else free_port()
-    urls = {"routed": router, "cost": f"http://127.0.0.1:{cost_port}", "eagle": eagle,
-            "baseline": baseline}  # fmt: skip
+    urls = {**pair_urls(run.ports), "cost": f"http://127.0.0.1:{cost_port}"}
     wanted = sorted(set(levels) | {c for t in study.targets for c in t.levels or ()})
     targets = [
         load.Target(t.label, urls[t.what], levels=frozenset(t.levels) if t.levels else None)
         for t in study.targets
     ]
-    jsonl = run.results / sweep_file(study.name)
+    jsonl = run.results / f"sweep-{study.name}.jsonl"
     procs: dict[str, subprocess.Popen[bytes]] = {}
     if session is None:
         launch = launch_argv(run, models, threshold=study.threshold, mps=study.mps,
@@ -307,8 +283,12 @@ def plan_steady(
             argv = cost_router_argv(run.meta["commands"], cost_port)
             run.meta["cost_router_argv"] = argv
             procs["cost_router"] = run.spawn("cost-router", argv, run.logs / "cost-router.log")
-            if not wait_up(urls["cost"] + "/health", procs["cost_router"]):
-                raise RunFailed(f"the cost router did not come up; see {run.logs}/cost-router.log")
+            try:
+                wait_http(urls["cost"] + "/health", 60.0, proc=procs["cost_router"])
+            except (RuntimeError, TimeoutError):
+                raise RunFailed(
+                    f"the cost router did not come up; see {run.logs}/cost-router.log"
+                ) from None
         servers = {t.what: urls[t.what] for t in study.targets if t.what in ("eagle", "baseline")}
         warm(run, servers, wanted)
         pids = {name: proc.pid for name, proc in procs.items()}
@@ -324,12 +304,3 @@ def plan_steady(
     done = sweep(run, targets, jsonl, levels=wanted, limit=sweep_seconds, on_record=hook,
                  on_start=hook.start, title=title)  # fmt: skip
     return finish(run, procs, session, keep=keep and not done, cost_port=cost_port)
-
-
-def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> bool:
-    limit = time.monotonic() + timeout
-    while time.monotonic() < limit and proc.poll() is None:
-        if http_status(url) == 200:
-            return True
-        time.sleep(0.5)
-    return False

@@ -16,8 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,15 +132,6 @@ class Run:
             self.stop(proc, grace=20.0)
 
 
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def fetch(url: str, timeout: float = 10.0) -> str:
-    """A loopback page's text (never through a proxy from the environment)."""
-    with _NO_PROXY.open(url, timeout=timeout) as r:
-        return str(r.read().decode("utf-8", "replace"))
-
-
 def gauge(text: str, name: str) -> float | None:
     """The mean of ``name``'s samples (over its label sets), None where the page has none."""
     found = [v for _, v in samples(text, name)]
@@ -223,12 +212,20 @@ def wait_done(
         raise RunFailed(f"{what} failed ({last_line(log)}); see {log}")
 
 
-def check_model_loads(path: Path) -> None:
-    cfg = path / "config.json"
-    try:
-        json.loads(cfg.read_text())
-    except (OSError, ValueError):
-        raise RunFailed(f"model {path}: no readable config.json") from None
+def check_models(models: Path, draft: str) -> None:
+    """The target and the EAGLE draft a plan's launch loads, each with a readable config.json."""
+    for path in (models / "llama8b", models / f"eagle3-{draft}"):
+        try:
+            json.loads((path / "config.json").read_text())
+        except (OSError, ValueError):
+            raise RunFailed(f"model {path}: no readable config.json") from None
+
+
+def pair_urls(ports: Sequence[int]) -> dict[str, str]:
+    """The base URLs of the router and each server's own port (``--ports``: router, EAGLE,
+    baseline)."""
+    labels = ("routed", "eagle", "baseline")
+    return {label: f"http://127.0.0.1:{p}" for label, p in zip(labels, ports, strict=True)}
 
 
 # -- sweeps --------------------------------------------------------------------------------------

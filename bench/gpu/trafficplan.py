@@ -15,12 +15,13 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dynspec.bench import arrivals
 from dynspec.bench.gpu.launch import finish, launch_argv, start_launch
-from dynspec.bench.gpu.toolkit import Run, RunFailed, Steady, check_model_loads, warm
+from dynspec.bench.gpu.toolkit import Run, RunFailed, Steady, check_models, pair_urls, warm
 from dynspec.common.cli import non_negative_float, positive_float
 
 if TYPE_CHECKING:
@@ -141,16 +142,11 @@ def read_profile(folder: Path) -> dict[str, Any]:
     return raw
 
 
-def urls(ports: Sequence[int]) -> dict[str, str]:
-    """The router's and the two servers' own base URLs (``--ports``: router, EAGLE, baseline)."""
-    return {label: f"http://127.0.0.1:{p}" for label, p in zip(TARGETS, ports, strict=True)}
-
-
 def build_targets(ports: Sequence[int]) -> list[Target]:
     """``load.Target`` of the router and of each server alone, in ``TARGETS``' order."""
     from dynspec.bench import load
 
-    return [load.Target(label, url) for label, url in urls(ports).items()]
+    return [load.Target(label, url) for label, url in pair_urls(ports).items()]
 
 
 # ``dynspec.bench.traffic.run_live``'s signature (a test's stand-in has it too).
@@ -161,25 +157,6 @@ def schedules(plan: TrafficPlan, peak: float) -> tuple[tuple[str, arrivals.Sched
     day = arrivals.parse_schedule(f"day:{plan.day_seconds:g}", rate=peak)
     rates = [(rate_name(r), arrivals.constant(r, plan.rate_seconds)) for r in plan.rates]
     return (("day", day), *rates)
-
-
-def runs_left(out: Path, names: Sequence[str], repeats: int, labels: Sequence[str]) -> int:
-    """How many (schedule, repeat, target) runs of the plan ``out`` does not hold yet (each run
-    appends its records when it ends, so a run is in ``out`` whole or not at all)."""
-    done = {key for key in run_keys(out) if key[0] in names and key[2] in labels}
-    done = {k for k in done if 1 <= k[1] <= repeats}
-    return len(names) * repeats * len(labels) - len(done)
-
-
-def run_keys(out: Path) -> set[tuple[str, int, str]]:
-    if not out.is_file():
-        return set()
-    keys = set()
-    for line in out.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            keys.add((str(r["schedule"]), int(r["repeat"]), str(r["target"])))
-    return keys
 
 
 def settle_peak(run: Run, plan: TrafficPlan) -> float:
@@ -220,9 +197,9 @@ def plan_launch(run: Run, models: Path, plan: TrafficPlan) -> list[str]:
 def plan_traffic(
     run: Run,
     models: Path,
-    plan: TrafficPlan,
-    *,
     session: dict[str, Any] | None,
+    *,
+    plan: TrafficPlan,
     keep: bool,
     seconds: float | None = None,
     command: str = "",
@@ -233,10 +210,9 @@ def plan_traffic(
     launch for the next command (``keep``) or stop it."""
     from dynspec.bench import traffic  # aiohttp and the runner: only when a run needs them
 
-    check_model_loads(models / "llama8b")
-    check_model_loads(models / f"eagle3-{plan.draft}")
+    check_models(models, plan.draft)
     out = run.results / RESULTS
-    served = urls(run.ports)
+    served = pair_urls(run.ports)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     if session is None:
         procs["launcher"] = start_launch(run, plan_launch(run, models, plan))
@@ -258,7 +234,7 @@ def plan_traffic(
     live = run_live or traffic.run_live
     live(build_targets(run.ports), cfg, out, watch={"routed": served["routed"]}, extra=extra,
          deadline=run.sweep_deadline(seconds))  # fmt: skip
-    left = runs_left(out, names, run.steady.repeats, TARGETS)
+    left = len(traffic.runs_left(cfg, TARGETS, out))
     run.meta["traffic_runs_left"] = left
     if left:
         run.say(f"{left} runs left (the budget): the next command with --keep resumes")
@@ -432,20 +408,13 @@ def plan_of(args: argparse.Namespace) -> TrafficPlan:
 
 def body_of(args: argparse.Namespace) -> Body:
     """The plan's part of the attempt, from its flags."""
-    plan = plan_of(args)
-
-    def body(run: Run, models: Path, session: dict[str, Any] | None) -> int:
-        return plan_traffic(
-            run,
-            models,
-            plan,
-            session=session,
-            keep=args.keep,
-            seconds=args.sweep_seconds,
-            command=command_line(),
-        )
-
-    return body
+    return partial(
+        plan_traffic,
+        plan=plan_of(args),
+        keep=args.keep,
+        seconds=args.sweep_seconds,
+        command=command_line(),
+    )
 
 
 def command_line() -> str:

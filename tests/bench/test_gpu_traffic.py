@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from dynspec.bench.gpu.launch import kept_session
 from dynspec.bench.gpu.toolkit import Run, RunFailed, Steady
 from dynspec.bench.gpu.trafficplan import TrafficPlan, capacity
 from dynspec.bench.procs import alive
-from dynspec.bench.traffic import TrafficConfig
+from dynspec.bench.traffic import TrafficConfig, runs_left
 
 
 def profile(eagle: float, baseline: float) -> dict[str, Any]:
@@ -79,12 +79,21 @@ def test_schedules_the_day_then_each_constant_rate() -> None:
 
 def test_runs_left(tmp_path: Path) -> None:
     out = tmp_path / "traffic.jsonl"
-    assert trafficplan.runs_left(out, ["day"], 3, trafficplan.TARGETS) == 9
+    plan = TrafficPlan(day_seconds=10)
+    three = TrafficConfig(schedules=trafficplan.schedules(plan, 5.0), repeats=3)
+    assert len(runs_left(three, trafficplan.TARGETS, out)) == 9
     rows = [rec("day", 1, t) for t in ("routed", "eagle", "baseline")]
     rows += [rec("day", 1, "routed", scope="window"), rec("day", 2, "eagle"), rec("other", 1, "x")]
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert trafficplan.runs_left(out, ["day"], 3, trafficplan.TARGETS) == 5
-    assert trafficplan.runs_left(out, ["day"], 1, trafficplan.TARGETS) == 0
+    left = runs_left(three, trafficplan.TARGETS, out)
+    assert [(r.repeat, r.target) for r in left] == [
+        (2, "baseline"),
+        (2, "routed"),
+        (3, "baseline"),
+        (3, "routed"),
+        (3, "eagle"),
+    ]
+    assert runs_left(replace(three, repeats=1), trafficplan.TARGETS, out) == []
 
 
 def test_commands_needed_from_the_h200s_times() -> None:
@@ -213,18 +222,18 @@ class FakeLive:
         self.calls.append({"targets": targets, "cfg": cfg, "watch": watch, "extra": extra,
                            "deadline": deadline})  # fmt: skip
         budget = self.per_call[len(self.calls) - 1]
-        done = trafficplan.run_keys(out)
+        left = runs_left(cfg, [t.label for t in targets], out)
         labels = [t.label for t in targets]
         made = []
         for r in range(1, cfg.repeats + 1):
             order = [labels[(i + r - 1) % len(labels)] for i in range(len(labels))]
             for name, _ in cfg.schedules:
                 for label in order:
-                    if (name, r, label) in done:
+                    if (r, name, label) not in left:
                         continue
                     if len(made) == budget:
                         return made
-                    row = {"schedule": name, "repeat": r, "target": label, **(extra or {})}
+                    row = {**rec(name, r, label), **(extra or {})}
                     with out.open("a") as f:
                         f.write(json.dumps(row) + "\n")
                     made.append(row)
@@ -279,7 +288,7 @@ def test_two_commands_keep_the_launch_and_the_second_finishes(
     live = FakeLive(per_call=[1, 100])
     run = make_run(tmp_path)
     m = models(tmp_path, "hi")
-    assert trafficplan.plan_traffic(run, m, TrafficPlan(), session=None, keep=True,
+    assert trafficplan.plan_traffic(run, m, plan=TrafficPlan(), session=None, keep=True,
                                     run_live=live.run_live) == 0  # fmt: skip
     (launch, warmed) = fake_launch
     assert launch[1][launch[1].index("--draft-model-path") + 1] == str(m / "eagle3-hi")
@@ -307,7 +316,7 @@ def test_two_commands_keep_the_launch_and_the_second_finishes(
     # The next command: the kept launch, its meta; no launch, no warm pass, the same peak.
     again = make_run(tmp_path, json.loads(json.dumps(run.meta)))
     again.tag = session["tag"]
-    assert trafficplan.plan_traffic(again, m, TrafficPlan(), session=session, keep=True,
+    assert trafficplan.plan_traffic(again, m, plan=TrafficPlan(), session=session, keep=True,
                                     run_live=live.run_live) == 0  # fmt: skip
     assert len(fake_launch) == 2 and len(live.calls) == 2
     assert live.calls[1]["cfg"] == cfg
@@ -341,7 +350,7 @@ def test_the_real_runner_on_a_simulator_ends_the_plan_and_stops_the_launch(
     run.ports = (port, port, port)
     plan = TrafficPlan(day_seconds=1, peak=12, drain_s=5)
     with running(argv, url + "/health_generate", timeout=30, log=tmp_path / "sim.log"):
-        assert trafficplan.plan_traffic(run, models(tmp_path, "hi"), plan, session=None,
+        assert trafficplan.plan_traffic(run, models(tmp_path, "hi"), plan=plan, session=None,
                                         keep=True) == 0  # fmt: skip
     rows = [json.loads(ln) for ln in (run.results / "traffic.jsonl").read_text().splitlines()]
     whole = [r for r in rows if r["scope"] == "run"]
