@@ -73,7 +73,6 @@ def add_load_flags(p: FlagParser | argparse.ArgumentParser) -> None:
         ("--requests-per-c", positive_int, 4, "default requests per level / C"),
         ("--min-requests", positive_int, 16, "fewest requests in a level"),
         ("--warmup", non_negative_int, None, "warm-up requests per level (default: C)"),
-        ("--dataset", Path, None, "a ShareGPT-format JSON file of prompts"),
         ("--seed", int, 0, "seed for prompt sampling"),
         ("--pause", float, 1.0, "seconds between levels (lets in-flight drain)"),
     ):
@@ -135,9 +134,7 @@ def add_simulate_flags(p: FlagParser | argparse.ArgumentParser) -> None:
 def sweep_config(args: argparse.Namespace, **extra: object) -> SweepConfig:
     from dynspec.bench.sweep import SweepConfig
 
-    if args.dataset is not None and not args.dataset.is_file():
-        raise UsageError(f"--dataset: no such file: {args.dataset}")
-    same = "requests requests_per_c min_requests warmup input_len output_len range_ratio dataset"
+    same = "requests requests_per_c min_requests warmup input_len output_len range_ratio"
     same += " seed prompt_pool request_timeout pause"
     return SweepConfig(
         concurrencies=args.concurrency,

@@ -24,7 +24,6 @@ from dynspec.common.cli import (
     FlagParser,
     UsageError,
     non_negative_int,
-    positive_float,
     positive_int,
 )
 
@@ -57,12 +56,8 @@ def add_arguments(p: FlagParser) -> None:
     add_sharing_flag(p, "--eight-gpus: ")
     text = "--eight-gpus: give paired-auto the profile as --speed-profile (default: none)"
     p.add_argument("--calibrated", action="store_true", help=text)
-    for flag, kind, default, text in (
-        ("--repeats", positive_int, 1, "runs of the whole comparison, each started afresh"),
-        ("--adaptive-profile", str, None, "the profile whose eagle mode 2x-adaptive runs"),
-        ("--metrics-interval", positive_float, None, "the balance router's --metrics-interval"),
-    ):
-        p.add_argument(flag, type=kind, default=default, help=f"--eight-gpus: {text}")
+    text = "--eight-gpus: runs of the whole comparison, each started afresh"
+    p.add_argument("--repeats", type=positive_int, default=1, help=text)
     add_router_log_level(p, "warning")
 
 
@@ -86,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     suffix = ("-mps" if args.sharing == "mps" else "") + ("-calibrated" if args.calibrated else "")
     out = out_path(args, f"envelope8-{prof.name}{suffix}")
     names = "profile speed threshold hysteresis seed startup_timeout router_log_level ways"
-    names += " metrics_interval sharing adaptive_profile repeats calibrated"
+    names += " sharing repeats calibrated"
     cfg = envelope8.EightGpusConfig(
         **{k: getattr(args, k) for k in names.split()},
         sweep=sweep_config(args),

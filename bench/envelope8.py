@@ -52,9 +52,7 @@ class EightGpusConfig:
     ways: Sequence[str] = ways.EIGHT_WAYS
     threshold: int | None = None
     hysteresis: int | None = None
-    metrics_interval: float | None = None
     sharing: str = "timeslice"
-    adaptive_profile: str | None = None  # None: adaptive_counterpart(profile)
     seed: int = 0
     startup_timeout: float = 60.0
     router_log_level: str = "warning"
@@ -66,10 +64,10 @@ class EightGpusConfig:
 def plan_ways(cfg: EightGpusConfig) -> tuple[list[str], str | None, list[str]]:
     """The ways to run, the adaptive profile (if any) and one note per way left out."""
     run = list(cfg.ways)
-    adaptive, why = cfg.adaptive_profile, ""
-    if adaptive is None and "2x-adaptive" in run:
-        adaptive, why = adaptive_counterpart(load_profile(cfg.profile))
-    if "2x-adaptive" in run and adaptive is None:
+    if "2x-adaptive" not in run:
+        return run, None, []
+    adaptive, why = adaptive_counterpart(load_profile(cfg.profile))
+    if adaptive is None:
         run.remove("2x-adaptive")
         return run, None, [f"2x-adaptive: {why}"]
     return run, adaptive, []
@@ -111,8 +109,6 @@ def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Reco
     }
     if adaptive is not None:
         extra["adaptive_profile"] = adaptive
-        if cfg.adaptive_profile is not None:
-            extra["adaptive_by_hand"] = True
     cfg.out.write_text("", encoding="utf-8")
     records: list[Record] = []
     for rep in range(1, cfg.repeats + 1):
@@ -169,7 +165,6 @@ def _one_run(
                 threshold=thr,
                 hysteresis=hyst,
                 speed_profile=profile_path,
-                metrics_interval=cfg.metrics_interval,
                 calibrated=cfg.calibrated,
             )
             router = dataclasses.replace(router, log_level=cfg.router_log_level)

@@ -42,10 +42,10 @@ GOALS = {
 def comparable(records: Sequence[Record], profile: Profile) -> tuple[list[Record], list[str]]:
     """The records the goals may judge, and one note per way absent: each way the run left out,
     and a ``2x-adaptive`` that ran an adaptive curve not measured at ``profile``'s acceptance
-    (no ceiling for it; unless ``--adaptive-profile`` chose it)."""
+    (no ceiling for it)."""
     notes = [f"Not run: {n}" for n in records[0].get("not_run") or []] if records else []
     ran = next((r for r in records if r.get("target") == "2x-adaptive"), None)
-    if ran is None or ran.get("adaptive_by_hand"):
+    if ran is None:
         return list(records), notes
     want, why = adaptive_counterpart(profile)
     if ran.get("adaptive_profile") == want:

@@ -87,8 +87,6 @@ def code_lines(records: Sequence[Record]) -> list[str]:
 
 
 def prompts_text(meta: Record) -> str:
-    if meta.get("dataset_name") == "sharegpt":
-        return "ShareGPT prompts"
     text = (
         f"random prompts, {meta.get('random_input_len')} input / "
         f"{meta.get('random_output_len')} output tokens"

@@ -34,7 +34,6 @@ class SweepConfig:
     input_len: int = 256
     output_len: int = 128
     range_ratio: float = 1.0
-    dataset: Path | None = None
     seed: int = 0
     api_key: str | None = None
     request_timeout: float = 600.0
@@ -110,11 +109,11 @@ def build_record(
         "max_concurrency": c,
         "num_prompts": len(run.traces),
         "warmup_requests": warmup,
-        "dataset_name": "sharegpt" if cfg.dataset else "random",
-        "random_input_len": None if cfg.dataset else cfg.input_len,
-        "random_output_len": None if cfg.dataset else cfg.output_len,
-        "random_range_ratio": None if cfg.dataset else cfg.range_ratio,
-        "prompt_pool": None if cfg.dataset else cfg.prompt_pool,
+        "dataset_name": "random",
+        "random_input_len": cfg.input_len,
+        "random_output_len": cfg.output_len,
+        "random_range_ratio": cfg.range_ratio,
+        "prompt_pool": cfg.prompt_pool,
     }
     per_chunk = metrics.tokens_per_chunk(run.traces)
     win = metrics.window(run.everything, *run.window, tokens_per_chunk=per_chunk)
@@ -137,13 +136,8 @@ def build_record(
 
 
 def sweep_prompts(cfg: SweepConfig) -> load.Prompts:
-    """The prompts of a sweep: the dataset's in turn, else random ones (``cfg.prompt_pool``)."""
-    if cfg.dataset is not None:
-        n_max = max(cfg.level_requests(c) for c in cfg.concurrencies)
-        return load.Prompts(load.sharegpt_prompts(cfg.dataset, n_max, None, cfg.seed))
-    return load.Prompts.random(
-        cfg.prompt_pool, cfg.input_len, cfg.output_len, cfg.seed, cfg.range_ratio
-    )
+    """The prompts of a sweep (``cfg.prompt_pool``: 0, a new one for every request)."""
+    return load.Prompts(cfg.prompt_pool, cfg.input_len, cfg.output_len, cfg.seed, cfg.range_ratio)
 
 
 async def _switches(session: aiohttp.ClientSession, target: load.Target) -> int | None:

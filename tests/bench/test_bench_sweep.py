@@ -122,7 +122,7 @@ def test_sweep_ctrl_c_keeps_finished_levels(
         (("sweep", "--url", "http://127.0.0.1:9", "--concurrency", "0,2"), "--concurrency"),
         (("sweep", "--url", "http://127.0.0.1:9", "--concurrency", "a"), "--concurrency"),
         (("sweep", "--url", "nota-url"), "not a URL"),
-        (("sweep", "--url", "http://127.0.0.1:9", "--dataset", "/nonexistent.json"), "--dataset"),
+        (("sweep", "--url", "http://127.0.0.1:9", "--dataset", "x.json"), "unrecognized"),
         (("suggest-threshold", "/nonexistent.jsonl"), "baseline"),
         (("suggest-threshold", "/nonexistent1", "/nonexistent2"), "no such file"),
         (("envelope",), "--simulate"),
