@@ -171,10 +171,12 @@ def sim_profile(args: argparse.Namespace) -> Profile:
 
 
 def out_path(args: argparse.Namespace, default: str) -> Path:
-    """``--out`` (or ``default``) as a ``.jsonl`` path, its folder made."""
+    """``--out`` (or ``default``) as a ``.jsonl`` path, its folder made, the file started afresh
+    (a rerun into the same ``--out`` replaces what it held)."""
     stem = args.out if args.out is not None else Path(default)
     out = stem.with_name(stem.name + ".jsonl") if stem.suffix != ".jsonl" else stem
     out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("", encoding="utf-8")
     return out
 
 
@@ -210,8 +212,8 @@ def stopped_code(exc: KeyboardInterrupt) -> int:
 
 
 def run_then_report(run: Callable[[], object], out: Path, finished: str, kind: Report) -> int:
-    """Run an experiment that writes ``out``, then report all ``out`` holds (``traffic``: earlier
-    runs of the plan too); Ctrl-C or SIGTERM keeps what finished."""
+    """Run an experiment that writes ``out``, then report all ``out`` holds; Ctrl-C or SIGTERM
+    keeps what finished."""
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
         run()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dynspec.bench import arrivals
 from dynspec.bench.arrivals import Schedule
@@ -171,7 +171,6 @@ def run(args: argparse.Namespace) -> int:
         if set(watch) - labels:
             raise UsageError(f"--watch: no --url labelled {sorted(set(watch) - labels)[0]!r}")
         out = out_path(args, "traffic")
-        refuse_other_plan(out, cfg)
         by = {t.label: t.base_url for t in targets}
         live = partial(traffic.run_live, targets, cfg, out, watch={w: by[w] for w in watch})
         return run_then_report(live, out, "runs", traffic_report)
@@ -194,19 +193,6 @@ def run(args: argparse.Namespace) -> int:
         speed=args.speed, seed=args.seed,
     )  # fmt: skip
     out = out_path(args, f"traffic-{prof.name}")
-    refuse_other_plan(out, cfg, {"profile": args.profile, "layout": args.layout})
     return run_then_report(
         partial(traffic.run_simulated, cfg, sim, out), out, "runs", traffic_report
     )
-
-
-def refuse_other_plan(out: Path, cfg: TrafficConfig, more: dict[str, Any] | None = None) -> None:
-    """A usage error when ``out`` holds runs of another plan: a rerun resumes, keeping them."""
-    from dynspec.bench import traffic
-
-    why = traffic.other_plan(out, cfg, more)
-    if why is not None:
-        raise UsageError(
-            f"{out} holds runs of another plan ({why}); a rerun goes on from the runs there: "
-            "give another --out, or remove it to start afresh"
-        )

@@ -114,21 +114,6 @@ def runs_left(cfg: TrafficConfig, labels: Sequence[str], out: Path) -> list[Run]
     return [run for run in plan(cfg, labels) if run not in done]
 
 
-def other_plan(out: Path, cfg: TrafficConfig, more: Mapping[str, Any] | None = None) -> str | None:
-    """Why the runs ``out`` holds are not this plan's (a rerun skips them), or None."""
-    texts = {name: sched.text for name, sched in cfg.schedules}
-    want = {k: v for k, v in {**cfg.meta(), **(more or {})}.items() if k != "command"}
-    for r in _run_records(out):
-        name = str(r.get("schedule"))
-        if name in texts and r.get("schedule_text") != texts[name]:
-            return f"{name} is {r.get('schedule_text')!r} there, {texts[name]!r} here"
-        differ = sorted(k for k, v in want.items() if k in r and r[k] != v)
-        if differ:
-            k = differ[0]
-            return f"{k} is {r[k]!r} there, {want[k]!r} here"
-    return None
-
-
 # A run's body: the target, its arrivals and prompt key in; the run and extra fields out.
 RunBody = Callable[[Run, Sequence[Arrival], str], tuple[openloop.OpenLoopRun, Record]]
 
