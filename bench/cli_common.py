@@ -171,12 +171,10 @@ def sim_profile(args: argparse.Namespace) -> Profile:
 
 
 def out_path(args: argparse.Namespace, default: str) -> Path:
-    """``--out`` (or ``default``) as a ``.jsonl`` path, its folder made, the file started afresh
-    (a rerun into the same ``--out`` replaces what it held)."""
+    """``--out`` (or ``default``) as a ``.jsonl`` path, its folder made."""
     stem = args.out if args.out is not None else Path(default)
     out = stem.with_name(stem.name + ".jsonl") if stem.suffix != ".jsonl" else stem
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("", encoding="utf-8")
     return out
 
 

@@ -171,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
         if set(watch) - labels:
             raise UsageError(f"--watch: no --url labelled {sorted(set(watch) - labels)[0]!r}")
         out = out_path(args, "traffic")
+        out.write_text("", encoding="utf-8")  # a rerun starts afresh, as envelope's does
         by = {t.label: t.base_url for t in targets}
         live = partial(traffic.run_live, targets, cfg, out, watch={w: by[w] for w in watch})
         return run_then_report(live, out, "runs", traffic_report)
@@ -193,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
         speed=args.speed, seed=args.seed,
     )  # fmt: skip
     out = out_path(args, f"traffic-{prof.name}")
+    out.write_text("", encoding="utf-8")
     return run_then_report(
         partial(traffic.run_simulated, cfg, sim, out), out, "runs", traffic_report
     )

@@ -25,6 +25,7 @@ EAGLE_STEPS = (
     "--speculative-num-draft-tokens", "4",
 )  # fmt: skip
 SERVED = "llama8b-random"
+AFTER_S = 240.0  # what a plan needs of the budget once both servers run
 
 
 def launch_argv(
@@ -33,15 +34,14 @@ def launch_argv(
     *,
     threshold: str,
     mps: bool = False,
-    after_s: float = 240.0,
     baseline_limit: int | None = None,
     baseline_args: str = "",
     draft: str = "hi",
     more: Sequence[str] = (),
 ) -> list[str]:
     """``dynspec-launch --gpus 0``: the EAGLE-3 server (draft ``hi``: every draft accepted) and
-    the baseline on one GPU, the router in front. Each server may take until ``after_s`` is all
-    that is left of the budget (what the plan needs once both run).
+    the baseline on one GPU, the router in front. Each server may take until ``AFTER_S`` is all
+    that is left of the budget.
     ``baseline_limit``: the baseline's ``--max-running-requests`` too (None: SGLang's own);
     ``baseline_args``: more SGLang flags for the baseline, after those; ``draft``: the EAGLE
     draft (``traffic`` may run ``p54``, accept length about 2.4); ``more``: more launcher flags,
@@ -64,16 +64,11 @@ def launch_argv(
         "--eagle-args", "--max-running-requests 128",
         "--baseline-args", baseline,
         "--log-dir", str(run.logs), "--restart", "never", "--kill-grace", "15",
-        "--startup-timeout", f"{max(60.0, run.left() - after_s):.0f}", "--progress-every", "15",
+        "--startup-timeout", f"{max(60.0, run.left() - AFTER_S):.0f}", "--progress-every", "15",
     ]  # fmt: skip
     if mps:
         argv.append("--mps")
     return [*argv, *more]
-
-
-def dry_run_commands(stdout: str) -> list[str]:
-    """The command lines of ``dynspec-launch --dry-run`` (its ``#`` lines are notes)."""
-    return [line for line in stdout.strip().splitlines() if not line.startswith("#")]
 
 
 def wait_launcher(run: Run, proc: subprocess.Popen[bytes], log: Path) -> float:
@@ -89,14 +84,13 @@ def wait_launcher(run: Run, proc: subprocess.Popen[bytes], log: Path) -> float:
     raise RunFailed(f"dynspec-launch was not ready in time; see {log} and the logs beside it")
 
 
-def start_launcher(
-    run: Run, launch: Sequence[str], env: Mapping[str, str] | None = None
-) -> subprocess.Popen[bytes]:
+def start_launcher(run: Run, launch: Sequence[str]) -> subprocess.Popen[bytes]:
     """``dynspec-launch``: its ``--dry-run`` first (a bad flag is one line, nothing started; its
-    command lines go to the meta), then the launcher itself, until its ready banner."""
+    command lines, not its ``#`` notes, go to the meta), then the launcher itself, until its ready
+    banner."""
     dry = subprocess.run(
         [*launch, "--dry-run"],
-        env={**run.env, **(env or {})},
+        env=run.env,
         capture_output=True,
         text=True,
         timeout=120,
@@ -104,10 +98,11 @@ def start_launcher(
     )
     if dry.returncode != 0:
         raise RunFailed(f"dynspec-launch --dry-run: {last_line_of(dry.stderr)}")
-    run.meta.update(launch_argv=list(launch[1:]), commands=dry_run_commands(dry.stdout))
+    commands = [ln for ln in dry.stdout.strip().splitlines() if not ln.startswith("#")]
+    run.meta.update(launch_argv=list(launch[1:]), commands=commands)
     run.say("launch: " + shlex.join(launch[3:]))
     log = run.logs / "launcher.log"
-    proc = run.spawn("launcher", launch, log, env)
+    proc = run.spawn("launcher", launch, log)
     took = wait_launcher(run, proc, log)
     run.meta["launch_ready_s"] = round(took, 1)
     run.say(f"launcher ready after {took:.0f}s")

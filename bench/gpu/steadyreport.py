@@ -10,13 +10,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dynspec.bench.report import Record, Spread, by_point, load_jsonl, spread, stats, table
+from dynspec.bench.report import MARK, Record, Spread, by_point, load_jsonl, spread, stats, table
 
 PAIR_GOAL = 0.95  # routed >= 0.95 x the better server alone, at every C
 COST_GOAL = 0.97  # routed >= 0.97 x direct at every C ...
 COST_TTFT_MS = 5.0  # ... and TTFT p50 within +5 ms
 ALONE = ("eagle", "baseline")
-ROUTED = ("routed",)
 COST = ("routed_eagle", "eagle")
 
 
@@ -27,15 +26,13 @@ def read(paths: Iterable[Path]) -> list[Record]:
     return rows
 
 
-def pair_ratios(
-    rows: Sequence[Record], routed_label: str = "routed", others: Sequence[str] = ALONE
-) -> dict[int, dict[str, Any]]:
-    """Per C: routed's median tok/s over the better of ``others`` (by median), and the spread of
+def pair_ratios(rows: Sequence[Record]) -> dict[int, dict[str, Any]]:
+    """Per C: routed's median tok/s over the better of ``ALONE`` (by median), and the spread of
     the same ratio taken repeat by repeat (each repeat's targets ran back to back)."""
     tok = by_point(rows, "output_throughput")
     out: dict[int, dict[str, Any]] = {}
-    for c, routed in sorted(tok.get(routed_label, {}).items()):
-        alone = [a for a in others if c in tok.get(a, {})]
+    for c, routed in sorted(tok.get("routed", {}).items()):
+        alone = [a for a in ALONE if c in tok.get(a, {})]
         if not alone:
             continue
         best = max(alone, key=lambda a: statistics.median(tok[a][c].values()))
@@ -50,20 +47,16 @@ def pair_ratios(
 
 
 def unjudged(
-    tok: Mapping[str, Mapping[int, Spread]],
-    ratios: Mapping[int, Mapping[str, Any]],
-    routed_label: str,
-    repeats: int,
+    tok: Mapping[str, Mapping[int, Spread]], ratios: Mapping[int, Mapping[str, Any]], repeats: int
 ) -> str:
-    """What keeps a goal at every C from being judged, from the tok/s ``stats`` and the
-    ``pair_ratios`` of ``routed_label``: the levels it ran where no server alone did, and those
-    where it or the better server alone has fewer than ``repeats`` runs (a run cut short by the
-    device's time). Empty: none."""
-    alone_missing = [c for c in sorted(tok.get(routed_label, {})) if c not in ratios]
+    """What keeps the pair's goal at every C from being judged, from the tok/s ``stats`` and the
+    ``pair_ratios``: the levels routed ran where no server alone did, and those where it or the
+    better server alone has fewer than ``repeats`` runs (a run cut short by the device's time).
+    Empty: none."""
+    alone_missing = [c for c in sorted(tok.get("routed", {})) if c not in ratios]
     short = [
-        c for c, r in ratios.items()
-        if min(tok[routed_label][c].n, tok[r["better"]][c].n) < repeats
-    ]  # fmt: skip
+        c for c, r in ratios.items() if min(tok["routed"][c].n, tok[r["better"]][c].n) < repeats
+    ]
     parts = []
     if alone_missing:
         parts.append("not judged (no server alone): " + ", ".join(f"C={c}" for c in alone_missing))
@@ -116,15 +109,9 @@ def router_delay_ms(record: Mapping[str, Any]) -> float | None:
     return float(got["ms"]) if isinstance(got, Mapping) else None
 
 
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
-
-
-def markdown(
-    rows: Sequence[Record], routed: Sequence[str] = ROUTED, alone: Sequence[str] = ALONE
-) -> str:
-    """The tables: tok/s and TPOT p50 per target and C (median, min-max), then the goals: each
-    of ``routed`` over the better of ``alone``, and the router-cost pair where it ran."""
+def markdown(rows: Sequence[Record]) -> str:
+    """The tables: tok/s and TPOT p50 per target and C (median, min-max), then the goals: routed
+    over the better server alone, and the router-cost pair, where each ran."""
     tok, tpot = stats(rows, "output_throughput"), stats(rows, "median_tpot_ms")
     targets = list(tok)
     levels = sorted({c for t in tok.values() for c in t})
@@ -133,22 +120,20 @@ def markdown(
     lines += table(["C", *targets], [[str(c), *cells(tok, targets, c)] for c in levels])
     lines += ["", "p50 TPOT ms, median (min-max):", ""]
     lines += table(["C", *targets], [[str(c), *cells(tpot, targets, c, 2)] for c in levels])
-    for label in routed:
-        ratios = pair_ratios(rows, label, alone)
-        if not ratios:
-            continue
+    ratios = pair_ratios(rows)
+    if ratios:
         worst = min(r["ratio"] for r in ratios.values())
-        said = f"{verdict(worst >= PAIR_GOAL)} (worst {worst:.2f})"
-        gaps = unjudged(tok, ratios, label, reps)
+        said = f"{MARK[worst >= PAIR_GOAL]} (worst {worst:.2f})"
+        gaps = unjudged(tok, ratios, reps)
         if gaps:
             said = f"INCOMPLETE: {said} at the C judged; {gaps}"
         lines += [
             "",
-            f"{label} over the better of {', '.join(alone)} (goal >= {PAIR_GOAL} at every C, on "
+            f"routed over the better of {', '.join(ALONE)} (goal >= {PAIR_GOAL} at every C, on "
             f"medians; the spread is the ratio repeat by repeat): {said}",
             "",
         ]
-        share = share_cells(rows, label)
+        share = share_cells(rows, "routed")
         body = [
             [str(c), f"{r['ratio']:.2f}", r["per_repeat"].cell(2), r["better"], share.get(c, "-")]
             for c, r in ratios.items()
@@ -161,7 +146,7 @@ def markdown(
             "",
             f"The router over the EAGLE server's own port (goal >= {COST_GOAL} tok/s and TTFT "
             f"p50 within +{COST_TTFT_MS:g} ms at every C, on medians; CPU in cores, CPU seconds "
-            f"per second of the level): {verdict(ok)}",
+            f"per second of the level): {MARK[ok]}",
             "",
         ]
         head = ["C", "routed / direct", "per repeat", "TTFT p50 added ms", "router CPU"]
@@ -171,7 +156,7 @@ def markdown(
         if own:
             worst = max(s.median for s in own)
             missing = len(own) < len(costs)
-            said = "INCOMPLETE: some C have none" if missing else verdict(worst <= COST_TTFT_MS)
+            said = "INCOMPLETE: some C have none" if missing else MARK[worst <= COST_TTFT_MS]
             lines += [
                 "",
                 f"The router's own share of TTFT (`router_delay`: from a request's arrival to its "
@@ -237,12 +222,6 @@ def summary(rows: Sequence[Record]) -> dict[str, Any]:
         "pair": plain(pair_ratios(rows)),
         "router_cost": plain(cost_rows(rows)),
     }
-
-
-def write_report(jsonl: Path, title: str = "") -> None:
-    """``write_rows`` from ``jsonl`` (a live plan's); nothing while ``jsonl`` is not there."""
-    if jsonl.exists():
-        write_rows(jsonl, read([jsonl]), title)
 
 
 def write_rows(jsonl: Path, rows: Sequence[Record], title: str = "") -> None:

@@ -300,9 +300,10 @@ def sweep(
         asyncio.run(run_sweep(targets, cfg, out, progress, on_record=on_record, on_start=start))
     except RuntimeError as exc:  # every request of a level failed
         raise RunFailed(str(exc)) from None
-    from dynspec.bench.gpu.steadyreport import write_report
+    from dynspec.bench.gpu.steadyreport import read, write_rows
 
-    write_report(out, title)
+    if out.exists():
+        write_rows(out, read([out]), title)
     left = pending(targets, cfg, out)
     if left:
         run.say(f"{len(left)} points left (the budget): the next command with --keep resumes")
