@@ -23,6 +23,7 @@ from dynspec.common.cli import (
 )
 
 if TYPE_CHECKING:
+    from dynspec.bench.load import Target
     from dynspec.bench.report import Record
     from dynspec.bench.sweep import SweepConfig
     from dynspec.launcher.sim.profile import Profile
@@ -144,6 +145,31 @@ def sweep_config(args: argparse.Namespace, **extra: object) -> SweepConfig:
     )
 
 
+def targets(raw: object, endpoint: str = "chat") -> list[Target]:
+    """``--url`` as targets, URL or LABEL=URL each (``$DYNSPEC_URL``: space-separated), each
+    label once."""
+    from dynspec.bench import load
+
+    items: list[str] = []
+    if isinstance(raw, str):  # from DYNSPEC_URL
+        items = raw.split()
+    elif isinstance(raw, list):
+        for x in raw:
+            items += str(x).split()
+    if not items:
+        raise UsageError("give at least one --url")
+    out: list[Target] = []
+    for item in items:
+        try:
+            out.append(load.parse_target(item, endpoint))
+        except ValueError as exc:
+            raise UsageError(f"--url: {exc}") from None
+    labels = [t.label for t in out]
+    if len(set(labels)) != len(labels):
+        raise UsageError("--url: two targets with the same label; use LABEL=URL")
+    return out
+
+
 def read(path: Path) -> list[Record]:
     from dynspec.bench import report
 
@@ -211,11 +237,14 @@ def stopped_code(exc: KeyboardInterrupt) -> int:
 
 def run_then_report(run: Callable[[], object], out: Path, finished: str, kind: Report) -> int:
     """Run an experiment that writes ``out``, then report all ``out`` holds; Ctrl-C or SIGTERM
-    keeps what finished."""
+    stops it (exit 130 or 143), keeping and reporting what finished."""
     signal.signal(signal.SIGTERM, on_sigterm)
+    code = 0
     try:
         run()
     except KeyboardInterrupt as exc:
-        print(f"\n{PROG}: interrupted; the finished {finished} are in {out}", file=sys.stderr)
-        return stopped_code(exc)
-    return _report(kind, out, read(out), out)
+        print(f"\n{PROG}: interrupted; keeping the finished {finished}", file=sys.stderr)
+        code = stopped_code(exc)
+    if out.exists() and out.stat().st_size > 0:
+        _report(kind, out, read(out), out)
+    return code

@@ -4,21 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
-import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dynspec.bench.cli_common import PROG, add_load_flags, on_sigterm, stopped_code, sweep_config
-from dynspec.common.cli import (
-    FlagParser,
-    UsageError,
-    non_negative_float,
-    positive_int,
-)
+from dynspec.bench.cli_common import add_load_flags, run_then_report, sweep_config, targets
+from dynspec.common.cli import FlagParser, UsageError, non_negative_float, positive_int
 
 if TYPE_CHECKING:
-    from dynspec.bench.load import Target
+    from dynspec.bench.report import Record
 
 DESCRIPTION = (
     "Closed-loop concurrency sweep (like sglang.bench_serving --max-concurrency) of one or "
@@ -48,38 +44,21 @@ def add_arguments(p: FlagParser) -> None:
     p.add_argument("--warm-pass", action="store_true", help=text)
 
 
-def targets(raw: object, endpoint: str) -> list[Target]:
-    from dynspec.bench import load
+@dataclass(frozen=True)
+class Table:
+    """The sweep's report (``cli_common.Report``): the Markdown table and the plot, titled."""
 
-    items: list[str] = []
-    if isinstance(raw, str):  # from DYNSPEC_URL
-        items = raw.split()
-    elif isinstance(raw, list):
-        for x in raw:
-            items += str(x).split()
-    if not items:
-        raise UsageError("give at least one --url")
-    out: list[Target] = []
-    for item in items:
-        try:
-            out.append(load.parse_target(item, endpoint))
-        except ValueError as exc:
-            raise UsageError(f"--url: {exc}") from None
-    labels = [t.label for t in out]
-    if len(set(labels)) != len(labels):
-        raise UsageError("--url: two targets with the same label; use LABEL=URL")
-    return out
+    title: str
 
+    def write_report(self, out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
+        from dynspec.bench import report
 
-def _finish(out: Path, title: str) -> None:
-    from dynspec.bench import report
+        return report.write_outputs(out, records, self.title)
 
-    if not out.exists() or out.stat().st_size == 0:
-        return
-    records = report.load_jsonl(out)
-    md, png = report.write_outputs(out, records, title)
-    print(report.markdown_table(records), end="")
-    print(f"results: {out}, {md}, {png}", file=sys.stderr)
+    def summary(self, records: Sequence[Record]) -> str:
+        from dynspec.bench import report
+
+        return report.markdown_table(records)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,12 +73,5 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {out} exists; give another --out")
     out.parent.mkdir(parents=True, exist_ok=True)
     progress = ProgressLine(enabled=not args.no_progress)
-    signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        asyncio.run(sweep(chosen, cfg, out, progress))
-    except KeyboardInterrupt as exc:
-        print(f"\n{PROG}: interrupted; keeping the finished levels", file=sys.stderr)
-        _finish(out, args.title)
-        return stopped_code(exc)
-    _finish(out, args.title)
-    return 0
+    job = partial(asyncio.run, sweep(chosen, cfg, out, progress))
+    return run_then_report(job, out, "levels", Table(args.title))

@@ -21,6 +21,7 @@ from dynspec.bench.cli_common import (
     rerender,
     run_then_report,
     sim_profile,
+    targets,
     threshold_value,
 )
 from dynspec.common.cli import (
@@ -154,7 +155,6 @@ def _config(args: argparse.Namespace) -> TrafficConfig:
 
 def run(args: argparse.Namespace) -> int:
     from dynspec.bench import traffic, traffic_report
-    from dynspec.bench.load import parse_target
 
     if args.from_jsonl is not None:
         return rerender(args.from_jsonl, lambda _: traffic_report)
@@ -162,18 +162,15 @@ def run(args: argparse.Namespace) -> int:
     if args.url:
         if args.simulate:
             raise UsageError("--url and --simulate: choose one")
-        try:
-            targets = [parse_target(u) for u in args.url]
-        except ValueError as exc:
-            raise UsageError(f"--url: {exc}") from None
-        labels = {t.label for t in targets}
+        chosen = targets(args.url)
+        labels = {t.label for t in chosen}
         watch = args.watch or (["routed"] if "routed" in labels else [])
         if set(watch) - labels:
             raise UsageError(f"--watch: no --url labelled {sorted(set(watch) - labels)[0]!r}")
         out = out_path(args, "traffic")
         out.write_text("", encoding="utf-8")  # a rerun starts afresh, as envelope's does
-        by = {t.label: t.base_url for t in targets}
-        live = partial(traffic.run_live, targets, cfg, out, watch={w: by[w] for w in watch})
+        by = {t.label: t.base_url for t in chosen}
+        live = partial(traffic.run_live, chosen, cfg, out, watch={w: by[w] for w in watch})
         return run_then_report(live, out, "runs", traffic_report)
     prof = sim_profile(args)
     names = [n for n in args.targets.replace(" ", "").split(",") if n]
