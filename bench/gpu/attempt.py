@@ -21,6 +21,7 @@ from dynspec.bench.gpu.launch import kept_session, session_file
 from dynspec.bench.gpu.leftovers import TAG_VAR, kill_tagged
 from dynspec.bench.gpu.toolkit import (
     FIXED_ENV,
+    KEEP_RESERVE_S,
     PROG,
     RESERVE_S,
     SGLANG_ARGS,
@@ -62,9 +63,7 @@ def attempt(a: Attempt, body: Body) -> NoReturn:
     env.update(FIXED_ENV)
     run = Run(out=a.out, work=a.work, deadline=time.monotonic() + a.budget, env=env)
     run.ports, run.steady = a.ports, a.steady
-    # A command that keeps its session needs only to write its results at the end; the one that
-    # stops it needs about STOP_S more, which an early end of the sweep leaves.
-    run.reserve = 20.0 if a.keep else RESERVE_S
+    run.reserve = KEEP_RESERVE_S if a.keep else RESERVE_S
     session = kept_session(run, a.plan)
     if session is None:
         shutil.rmtree(run.logs, ignore_errors=True)

@@ -45,6 +45,9 @@ SGLANG_ARGS = (
 PAIR_LEVELS = "1,2,4,8,16,32,64,128,256"
 
 RESERVE_S = 45.0  # kept for stopping the launcher and writing the results
+# A command that keeps its session needs only to write its results at the end; the one that
+# stops it needs about trafficplan.STOP_S more, which an early end of the sweep leaves.
+KEEP_RESERVE_S = 20.0
 
 
 class RunFailed(Exception):
@@ -104,19 +107,12 @@ class Run:
     def say(self, text: str) -> None:
         print(f"[gpu-run {time.monotonic() - self.t0:5.0f}s] {text}", flush=True)
 
-    def spawn(
-        self,
-        name: str,
-        argv: Sequence[str],
-        log: Path,
-        env: Mapping[str, str] | None = None,
-    ) -> subprocess.Popen[bytes]:
-        """A child in its own process group; ``env`` is added to the run's environment."""
+    def spawn(self, name: str, argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+        """A child in its own process group, in the run's environment, logging to ``log``."""
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as f:
             f.write(f"==> {shlex.join(argv)}\n".encode())
-        merged = {**self.env, **(env or {})}
-        return self.children.start(name, argv, env=merged, log=log, append=True)
+        return self.children.start(name, argv, env=self.env, log=log, append=True)
 
     def stop(self, proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
         """Stop the child's process group, and SIGKILL the group even when its leader is gone
@@ -238,8 +234,8 @@ def sweep_config(run: Run, levels: Sequence[int], deadline: float | None) -> Any
     return SweepConfig(
         concurrencies=sorted(set(levels)), requests_per_c=st.per_c, min_requests=8,
         input_len=st.input_len, output_len=st.output_len, request_timeout=120.0,
-        pause=st.pause, repeats=st.repeats, min_seconds=st.min_seconds, resume=True,
-        deadline=deadline, prompt_pool=st.prompt_pool,
+        pause=st.pause, repeats=st.repeats, min_seconds=st.min_seconds, deadline=deadline,
+        prompt_pool=st.prompt_pool,
     )  # fmt: skip
 
 

@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from dynspec.bench import arrivals
 from dynspec.bench.gpu.launch import finish, launch_argv, start_launch
-from dynspec.bench.gpu.toolkit import Run, RunFailed, Steady, check_models, pair_urls, warm
+from dynspec.bench.gpu.toolkit import (
+    KEEP_RESERVE_S,
+    Run,
+    RunFailed,
+    Steady,
+    check_models,
+    pair_urls,
+    warm,
+)
 from dynspec.common.cli import non_negative_float, positive_float
 
 if TYPE_CHECKING:
@@ -41,7 +49,6 @@ SETUP_S = 55.0
 LAUNCH_MPS_S = 250.0
 WARM_S = 26.0
 STOP_S = 25.0
-KEEP_RESERVE_S = 20.0  # attempt.py's reserve with --keep
 # The open-loop runner starts a run only if this much (beyond its schedule and drain) is left
 # (dynspec.bench.traffic._each); drains of a loaded server's queue.
 RUN_MARGIN_S = 15.0
