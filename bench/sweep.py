@@ -1,6 +1,6 @@
 """A concurrency sweep: every level against every target, the targets taking turns within a level
 (a drift of the machine spreads over all), one JSONL line per finished level; it may span
-processes (it goes on from the points its JSONL holds; ``deadline``).
+processes (``resume``, ``deadline``).
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ class SweepConfig:
     extra: dict[str, Any] = field(default_factory=dict)
     repeats: int = 1  # runs of each (target, level), interleaved with the other targets
     min_seconds: float = 0.0  # a measured level lasts at least this long
+    # Skip the (target, level, repeat) points already in ``out`` (the GPU plans' kept sessions;
+    # envelope's repeats write one file, each repeat's levels as repeat 1 of its own sweep).
+    resume: bool = False
     deadline: float | None = None  # time.monotonic(): no level is started that would end later
     warm_pass: bool = False  # ``warm`` every target at every level before measuring
     prompt_pool: int = 0  # random prompts: 0, a new one every request; N, N reused in turn
@@ -234,7 +237,7 @@ async def sweep(
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     prompts = sweep_prompts(cfg)
     records: list[Record] = []
-    before_now = earlier(out)  # the points an earlier process of the sweep wrote are skipped
+    before_now = earlier(out) if cfg.resume else []
     todo = pending(targets, cfg, None, before_now)
     seen: dict[str, list[Record]] = {t.label: [] for t in targets}
     for r in before_now:

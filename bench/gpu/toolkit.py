@@ -234,8 +234,8 @@ def sweep_config(run: Run, levels: Sequence[int], deadline: float | None) -> Any
     return SweepConfig(
         concurrencies=sorted(set(levels)), requests_per_c=st.per_c, min_requests=8,
         input_len=st.input_len, output_len=st.output_len, request_timeout=120.0,
-        pause=st.pause, repeats=st.repeats, min_seconds=st.min_seconds, deadline=deadline,
-        prompt_pool=st.prompt_pool,
+        pause=st.pause, repeats=st.repeats, min_seconds=st.min_seconds, resume=True,
+        deadline=deadline, prompt_pool=st.prompt_pool,
     )  # fmt: skip
 
 
