@@ -71,7 +71,7 @@ def _report_of(records: Sequence[Record]) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from dynspec.bench import envelope8, envelope8_report
-    from dynspec.bench.sweep import ProgressLine
+    from dynspec.bench.sweep import to_stderr
 
     if args.from_jsonl is not None:
         return rerender(args.from_jsonl, _report_of)
@@ -88,5 +88,5 @@ def run(args: argparse.Namespace) -> int:
         out=out,
         command=args.command_line,
     )
-    run = partial(envelope8.run, cfg, ProgressLine(enabled=not args.no_progress))
+    run = partial(envelope8.run, cfg, None if args.no_progress else to_stderr)
     return run_then_report(run, out, "levels", envelope8_report)

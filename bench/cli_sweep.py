@@ -62,7 +62,7 @@ class Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dynspec.bench.sweep import ProgressLine, sweep
+    from dynspec.bench.sweep import sweep, to_stderr
 
     chosen = targets(args.url, args.endpoint)
     cfg = sweep_config(
@@ -72,6 +72,6 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and out.stat().st_size > 0:
         raise UsageError(f"--out {out} exists; give another --out")
     out.parent.mkdir(parents=True, exist_ok=True)
-    progress = ProgressLine(enabled=not args.no_progress)
-    job = partial(asyncio.run, sweep(chosen, cfg, out, progress))
+    say = None if args.no_progress else to_stderr
+    job = partial(asyncio.run, sweep(chosen, cfg, out, say))
     return run_then_report(job, out, "levels", Table(args.title))

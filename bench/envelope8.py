@@ -16,7 +16,7 @@ from typing import Any
 from dynspec.bench import harness, threshold, ways
 from dynspec.bench.load import Target
 from dynspec.bench.report import Record
-from dynspec.bench.sweep import ProgressLine, SweepConfig, sweep
+from dynspec.bench.sweep import Say, SweepConfig, sweep
 from dynspec.launcher.sim.profile import Profile, load_profile, shipped_profiles
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def _sweep_levels(
     targets: Sequence[Target],
     scfg: SweepConfig,
     out: Path,
-    progress: ProgressLine | None,
+    say: Say | None,
     repeat: int = 1,
 ) -> list[Record]:
     """``sweep`` one level at a time, so each level's records carry the machine's load then."""
@@ -89,11 +89,11 @@ def _sweep_levels(
     for c in scfg.concurrencies:
         extra = {**scfg.extra, "loadavg_1m": harness.load_average()}
         level = dataclasses.replace(scfg, concurrencies=[c], extra=extra)
-        records += asyncio.run(sweep(targets, level, out, progress, on_record=mark))
+        records += asyncio.run(sweep(targets, level, out, say, on_record=mark))
     return records
 
 
-def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Record]:
+def run(cfg: EightGpusConfig, say: Say | None = None) -> list[Record]:
     """Run the comparison ``cfg.repeats`` times; each finished level is appended to ``cfg.out``."""
     run_ways, adaptive, notes = plan_ways(cfg)
     for note in notes:
@@ -117,7 +117,7 @@ def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Reco
             cfg.sweep, seed=cfg.sweep.seed + rep - 1, extra={**cfg.sweep.extra, **extra}
         )
         rcfg = dataclasses.replace(cfg, seed=cfg.seed + rep - 1, sweep=sweep_cfg)
-        records += _one_run(rcfg, run_ways, adaptive, rep, progress)
+        records += _one_run(rcfg, run_ways, adaptive, rep, say)
     return records
 
 
@@ -126,7 +126,7 @@ def _one_run(
     run_ways: Sequence[str],
     adaptive: str | None,
     repeat: int,
-    progress: ProgressLine | None,
+    say: Say | None,
 ) -> list[Record]:
     """One repeat: every server and router started afresh, each level's ways in turn."""
     prof = load_profile(cfg.profile)
@@ -147,7 +147,7 @@ def _one_run(
             # Each server alone, then suggest-threshold on those sweeps.
             shared = sets[ways.SHARED]
             alone = [Target("eagle", shared.eagle[0]), Target("baseline", shared.baseline[0])]
-            records += _sweep_levels(alone, scfg, cfg.out, progress, repeat)
+            records += _sweep_levels(alone, scfg, cfg.out, say, repeat)
             s = threshold.suggest(
                 [r for r in records if r["target"] == "eagle"],
                 [r for r in records if r["target"] == "baseline"],
@@ -176,5 +176,5 @@ def _one_run(
         if not singles:
             rextra["threshold_by_hand"] = True
         rcfg = dataclasses.replace(scfg, extra=rextra)
-        records += _sweep_levels(targets, rcfg, cfg.out, progress, repeat)
+        records += _sweep_levels(targets, rcfg, cfg.out, say, repeat)
     return records

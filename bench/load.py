@@ -252,9 +252,6 @@ class LevelRun:
         return max(0.0, self.window[1] - self.window[0])
 
 
-Progress = Callable[[int, int], None]
-
-
 async def run_level(
     session: aiohttp.ClientSession,
     target: Target,
@@ -265,7 +262,6 @@ async def run_level(
     requests: int,
     warmup: int,
     headers: dict[str, str] | None = None,
-    progress: Progress | None = None,
     on_measure: Callable[[], Awaitable[None]] | None = None,
     min_seconds: float = 0.0,
 ) -> LevelRun:
@@ -312,8 +308,6 @@ async def run_level(
             await send_request(session, target, body, prompt, hdrs, trace=trace)
             if measuring:
                 state["ended"] += 1
-                if progress is not None:
-                    progress(min(state["ended"], requests), requests)
                 still = still_measuring(trace.end, ended=True)
                 if not still and state["ended"] >= len(measured):
                     all_ended.set()

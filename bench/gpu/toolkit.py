@@ -243,7 +243,7 @@ def warm(run: Run, urls: Mapping[str, str], levels: Sequence[int]) -> None:
     """Every server at every level of the plan once, nothing recorded (SGLang's triton kernels
     compile on their first use at a batch size: that must not land in a measured level)."""
     from dynspec.bench import load
-    from dynspec.bench.sweep import ProgressLine, sweep_prompts
+    from dynspec.bench.sweep import sweep_prompts
     from dynspec.bench.sweep import warm as warm_levels
 
     cfg = sweep_config(run, levels, None)
@@ -253,9 +253,8 @@ def warm(run: Run, urls: Mapping[str, str], levels: Sequence[int]) -> None:
     async def go() -> None:
         async with load.make_session(cfg.request_timeout) as session:
             models = {t: await load.model_name(session, t) for t in targets}
-            progress = ProgressLine(sys.stdout)
             await warm_levels(session, targets, cfg, models=models, prompts=sweep_prompts(cfg),
-                              headers={}, progress=progress)  # fmt: skip
+                              headers={}, say=console)  # fmt: skip
 
     asyncio.run(go())
     run.meta.setdefault("warm_s", []).append(round(time.monotonic() - began, 1))
@@ -276,7 +275,7 @@ def sweep(
     """The steady-state sweep (``Steady``) of ``targets`` (``load.Target``), resuming ``out``;
     no level is started that would end past ``limit`` seconds from now or past the budget less
     ``RESERVE_S``. True when every point is in ``out``."""
-    from dynspec.bench.sweep import ProgressLine, pending
+    from dynspec.bench.sweep import pending
     from dynspec.bench.sweep import sweep as run_sweep
 
     cfg = sweep_config(run, levels, run.sweep_deadline(limit))
@@ -292,8 +291,7 @@ def sweep(
             on_start(label)
 
     try:
-        progress = ProgressLine(sys.stdout)
-        asyncio.run(run_sweep(targets, cfg, out, progress, on_record=on_record, on_start=start))
+        asyncio.run(run_sweep(targets, cfg, out, console, on_record=on_record, on_start=start))
     except RuntimeError as exc:  # every request of a level failed
         raise RunFailed(str(exc)) from None
     from dynspec.bench.gpu.steadyreport import read, write_rows
@@ -304,6 +302,11 @@ def sweep(
     if left:
         run.say(f"{len(left)} points left (the budget): the next command with --keep resumes")
     return not left
+
+
+def console(line: str) -> None:
+    """A level's line on the command's console (``console-N.txt``)."""
+    print(line, flush=True)
 
 
 def last_line_of(text: str) -> str:
