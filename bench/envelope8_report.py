@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dynspec.bench import report, simreport
 from dynspec.bench.envelope8 import EXPERIMENT, adaptive_counterpart
-from dynspec.bench.report import MARK, Record, Spread, cell, model_time, stats, table
+from dynspec.bench.report import MARK, Record, Spread, cell, level_table, model_time, stats, table
 from dynspec.bench.ways import EIGHT_WAYS, HOMOGENEOUS, SHARED
 from dynspec.launcher.sim.profile import Profile, load_profile
 
@@ -180,12 +180,9 @@ def goal_table(rows: Sequence[GoalRow]) -> str:
 def way_table(records: Sequence[Record], ways: Sequence[str], key: str, unit: str) -> str:
     """``key`` per C (rows) and way (columns): the median over the repeats, with their min-max
     where there are several ("-" where the way has none)."""
-    by = stats(records, key)
     digits = 2 if key.endswith("_ms") else 1
-    levels = sorted({c for per_c in by.values() for c in per_c})
-    body = [[str(c), *(by[w][c].cell(digits) if c in by.get(w, {}) else "-" for w in ways)]
-            for c in levels]  # fmt: skip
-    return "\n".join(table(["C", *(f"{w} {unit}" for w in ways)], body)) + "\n"
+    head = [f"{w} {unit}" for w in ways]
+    return "\n".join(level_table(stats(records, key), ways, digits, head)) + "\n"
 
 
 def _repeats(records: Sequence[Record]) -> int:

@@ -10,7 +10,7 @@ import datetime as dt
 import json
 import math
 import statistics
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,6 +162,23 @@ def table(head: Sequence[str], body: Iterable[Sequence[str]]) -> list[str]:
     return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)] + [
         "| " + " | ".join(row) + " |" for row in body
     ]
+
+
+def level_table(
+    by: Mapping[str, Mapping[int, Spread]],
+    columns: Sequence[str],
+    digits: int,
+    head: Sequence[str] = (),
+    levels: Iterable[int] = (),
+) -> list[str]:
+    """Each C (rows: ``levels``, else every C of ``by``) and column's median (min-max) over the
+    repeats, from ``stats``; "-" where a column has none at that C."""
+    rows = sorted(levels or {c for per_c in by.values() for c in per_c})
+    body = [
+        [str(c), *(by[w][c].cell(digits) if c in by.get(w, {}) else "-" for w in columns)]
+        for c in rows
+    ]
+    return table(["C", *(head or columns)], body)
 
 
 def markdown_table(records: Sequence[Record], title: str | None = None) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dynspec.bench import report
 from dynspec.bench.report import MARK, Record, Spread, by_point, load_jsonl, spread, stats, table
 
 PAIR_GOAL = 0.95  # routed >= 0.95 x the better server alone, at every C
@@ -117,9 +118,9 @@ def markdown(rows: Sequence[Record]) -> str:
     levels = sorted({c for t in tok.values() for c in t})
     reps = max((s.n for t in tok.values() for s in t.values()), default=0)
     lines = [f"Output tok/s, median (min-max) of up to {reps} repeats:", ""]
-    lines += table(["C", *targets], [[str(c), *cells(tok, targets, c)] for c in levels])
+    lines += report.level_table(tok, targets, 0)
     lines += ["", "p50 TPOT ms, median (min-max):", ""]
-    lines += table(["C", *targets], [[str(c), *cells(tpot, targets, c, 2)] for c in levels])
+    lines += report.level_table(tpot, targets, 2, levels=levels)
     ratios = pair_ratios(rows)
     if ratios:
         worst = min(r["ratio"] for r in ratios.values())
@@ -200,12 +201,6 @@ def share_cells(rows: Sequence[Record], label: str) -> dict[int, str]:
     return {c: " ".join(v) for c, v in found.items()}
 
 
-def cells(
-    table_: Mapping[str, Mapping[int, Spread]], targets: Sequence[str], c: int, digits: int = 0
-) -> list[str]:
-    return [table_[t][c].cell(digits) if c in table_.get(t, {}) else "-" for t in targets]
-
-
 def summary(rows: Sequence[Record]) -> dict[str, Any]:
     """The report as JSON (``PLAN-summary.json``)."""
 
@@ -230,11 +225,9 @@ def write_rows(jsonl: Path, rows: Sequence[Record], title: str = "") -> None:
     of every file given)."""
     import json
 
-    from dynspec.bench.report import plot
-
     if not rows:
         return
     jsonl.with_suffix(".md").write_text(markdown(rows))
-    plot(rows, jsonl.with_suffix(".png"), title or jsonl.stem)
+    report.plot(rows, jsonl.with_suffix(".png"), title or jsonl.stem)
     summary_path = jsonl.with_name(jsonl.stem + "-summary.json")
     summary_path.write_text(json.dumps(summary(rows), indent=1))
