@@ -1,6 +1,6 @@
 """What every report writes with: JSONL (a line per target and level, with ``bench_serving``'s
-key names where they exist), Markdown tables, medians over repeats, figures; the sweep's own
-table and plot.
+key names where they exist), Markdown tables, medians over repeats, figures, the lines that say
+where and on which code a run ran; the sweep's own table and plot.
 """
 
 from __future__ import annotations
@@ -76,6 +76,23 @@ def run_time_line(records: Sequence[Record]) -> str:
         dt.datetime.fromisoformat(max(stamps)) - dt.datetime.fromisoformat(str(started))
     ).total_seconds()
     return f"- Run time {secs / 60:.1f} min wall-clock."
+
+
+def machine_line(records: Sequence[Record], who: str, when: str = "") -> str:
+    """The machine, who shares it, and the 1-minute load averages the records saw (``when``)."""
+    m = records[0].get("machine") or {}
+    loads = [float(r["loadavg_1m"]) for r in records if r.get("loadavg_1m") is not None]
+    load = f" (1-minute load average {min(loads):.1f}-{max(loads):.1f}{when})" if loads else ""
+    return (
+        f"- Machine: {m.get('cpus', '?')} CPUs ({m.get('cpu') or 'unknown CPU'}), "
+        f"{m.get('platform', '?')}, Python {m.get('python', '?')}; {who} share it, and other "
+        f"work ran on it at the same time{load}."
+    )
+
+
+def code_lines(records: Sequence[Record]) -> list[str]:
+    commits = sorted({str(r["code_commit"]) for r in records if r.get("code_commit")})
+    return [f"- Code: commit {', '.join(commits)}."] if commits else []
 
 
 def targets(records: Iterable[Record]) -> list[str]:
