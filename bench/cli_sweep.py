@@ -51,9 +51,13 @@ class Table:
     title: str
 
     def write_report(self, out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
+        """OUT.md and OUT.png beside the JSONL."""
         from dynspec.bench import report
 
-        return report.write_outputs(out, records, self.title)
+        md, png = out.with_suffix(".md"), out.with_suffix(".png")
+        md.write_text(report.markdown_table(records, self.title), encoding="utf-8")
+        report.plot(records, png, self.title)
+        return md, png
 
     def summary(self, records: Sequence[Record]) -> str:
         from dynspec.bench import report

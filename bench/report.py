@@ -274,12 +274,3 @@ def figure(
         fig.savefig(path, dpi=110)
     finally:
         plt.close(fig)
-
-
-def write_outputs(jsonl: Path, records: Sequence[Record], title: str) -> tuple[Path, Path]:
-    """The Markdown table and the PNG next to ``jsonl`` (same stem)."""
-    md = jsonl.with_suffix(".md")
-    png = jsonl.with_suffix(".png")
-    md.write_text(markdown_table(records, title), encoding="utf-8")
-    plot(records, png, title)
-    return md, png
