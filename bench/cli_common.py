@@ -23,6 +23,7 @@ from dynspec.common.cli import (
 )
 
 if TYPE_CHECKING:
+    from dynspec.bench.load import Target
     from dynspec.bench.report import Record
     from dynspec.bench.sweep import SweepConfig
     from dynspec.launcher.sim.profile import Profile
@@ -73,7 +74,6 @@ def add_load_flags(p: FlagParser | argparse.ArgumentParser) -> None:
         ("--requests-per-c", positive_int, 4, "default requests per level / C"),
         ("--min-requests", positive_int, 16, "fewest requests in a level"),
         ("--warmup", non_negative_int, None, "warm-up requests per level (default: C)"),
-        ("--dataset", Path, None, "a ShareGPT-format JSON file of prompts"),
         ("--seed", int, 0, "seed for prompt sampling"),
         ("--pause", float, 1.0, "seconds between levels (lets in-flight drain)"),
     ):
@@ -135,9 +135,7 @@ def add_simulate_flags(p: FlagParser | argparse.ArgumentParser) -> None:
 def sweep_config(args: argparse.Namespace, **extra: object) -> SweepConfig:
     from dynspec.bench.sweep import SweepConfig
 
-    if args.dataset is not None and not args.dataset.is_file():
-        raise UsageError(f"--dataset: no such file: {args.dataset}")
-    same = "requests requests_per_c min_requests warmup input_len output_len range_ratio dataset"
+    same = "requests requests_per_c min_requests warmup input_len output_len range_ratio"
     same += " seed prompt_pool request_timeout pause"
     return SweepConfig(
         concurrencies=args.concurrency,
@@ -145,6 +143,31 @@ def sweep_config(args: argparse.Namespace, **extra: object) -> SweepConfig:
         **{k: getattr(args, k) for k in same.split()},
         **extra,  # type: ignore[arg-type]
     )
+
+
+def targets(raw: object, endpoint: str = "chat") -> list[Target]:
+    """``--url`` as targets, URL or LABEL=URL each (``$DYNSPEC_URL``: space-separated), each
+    label once."""
+    from dynspec.bench import load
+
+    items: list[str] = []
+    if isinstance(raw, str):  # from DYNSPEC_URL
+        items = raw.split()
+    elif isinstance(raw, list):
+        for x in raw:
+            items += str(x).split()
+    if not items:
+        raise UsageError("give at least one --url")
+    out: list[Target] = []
+    for item in items:
+        try:
+            out.append(load.parse_target(item, endpoint))
+        except ValueError as exc:
+            raise UsageError(f"--url: {exc}") from None
+    labels = [t.label for t in out]
+    if len(set(labels)) != len(labels):
+        raise UsageError("--url: two targets with the same label; use LABEL=URL")
+    return out
 
 
 def read(path: Path) -> list[Record]:
@@ -213,12 +236,15 @@ def stopped_code(exc: KeyboardInterrupt) -> int:
 
 
 def run_then_report(run: Callable[[], object], out: Path, finished: str, kind: Report) -> int:
-    """Run an experiment that writes ``out``, then report all ``out`` holds (with ``--append``,
-    earlier runs too); Ctrl-C or SIGTERM keeps what finished."""
+    """Run an experiment that writes ``out``, then report all ``out`` holds; Ctrl-C or SIGTERM
+    stops it (exit 130 or 143), keeping and reporting what finished."""
     signal.signal(signal.SIGTERM, on_sigterm)
+    code = 0
     try:
         run()
     except KeyboardInterrupt as exc:
-        print(f"\n{PROG}: interrupted; the finished {finished} are in {out}", file=sys.stderr)
-        return stopped_code(exc)
-    return _report(kind, out, read(out), out)
+        print(f"\n{PROG}: interrupted; keeping the finished {finished}", file=sys.stderr)
+        code = stopped_code(exc)
+    if out.exists() and out.stat().st_size > 0:
+        _report(kind, out, read(out), out)
+    return code

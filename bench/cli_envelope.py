@@ -24,7 +24,6 @@ from dynspec.common.cli import (
     FlagParser,
     UsageError,
     non_negative_int,
-    positive_float,
     positive_int,
 )
 
@@ -55,17 +54,10 @@ def add_arguments(p: FlagParser) -> None:
     ways_text = "--eight-gpus: which ways to run, comma-separated"
     p.add_argument("--ways", type=ways.parse_ways, default=list(ways.EIGHT_WAYS), help=ways_text)
     add_sharing_flag(p, "--eight-gpus: ")
-    for flag, text in (
-        ("--calibrated", "give paired-auto the profile as --speed-profile (default: none)"),
-        ("--append", "add to an existing --out JSONL instead of replacing it"),
-    ):
-        p.add_argument(flag, action="store_true", help=f"--eight-gpus: {text}")
-    for flag, kind, default, text in (
-        ("--repeats", positive_int, 1, "runs of the whole comparison, each started afresh"),
-        ("--adaptive-profile", str, None, "the profile whose eagle mode 2x-adaptive runs"),
-        ("--metrics-interval", positive_float, None, "the balance router's --metrics-interval"),
-    ):
-        p.add_argument(flag, type=kind, default=default, help=f"--eight-gpus: {text}")
+    text = "--eight-gpus: give paired-auto the profile as --speed-profile (default: none)"
+    p.add_argument("--calibrated", action="store_true", help=text)
+    text = "--eight-gpus: runs of the whole comparison, each started afresh"
+    p.add_argument("--repeats", type=positive_int, default=1, help=text)
     add_router_log_level(p, "warning")
 
 
@@ -79,7 +71,7 @@ def _report_of(records: Sequence[Record]) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from dynspec.bench import envelope8, envelope8_report
-    from dynspec.bench.sweep import ProgressLine
+    from dynspec.bench.sweep import to_stderr
 
     if args.from_jsonl is not None:
         return rerender(args.from_jsonl, _report_of)
@@ -88,15 +80,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(RETIRED)
     suffix = ("-mps" if args.sharing == "mps" else "") + ("-calibrated" if args.calibrated else "")
     out = out_path(args, f"envelope8-{prof.name}{suffix}")
-    if args.append and not (out.exists() and out.stat().st_size > 0):
-        raise UsageError(f"--append: {out} does not exist or is empty")
     names = "profile speed threshold hysteresis seed startup_timeout router_log_level ways"
-    names += " metrics_interval sharing adaptive_profile append repeats calibrated"
+    names += " sharing repeats calibrated"
     cfg = envelope8.EightGpusConfig(
         **{k: getattr(args, k) for k in names.split()},
         sweep=sweep_config(args),
         out=out,
         command=args.command_line,
     )
-    run = partial(envelope8.run, cfg, ProgressLine(enabled=not args.no_progress))
+    run = partial(envelope8.run, cfg, None if args.no_progress else to_stderr)
     return run_then_report(run, out, "levels", envelope8_report)

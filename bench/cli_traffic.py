@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dynspec.bench import arrivals
 from dynspec.bench.arrivals import Schedule
@@ -21,6 +21,7 @@ from dynspec.bench.cli_common import (
     rerender,
     run_then_report,
     sim_profile,
+    targets,
     threshold_value,
 )
 from dynspec.common.cli import (
@@ -154,7 +155,6 @@ def _config(args: argparse.Namespace) -> TrafficConfig:
 
 def run(args: argparse.Namespace) -> int:
     from dynspec.bench import traffic, traffic_report
-    from dynspec.bench.load import parse_target
 
     if args.from_jsonl is not None:
         return rerender(args.from_jsonl, lambda _: traffic_report)
@@ -162,18 +162,15 @@ def run(args: argparse.Namespace) -> int:
     if args.url:
         if args.simulate:
             raise UsageError("--url and --simulate: choose one")
-        try:
-            targets = [parse_target(u) for u in args.url]
-        except ValueError as exc:
-            raise UsageError(f"--url: {exc}") from None
-        labels = {t.label for t in targets}
+        chosen = targets(args.url)
+        labels = {t.label for t in chosen}
         watch = args.watch or (["routed"] if "routed" in labels else [])
         if set(watch) - labels:
             raise UsageError(f"--watch: no --url labelled {sorted(set(watch) - labels)[0]!r}")
         out = out_path(args, "traffic")
-        refuse_other_plan(out, cfg)
-        by = {t.label: t.base_url for t in targets}
-        live = partial(traffic.run_live, targets, cfg, out, watch={w: by[w] for w in watch})
+        out.write_text("", encoding="utf-8")  # a rerun starts afresh, as envelope's does
+        by = {t.label: t.base_url for t in chosen}
+        live = partial(traffic.run_live, chosen, cfg, out, watch={w: by[w] for w in watch})
         return run_then_report(live, out, "runs", traffic_report)
     prof = sim_profile(args)
     names = [n for n in args.targets.replace(" ", "").split(",") if n]
@@ -194,19 +191,7 @@ def run(args: argparse.Namespace) -> int:
         speed=args.speed, seed=args.seed,
     )  # fmt: skip
     out = out_path(args, f"traffic-{prof.name}")
-    refuse_other_plan(out, cfg, {"profile": args.profile, "layout": args.layout})
+    out.write_text("", encoding="utf-8")
     return run_then_report(
         partial(traffic.run_simulated, cfg, sim, out), out, "runs", traffic_report
     )
-
-
-def refuse_other_plan(out: Path, cfg: TrafficConfig, more: dict[str, Any] | None = None) -> None:
-    """A usage error when ``out`` holds runs of another plan: a rerun resumes, keeping them."""
-    from dynspec.bench import traffic
-
-    why = traffic.other_plan(out, cfg, more)
-    if why is not None:
-        raise UsageError(
-            f"{out} holds runs of another plan ({why}); a rerun goes on from the runs there: "
-            "give another --out, or remove it to start afresh"
-        )

@@ -16,7 +16,7 @@ from typing import Any
 from dynspec.bench import harness, threshold, ways
 from dynspec.bench.load import Target
 from dynspec.bench.report import Record
-from dynspec.bench.sweep import ProgressLine, SweepConfig, sweep
+from dynspec.bench.sweep import Say, SweepConfig, sweep
 from dynspec.launcher.sim.profile import Profile, load_profile, shipped_profiles
 
 logger = logging.getLogger(__name__)
@@ -52,13 +52,10 @@ class EightGpusConfig:
     ways: Sequence[str] = ways.EIGHT_WAYS
     threshold: int | None = None
     hysteresis: int | None = None
-    metrics_interval: float | None = None
     sharing: str = "timeslice"
-    adaptive_profile: str | None = None  # None: adaptive_counterpart(profile)
     seed: int = 0
     startup_timeout: float = 60.0
     router_log_level: str = "warning"
-    append: bool = False
     command: str = ""
     repeats: int = 1
     calibrated: bool = False  # paired-auto starts from the profile (a launch's --calibrate)
@@ -67,10 +64,10 @@ class EightGpusConfig:
 def plan_ways(cfg: EightGpusConfig) -> tuple[list[str], str | None, list[str]]:
     """The ways to run, the adaptive profile (if any) and one note per way left out."""
     run = list(cfg.ways)
-    adaptive, why = cfg.adaptive_profile, ""
-    if adaptive is None and "2x-adaptive" in run:
-        adaptive, why = adaptive_counterpart(load_profile(cfg.profile))
-    if "2x-adaptive" in run and adaptive is None:
+    if "2x-adaptive" not in run:
+        return run, None, []
+    adaptive, why = adaptive_counterpart(load_profile(cfg.profile))
+    if adaptive is None:
         run.remove("2x-adaptive")
         return run, None, [f"2x-adaptive: {why}"]
     return run, adaptive, []
@@ -80,7 +77,7 @@ def _sweep_levels(
     targets: Sequence[Target],
     scfg: SweepConfig,
     out: Path,
-    progress: ProgressLine | None,
+    say: Say | None,
     repeat: int = 1,
 ) -> list[Record]:
     """``sweep`` one level at a time, so each level's records carry the machine's load then."""
@@ -92,11 +89,11 @@ def _sweep_levels(
     for c in scfg.concurrencies:
         extra = {**scfg.extra, "loadavg_1m": harness.load_average()}
         level = dataclasses.replace(scfg, concurrencies=[c], extra=extra)
-        records += asyncio.run(sweep(targets, level, out, progress, on_record=mark))
+        records += asyncio.run(sweep(targets, level, out, say, on_record=mark))
     return records
 
 
-def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Record]:
+def run(cfg: EightGpusConfig, say: Say | None = None) -> list[Record]:
     """Run the comparison ``cfg.repeats`` times; each finished level is appended to ``cfg.out``."""
     run_ways, adaptive, notes = plan_ways(cfg)
     for note in notes:
@@ -112,10 +109,7 @@ def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Reco
     }
     if adaptive is not None:
         extra["adaptive_profile"] = adaptive
-        if cfg.adaptive_profile is not None:
-            extra["adaptive_by_hand"] = True
-    if not cfg.append:
-        cfg.out.write_text("", encoding="utf-8")
+    cfg.out.write_text("", encoding="utf-8")
     records: list[Record] = []
     for rep in range(1, cfg.repeats + 1):
         # Repeat r: seeds + r - 1 (repeat 1 is a run without repeats), nothing left of the last.
@@ -123,7 +117,7 @@ def run(cfg: EightGpusConfig, progress: ProgressLine | None = None) -> list[Reco
             cfg.sweep, seed=cfg.sweep.seed + rep - 1, extra={**cfg.sweep.extra, **extra}
         )
         rcfg = dataclasses.replace(cfg, seed=cfg.seed + rep - 1, sweep=sweep_cfg)
-        records += _one_run(rcfg, run_ways, adaptive, rep, progress)
+        records += _one_run(rcfg, run_ways, adaptive, rep, say)
     return records
 
 
@@ -132,7 +126,7 @@ def _one_run(
     run_ways: Sequence[str],
     adaptive: str | None,
     repeat: int,
-    progress: ProgressLine | None,
+    say: Say | None,
 ) -> list[Record]:
     """One repeat: every server and router started afresh, each level's ways in turn."""
     prof = load_profile(cfg.profile)
@@ -153,7 +147,7 @@ def _one_run(
             # Each server alone, then suggest-threshold on those sweeps.
             shared = sets[ways.SHARED]
             alone = [Target("eagle", shared.eagle[0]), Target("baseline", shared.baseline[0])]
-            records += _sweep_levels(alone, scfg, cfg.out, progress, repeat)
+            records += _sweep_levels(alone, scfg, cfg.out, say, repeat)
             s = threshold.suggest(
                 [r for r in records if r["target"] == "eagle"],
                 [r for r in records if r["target"] == "baseline"],
@@ -171,7 +165,6 @@ def _one_run(
                 threshold=thr,
                 hysteresis=hyst,
                 speed_profile=profile_path,
-                metrics_interval=cfg.metrics_interval,
                 calibrated=cfg.calibrated,
             )
             router = dataclasses.replace(router, log_level=cfg.router_log_level)
@@ -183,5 +176,5 @@ def _one_run(
         if not singles:
             rextra["threshold_by_hand"] = True
         rcfg = dataclasses.replace(scfg, extra=rextra)
-        records += _sweep_levels(targets, rcfg, cfg.out, progress, repeat)
+        records += _sweep_levels(targets, rcfg, cfg.out, say, repeat)
     return records

@@ -1,5 +1,7 @@
 """The eight-GPU comparison's goals for ``paired-auto`` (judged on the repeats' medians at every C
-where each applies) and its report, from the level records alone so that ``--from-jsonl`` works.
+where each applies) and its report, from the level records alone so that ``--from-jsonl`` works:
+with what the profile predicts, the table that holds the simulators to it, and the threshold
+suggestion from the run's single-server sweeps.
 """
 
 from __future__ import annotations
@@ -9,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dynspec.bench import report, simreport
+from dynspec.bench import report, threshold
 from dynspec.bench.envelope8 import EXPERIMENT, adaptive_counterpart
-from dynspec.bench.report import MARK, Record, Spread, cell, model_time, stats, table
+from dynspec.bench.report import MARK, Record, Spread, cell, level_table, model_time, stats, table
 from dynspec.bench.ways import EIGHT_WAYS, HOMOGENEOUS, SHARED
 from dynspec.launcher.sim.profile import Profile, load_profile
 
@@ -42,10 +44,10 @@ GOALS = {
 def comparable(records: Sequence[Record], profile: Profile) -> tuple[list[Record], list[str]]:
     """The records the goals may judge, and one note per way absent: each way the run left out,
     and a ``2x-adaptive`` that ran an adaptive curve not measured at ``profile``'s acceptance
-    (no ceiling for it; unless ``--adaptive-profile`` chose it)."""
+    (no ceiling for it)."""
     notes = [f"Not run: {n}" for n in records[0].get("not_run") or []] if records else []
     ran = next((r for r in records if r.get("target") == "2x-adaptive"), None)
-    if ran is None or ran.get("adaptive_by_hand"):
+    if ran is None:
         return list(records), notes
     want, why = adaptive_counterpart(profile)
     if ran.get("adaptive_profile") == want:
@@ -146,6 +148,86 @@ def verdict_lines(rows: Sequence[GoalRow]) -> list[str]:
     return out
 
 
+# ---- the simulators against their profile --------------------------------------------------------
+
+
+def _batch(profile: Profile, mode: str, c: int) -> int:
+    m = profile.mode(mode)
+    return min(c, m.max_running_requests or (48 if mode == "eagle" else 1024))
+
+
+def expected_tpot_ms(profile: Profile, mode: str, c: int) -> float:
+    """The p50 TPOT the profile predicts for one server at closed-loop concurrency ``c``."""
+    b = _batch(profile, mode, c)
+    return 1000.0 * b / profile.mode(mode).throughput_at(b)
+
+
+def expected_tput(profile: Profile, mode: str, c: int) -> float:
+    """Output tok/s the profile predicts for one server with ``c`` clients (decode only)."""
+    return profile.mode(mode).throughput_at(_batch(profile, mode, c))
+
+
+SCHEDULE_TEXT = (
+    "Measured p50 TPOT and tok/s of the single servers (and of the homogeneous pairs, each server "
+    "holding about C/2) against the profile's decode-only prediction (batch = min(C, running-"
+    "request limit), TPOT = batch / throughput(batch)). A baseline TPOT near 1.00x means the "
+    "simulator kept its schedule and the client kept up; prefill steps that pause decoding make "
+    "the measured TPOT somewhat higher and tok/s somewhat lower. A CPU that cannot keep up would "
+    "show as the baseline's TPOT well above 1.00x."
+)
+
+
+def schedule_table(records: Sequence[Record], profile: Profile) -> str:
+    """SCHEDULE_TEXT's table, from model-time records."""
+    head = ["target", "C", "per server", "TPOT p50 ms", "profile TPOT ms", "measured / profile",
+            "tok/s", "profile tok/s", "measured / profile", "achieved C"]  # fmt: skip
+    body = []
+    for r in records:
+        t, c = str(r["target"]), int(r["max_concurrency"])
+        if t in ("eagle", "baseline"):
+            mode, per = t, c
+        elif t in ("2x-eagle", "2x-baseline"):
+            mode, per = t[3:], max(1, math.ceil(c / 2))
+        else:
+            continue
+        want = expected_tpot_ms(profile, mode, per)
+        # Two servers with an odd C: one holds ceil(C/2), the other floor(C/2).
+        tput = expected_tput(profile, mode, per) + (
+            expected_tput(profile, mode, c - per) if c > per else 0.0
+        )
+        got = float(r["output_throughput"])
+        tpot = r["median_tpot_ms"]
+        body.append([t, str(c), str(per), f"{tpot:.2f}", f"{want:.2f}", f"{tpot / want:.3f}",
+                     f"{got:.1f}", f"{tput:.1f}", f"{got / tput:.3f}",
+                     cell(r.get("concurrency"))])  # fmt: skip
+    return "\n".join(table(head, body)) + "\n"
+
+
+def profile_text(profile: Profile) -> str:
+    return f"`{profile.name}`{' (ILLUSTRATIVE, not measured)' if profile.illustrative else ''}"
+
+
+def prompts_text(meta: Record) -> str:
+    text = (
+        f"random prompts, {meta.get('random_input_len')} input / "
+        f"{meta.get('random_output_len')} output tokens"
+    )
+    ratio = meta.get("random_range_ratio")
+    if ratio is not None and float(ratio) < 1.0:
+        return text + f" (each uniform from {float(ratio):g}x that)"
+    return text + " (fixed)"
+
+
+def suggestion_section(model: Sequence[Record]) -> list[str]:
+    """``suggest-threshold`` on the run's single-server sweeps, if it has both."""
+    eagle = [r for r in model if r.get("target") == "eagle"]
+    baseline = [r for r in model if r.get("target") == "baseline"]
+    if not (eagle and baseline):
+        return []
+    title = "## SIMULATED: threshold suggestion from the single-server sweeps"
+    return [title, "", threshold.render(threshold.suggest(eagle, baseline)), ""]
+
+
 # ---- report ------------------------------------------------------------------------------------
 
 
@@ -180,30 +262,9 @@ def goal_table(rows: Sequence[GoalRow]) -> str:
 def way_table(records: Sequence[Record], ways: Sequence[str], key: str, unit: str) -> str:
     """``key`` per C (rows) and way (columns): the median over the repeats, with their min-max
     where there are several ("-" where the way has none)."""
-    by = stats(records, key)
     digits = 2 if key.endswith("_ms") else 1
-    levels = sorted({c for per_c in by.values() for c in per_c})
-    body = [[str(c), *(by[w][c].cell(digits) if c in by.get(w, {}) else "-" for w in ways)]
-            for c in levels]  # fmt: skip
-    return "\n".join(table(["C", *(f"{w} {unit}" for w in ways)], body)) + "\n"
-
-
-def _runs_line(records: Sequence[Record]) -> str:
-    runs: dict[str, tuple[set[str], str]] = {}
-    for r in records:
-        ts, _ = runs.setdefault(str(r.get("run_started", "?")), (set(), str(r.get("command", ""))))
-        ts.add(str(r["target"]))
-    if len(runs) <= 1:
-        return ""
-    parts = [
-        f"{start}: {', '.join(sorted(ts))} (`{cmd}`)" for start, (ts, cmd) in sorted(runs.items())
-    ]
-    return (
-        "- NOTE: these records come from more than one run: "
-        + "; ".join(parts)
-        + ". Ways from different runs did not share each level's time slot, so a change in the "
-        "machine's load between the runs shows up as a difference between those ways."
-    )
+    head = [f"{w} {unit}" for w in ways]
+    return "\n".join(level_table(stats(records, key), ways, digits, head)) + "\n"
 
 
 def _repeats(records: Sequence[Record]) -> int:
@@ -287,20 +348,19 @@ def _header(records: Sequence[Record], ran: Sequence[str], notes: Sequence[str])
     meta = records[0]
     speed = float(meta.get("speed", 1.0))
     levels = sorted({int(r["max_concurrency"]) for r in records})
-    runs = _runs_line(records)
-    run_time = "" if runs else report.run_time_line(records)
+    run_time = report.run_time_line(records)
     adaptive = meta.get("adaptive_profile") if "2x-adaptive" in ran else None
     return [
         f"Command: `{meta.get('command') or 'dynspec-bench envelope --eight-gpus --simulate'}`",
         "",
-        simreport.machine_line(
+        report.machine_line(
             records, "the client, the routers and the simulators", " at the levels' starts"
         ),
-        *simreport.code_lines(records),
+        *report.code_lines(records),
         f"- Simulated time ran {speed:g}x wall-clock (`--speed {speed:g}`); every figure is in "
         "model time (wall-clock durations x speed, rates / speed). The router's own cost is "
         "wall-clock, so it counts that many times over in model time.",
-        f"- Closed-loop clients, {simreport.prompts_text(meta)}; per level "
+        f"- Closed-loop clients, {prompts_text(meta)}; per level "
         f"{meta.get('requests_per_c', '?')} x C measured requests (at least "
         f"{meta.get('min_requests', '?')}) after C warm-up requests; throughputs over the steady "
         f"window; levels {','.join(map(str, levels))}.",
@@ -311,7 +371,6 @@ def _header(records: Sequence[Record], ran: Sequence[str], notes: Sequence[str])
         *_repeats_lines(records),
         _threshold_line(records),
         *[f"- {n}." for n in notes],
-        *([runs] if runs else []),
         *([run_time] if run_time else []),
         "",
     ]
@@ -349,7 +408,7 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
         "**SIMULATED.** `dynspec-sim` servers (no GPU, no model; each stands for four GPUs, a "
         "`--pair` simulator for four GPUs holding an EAGLE and a baseline server that share them "
         f"by `{sharing}`) and real `dynspec-router` processes, on a CPU-only machine. Profile "
-        f"{simreport.profile_text(profile)}.",
+        f"{profile_text(profile)}.",
         "",
         f"Profile source: {profile.source}",
         "",
@@ -366,12 +425,12 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
         "## SIMULATED: p50 TPOT per way (ms, model time)",
         "",
         way_table(routed, columns, "median_tpot_ms", "TPOT p50 ms"),
-        *simreport.suggestion_section(model),
+        *suggestion_section(model),
         "## SIMULATED: did the simulators keep their schedule?",
         "",
-        simreport.SCHEDULE_TEXT,
+        SCHEDULE_TEXT,
         "",
-        simreport.schedule_table(model, profile),
+        schedule_table(model, profile),
         report.markdown_table(
             [model_time(r) for r in records],
             "SIMULATED: all levels (model time"

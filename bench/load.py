@@ -9,9 +9,8 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import aiohttp
 
@@ -92,32 +91,22 @@ def _random_prompt(
 
 
 class Prompts:
-    """The prompts of a load across its levels: ``fixed`` in turn (each body encoded once), or,
-    with none, a new random one for every request, as bench_serving's random dataset sends."""
+    """The random prompts of a load across its levels: ``pool`` of them reused in turn (each body
+    encoded once), or (0) a new one for every request, as bench_serving's random dataset sends."""
 
     def __init__(
         self,
-        fixed: Sequence[Prompt] = (),
-        *,
+        pool: int = 0,
         input_len: int = 256,
         output_len: int = 128,
         seed: int = 0,
         range_ratio: float = 1.0,
     ) -> None:
-        self.fixed = tuple(fixed)
+        self.fixed = tuple(random_prompts(pool, input_len, output_len, seed, range_ratio))
         self.input_len, self.output_len = input_len, output_len
         self.seed, self.range_ratio = seed, range_ratio
         self.taken = 0
         self._bodies: dict[tuple[str, str, int], bytes] = {}
-
-    @classmethod
-    def random(
-        cls, pool: int, input_len: int, output_len: int, seed: int = 0, range_ratio: float = 1.0
-    ) -> Prompts:
-        """Random prompts: ``pool`` of them reused in turn, or (0) a new one every request."""
-        fixed = random_prompts(pool, input_len, output_len, seed, range_ratio)
-        return cls(fixed, input_len=input_len, output_len=output_len, seed=seed,
-                   range_ratio=range_ratio)  # fmt: skip
 
     def take(self, target: Target, model: str) -> tuple[bytes, Prompt]:
         """The next request's body and prompt."""
@@ -133,33 +122,6 @@ class Prompts:
         if body is None:
             body = self._bodies[key] = request_body(target, model, self.fixed[k])
         return body, self.fixed[k]
-
-
-def sharegpt_prompts(
-    path: Path, n: int, output_len: int | None = None, seed: int = 0
-) -> list[Prompt]:
-    """Prompts from a ShareGPT-format JSON file (first human turn, first reply's length), at an
-    estimated 4 characters per token; ``output_len`` overrides the reply's length."""
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a JSON list of conversations")
-    rows: list[Prompt] = []
-    for item in data:
-        turns = (
-            item.get("conversations", item.get("conversation")) if isinstance(item, dict) else None
-        )
-        if not isinstance(turns, list) or len(turns) < 2:
-            continue
-        prompt, reply = str(turns[0].get("value", "")), str(turns[1].get("value", ""))
-        if not prompt:
-            continue
-        out = output_len if output_len is not None else max(1, len(reply) // 4)
-        rows.append(Prompt(prompt, max(1, len(prompt) // 4), out))
-    if not rows:
-        raise ValueError(f"{path}: no usable conversations (need a human turn and a reply)")
-    random.Random(seed).shuffle(rows)
-    return [rows[i % len(rows)] for i in range(n)]
 
 
 def request_body(target: Target, model: str, prompt: Prompt) -> bytes:
@@ -290,9 +252,6 @@ class LevelRun:
         return max(0.0, self.window[1] - self.window[0])
 
 
-Progress = Callable[[int, int], None]
-
-
 async def run_level(
     session: aiohttp.ClientSession,
     target: Target,
@@ -303,7 +262,6 @@ async def run_level(
     requests: int,
     warmup: int,
     headers: dict[str, str] | None = None,
-    progress: Progress | None = None,
     on_measure: Callable[[], Awaitable[None]] | None = None,
     min_seconds: float = 0.0,
 ) -> LevelRun:
@@ -350,8 +308,6 @@ async def run_level(
             await send_request(session, target, body, prompt, hdrs, trace=trace)
             if measuring:
                 state["ended"] += 1
-                if progress is not None:
-                    progress(min(state["ended"], requests), requests)
                 still = still_measuring(trace.end, ended=True)
                 if not still and state["ended"] >= len(measured):
                     all_ended.set()

@@ -14,7 +14,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -39,6 +39,12 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
         return int(exc.code)
     except (OSError, ValueError, http.client.HTTPException):
         return None
+
+
+def fetch(url: str, timeout: float = 10.0) -> str:
+    """A loopback page's text (never through a proxy from the environment)."""
+    with _OPENER.open(url, timeout=timeout) as r:
+        return str(r.read().decode("utf-8", "replace"))
 
 
 def wait_http(
@@ -154,34 +160,6 @@ class Children:
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
             stop_group(proc, self.grace)
-
-
-@contextlib.contextmanager
-def running(
-    argv: Sequence[str],
-    ready_url: str | None = None,
-    timeout: float = 30.0,
-    env: Mapping[str, str] | None = None,
-    log: Path | None = None,
-    *,
-    grace: float = 5.0,
-) -> Iterator[subprocess.Popen[bytes]]:
-    """One child in its own process group: ready once ``ready_url`` answers 200, always stopped."""
-    name = _label(argv)
-    with Children(grace=grace) as children:
-        proc = children.start(name, argv, env=env, log=log)
-        if ready_url is not None:
-            children.wait_ready(proc, ready_url, timeout, name=name)
-        yield proc
-
-
-def _label(argv: Sequence[str]) -> str:
-    """A short name for a child: the module of ``python -m MODULE``, else the script or program."""
-    if len(argv) > 2 and argv[1] == "-m":
-        return argv[2]
-    if len(argv) > 1 and Path(argv[0]).name.startswith("python"):
-        return Path(argv[1]).name
-    return Path(argv[0]).name
 
 
 # -- /proc ---------------------------------------------------------------------------------------

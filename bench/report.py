@@ -1,6 +1,6 @@
 """What every report writes with: JSONL (a line per target and level, with ``bench_serving``'s
-key names where they exist), Markdown tables, medians over repeats, figures; the sweep's own
-table and plot.
+key names where they exist), Markdown tables, medians over repeats, figures, the lines that say
+where and on which code a run ran; the sweep's own table and plot.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import datetime as dt
 import json
 import math
 import statistics
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,23 @@ def run_time_line(records: Sequence[Record]) -> str:
         dt.datetime.fromisoformat(max(stamps)) - dt.datetime.fromisoformat(str(started))
     ).total_seconds()
     return f"- Run time {secs / 60:.1f} min wall-clock."
+
+
+def machine_line(records: Sequence[Record], who: str, when: str = "") -> str:
+    """The machine, who shares it, and the 1-minute load averages the records saw (``when``)."""
+    m = records[0].get("machine") or {}
+    loads = [float(r["loadavg_1m"]) for r in records if r.get("loadavg_1m") is not None]
+    load = f" (1-minute load average {min(loads):.1f}-{max(loads):.1f}{when})" if loads else ""
+    return (
+        f"- Machine: {m.get('cpus', '?')} CPUs ({m.get('cpu') or 'unknown CPU'}), "
+        f"{m.get('platform', '?')}, Python {m.get('python', '?')}; {who} share it, and other "
+        f"work ran on it at the same time{load}."
+    )
+
+
+def code_lines(records: Sequence[Record]) -> list[str]:
+    commits = sorted({str(r["code_commit"]) for r in records if r.get("code_commit")})
+    return [f"- Code: commit {', '.join(commits)}."] if commits else []
 
 
 def targets(records: Iterable[Record]) -> list[str]:
@@ -164,6 +181,23 @@ def table(head: Sequence[str], body: Iterable[Sequence[str]]) -> list[str]:
     ]
 
 
+def level_table(
+    by: Mapping[str, Mapping[int, Spread]],
+    columns: Sequence[str],
+    digits: int,
+    head: Sequence[str] = (),
+    levels: Iterable[int] = (),
+) -> list[str]:
+    """Each C (rows: ``levels``, else every C of ``by``) and column's median (min-max) over the
+    repeats, from ``stats``; "-" where a column has none at that C."""
+    rows = sorted(levels or {c for per_c in by.values() for c in per_c})
+    body = [
+        [str(c), *(by[w][c].cell(digits) if c in by.get(w, {}) else "-" for w in columns)]
+        for c in rows
+    ]
+    return table(["C", *(head or columns)], body)
+
+
 def markdown_table(records: Sequence[Record], title: str | None = None) -> str:
     routed = any("backend_share" in r for r in records)
     head = ["target", *(c[1] for c in COLUMNS)]
@@ -240,12 +274,3 @@ def figure(
         fig.savefig(path, dpi=110)
     finally:
         plt.close(fig)
-
-
-def write_outputs(jsonl: Path, records: Sequence[Record], title: str) -> tuple[Path, Path]:
-    """The Markdown table and the PNG next to ``jsonl`` (same stem)."""
-    md = jsonl.with_suffix(".md")
-    png = jsonl.with_suffix(".png")
-    md.write_text(markdown_table(records, title), encoding="utf-8")
-    plot(records, png, title)
-    return md, png

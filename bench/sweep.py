@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import aiohttp
 
@@ -34,7 +34,6 @@ class SweepConfig:
     input_len: int = 256
     output_len: int = 128
     range_ratio: float = 1.0
-    dataset: Path | None = None
     seed: int = 0
     api_key: str | None = None
     request_timeout: float = 600.0
@@ -42,7 +41,9 @@ class SweepConfig:
     extra: dict[str, Any] = field(default_factory=dict)
     repeats: int = 1  # runs of each (target, level), interleaved with the other targets
     min_seconds: float = 0.0  # a measured level lasts at least this long
-    resume: bool = False  # skip the (target, level, repeat) points already in ``out``
+    # Skip the (target, level, repeat) points already in ``out`` (the GPU plans' kept sessions;
+    # envelope's repeats write one file, each repeat's levels as repeat 1 of its own sweep).
+    resume: bool = False
     deadline: float | None = None  # time.monotonic(): no level is started that would end later
     warm_pass: bool = False  # ``warm`` every target at every level before measuring
     prompt_pool: int = 0  # random prompts: 0, a new one every request; N, N reused in turn
@@ -58,39 +59,11 @@ class SweepConfig:
         return self.warmup if self.warmup is not None else c
 
 
-class ProgressLine:
-    """A one-line progress bar on a terminal (``\\r``), one line per level elsewhere."""
+Say = Callable[[str], None]  # one line per level (a console's); None: silent
 
-    def __init__(self, stream: TextIO | None = None, enabled: bool = True) -> None:
-        self.stream, self.enabled = stream or sys.stderr, enabled
-        self.tty = self.stream.isatty()
-        self.label, self.start, self.last = "", 0.0, 0.0
 
-    def begin(self, label: str) -> None:
-        self.label = label
-        self.start = self.last = time.monotonic()
-        if self.enabled and self.tty:
-            self.stream.write(f"\r\x1b[K{label} warm-up ...")
-            self.stream.flush()
-
-    def update(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if not (self.enabled and self.tty) or (now - self.last < 0.2 and done < total):
-            return
-        self.last = now
-        fill = 24 * done // max(total, 1)
-        self.stream.write(
-            f"\r\x1b[K{self.label} [{'#' * fill}{'.' * (24 - fill)}] {done}/{total}"
-            f" {now - self.start:.0f}s"
-        )
-        self.stream.flush()
-
-    def end(self, summary: str) -> None:
-        if not self.enabled:
-            return
-        prefix = "\r\x1b[K" if self.tty else ""
-        self.stream.write(f"{prefix}{self.label}: {summary}\n")
-        self.stream.flush()
+def to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def build_record(
@@ -110,11 +83,11 @@ def build_record(
         "max_concurrency": c,
         "num_prompts": len(run.traces),
         "warmup_requests": warmup,
-        "dataset_name": "sharegpt" if cfg.dataset else "random",
-        "random_input_len": None if cfg.dataset else cfg.input_len,
-        "random_output_len": None if cfg.dataset else cfg.output_len,
-        "random_range_ratio": None if cfg.dataset else cfg.range_ratio,
-        "prompt_pool": None if cfg.dataset else cfg.prompt_pool,
+        "dataset_name": "random",
+        "random_input_len": cfg.input_len,
+        "random_output_len": cfg.output_len,
+        "random_range_ratio": cfg.range_ratio,
+        "prompt_pool": cfg.prompt_pool,
     }
     per_chunk = metrics.tokens_per_chunk(run.traces)
     win = metrics.window(run.everything, *run.window, tokens_per_chunk=per_chunk)
@@ -137,13 +110,8 @@ def build_record(
 
 
 def sweep_prompts(cfg: SweepConfig) -> load.Prompts:
-    """The prompts of a sweep: the dataset's in turn, else random ones (``cfg.prompt_pool``)."""
-    if cfg.dataset is not None:
-        n_max = max(cfg.level_requests(c) for c in cfg.concurrencies)
-        return load.Prompts(load.sharegpt_prompts(cfg.dataset, n_max, None, cfg.seed))
-    return load.Prompts.random(
-        cfg.prompt_pool, cfg.input_len, cfg.output_len, cfg.seed, cfg.range_ratio
-    )
+    """The prompts of a sweep (``cfg.prompt_pool``: 0, a new one for every request)."""
+    return load.Prompts(cfg.prompt_pool, cfg.input_len, cfg.output_len, cfg.seed, cfg.range_ratio)
 
 
 async def _switches(session: aiohttp.ClientSession, target: load.Target) -> int | None:
@@ -184,17 +152,6 @@ def pending(
     return [p for p in points(targets, cfg) if p not in finished]
 
 
-def complete_groups(
-    targets: Sequence[load.Target], cfg: SweepConfig, done: Sequence[Record]
-) -> list[Record]:
-    """``done`` less the sweep's (level, repeat) groups that it holds only in part: the report
-    compares the targets repeat by repeat, so a group one launch of the servers left unfinished
-    is measured again whole by the next launch. Records of points outside the sweep are kept."""
-    have = {point(r) for r in done}
-    partial = {(c, rep) for label, c, rep in points(targets, cfg) if (label, c, rep) not in have}
-    return [r for r in done if point(r)[1:] not in partial]
-
-
 def estimate_seconds(c: int, cfg: SweepConfig, seen: Sequence[Record]) -> float:
     """How long one level at ``c`` takes, from the target's earlier records (``seen``): at the
     tok/s of the nearest level at or below ``c`` (tok/s grows with C, so this errs long), plus a
@@ -217,20 +174,20 @@ async def warm(
     models: dict[load.Target, str],
     prompts: load.Prompts,
     headers: dict[str, str],
-    progress: ProgressLine,
+    say: Say | None,
 ) -> None:
     """Every target at each of its levels once: one round of C requests, not recorded."""
     for target in targets:
         for c in cfg.concurrencies:
             if target.levels is not None and c not in target.levels:
                 continue
-            progress.begin(f"{target.label} C={c} warm")
             run = await load.run_level(
                 session, target, models[target], prompts,
                 concurrency=c, requests=c, warmup=0, headers=headers,
             )  # fmt: skip
             ok = sum(1 for t in run.traces if t.success)
-            progress.end(f"warm, {ok}/{c} ok")
+            if say is not None:
+                say(f"{target.label} C={c} warm: warm, {ok}/{c} ok")
 
 
 OnRecord = Callable[[Record], None]
@@ -240,7 +197,7 @@ async def sweep(
     targets: Sequence[load.Target],
     cfg: SweepConfig,
     out: Path | None,
-    progress: ProgressLine | None = None,
+    say: Say | None = None,
     *,
     on_record: OnRecord | None = None,
     on_start: Callable[[str], None] | None = None,
@@ -248,7 +205,6 @@ async def sweep(
     """Run the sweep; append each finished level to ``out`` as it ends; return all records.
     ``on_start(label)`` runs before each level, ``on_record`` may add to a record before it is
     written; ``cfg.deadline`` stops it early, with points left unrun."""
-    progress = progress or ProgressLine(enabled=False)
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     prompts = sweep_prompts(cfg)
     records: list[Record] = []
@@ -262,7 +218,7 @@ async def sweep(
         models = {t: await load.model_name(session, t, headers) for t in targets}
         if cfg.warm_pass:
             await warm(session, targets, cfg, models=models, prompts=prompts, headers=headers,
-                       progress=progress)  # fmt: skip
+                       say=say)  # fmt: skip
         for label, c, rep in todo:
             target = by_label[label]
             if cfg.deadline is not None:
@@ -272,7 +228,6 @@ async def sweep(
                                 need)  # fmt: skip
                     break
             n, w = cfg.level_requests(c), cfg.level_warmup(c)
-            progress.begin(f"{label} C={c}" + (f" #{rep}" if cfg.repeats > 1 else ""))
             before: list[int | None] = []  # the switches when measuring began
 
             async def snapshot(t: load.Target = target, box: list[int | None] = before) -> None:
@@ -284,7 +239,7 @@ async def sweep(
             run = await load.run_level(
                 session, target, models[target], prompts,
                 concurrency=c, requests=n, warmup=w, headers=headers,
-                progress=progress.update, on_measure=snapshot, min_seconds=cfg.min_seconds,
+                on_measure=snapshot, min_seconds=cfg.min_seconds,
             )  # fmt: skip
             after = await _switches(session, target)
             if before and before[0] is not None and after is not None:
@@ -299,11 +254,13 @@ async def sweep(
             seen[label].append(rec)
             if out is not None:
                 append_jsonl(out, rec)
-            progress.end(
-                f"{rec['completed']}/{rec['num_prompts']} ok, {rec['output_throughput']:.0f} tok/s,"
-                f" TPOT p50 {rec['median_tpot_ms']:.1f} ms, achieved C {rec['concurrency']:.1f},"
-                f" {rec['duration']:.1f}s"
-            )
+            if say is not None:
+                name = f"{label} C={c}" + (f" #{rep}" if cfg.repeats > 1 else "")
+                say(
+                    f"{name}: {rec['completed']}/{rec['num_prompts']} ok, "
+                    f"{rec['output_throughput']:.0f} tok/s, TPOT p50 {rec['median_tpot_ms']:.1f} "
+                    f"ms, achieved C {rec['concurrency']:.1f}, {rec['duration']:.1f}s"
+                )
             if rec["completed"] == 0:
                 raise RuntimeError(
                     f"{label}: every request at C={c} failed"

@@ -107,24 +107,11 @@ def _run_records(out: Path) -> list[Record]:
     return [r for r in load_jsonl(out) if r.get("scope") == "run"] if out.is_file() else []
 
 
-def done_runs(out: Path) -> set[Run]:
-    """The runs whose whole-run record ``out`` already holds."""
-    return {Run(int(r["repeat"]), str(r["schedule"]), str(r["target"])) for r in _run_records(out)}
-
-
-def other_plan(out: Path, cfg: TrafficConfig, more: Mapping[str, Any] | None = None) -> str | None:
-    """Why the runs ``out`` holds are not this plan's (a rerun skips them), or None."""
-    texts = {name: sched.text for name, sched in cfg.schedules}
-    want = {k: v for k, v in {**cfg.meta(), **(more or {})}.items() if k != "command"}
-    for r in _run_records(out):
-        name = str(r.get("schedule"))
-        if name in texts and r.get("schedule_text") != texts[name]:
-            return f"{name} is {r.get('schedule_text')!r} there, {texts[name]!r} here"
-        differ = sorted(k for k, v in want.items() if k in r and r[k] != v)
-        if differ:
-            k = differ[0]
-            return f"{k} is {r[k]!r} there, {want[k]!r} here"
-    return None
+def runs_left(cfg: TrafficConfig, labels: Sequence[str], out: Path) -> list[Run]:
+    """The plan's runs whose whole-run record ``out`` does not hold yet (a run appends its records
+    as it ends: it is in ``out`` whole or not at all), in order."""
+    done = {(int(r["repeat"]), str(r["schedule"]), str(r["target"])) for r in _run_records(out)}
+    return [run for run in plan(cfg, labels) if run not in done]
 
 
 # A run's body: the target, its arrivals and prompt key in; the run and extra fields out.
@@ -141,11 +128,8 @@ def _each(
     deadline: float | None,
 ) -> list[Record]:
     schedules = dict(cfg.schedules)
-    done = done_runs(out)
     records: list[Record] = []
-    for run in plan(cfg, labels):
-        if run in done:
-            continue
+    for run in runs_left(cfg, labels, out):
         sched = schedules[run.schedule]
         length = sched.duration / cfg.speed + cfg.drain_s + 15.0
         if deadline is not None and time.monotonic() + length > deadline:

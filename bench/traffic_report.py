@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from dynspec.bench import simreport
 from dynspec.bench.report import (
     MARK,
     Record,
     cell,
+    code_lines,
     errorbars,
     figure,
+    machine_line,
     run_time_line,
     spread_of,
     table,
@@ -253,10 +254,10 @@ def header(records: Sequence[Record]) -> list[str]:
             f"- Time: model time; the simulators ran {r0.get('speed')}x wall-clock. Every run "
             "had simulators (and, routed, a router) started fresh for it alone."
         )
-        lines.append(simreport.machine_line(records, "the client, routers and simulators"))
+        lines.append(machine_line(records, "the client, routers and simulators"))
     else:
         lines.append(measured_line(records))
-    lines += simreport.code_lines(records)
+    lines += code_lines(records)
     lines += [x for x in (run_time_line(records),) if x]
     return [*lines, ""]
 

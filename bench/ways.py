@@ -105,7 +105,6 @@ def way_router(
     threshold: int,
     hysteresis: int,
     speed_profile: Path | None = None,
-    metrics_interval: float | None = None,
     calibrated: bool = False,
 ) -> Router:
     """The router of one way. Threshold 0 ("EAGLE never wins") gives the threshold ways the
@@ -119,8 +118,7 @@ def way_router(
             return Router(("--baseline-url", b[0]), healthy=1)
         return Router(split, policy)
     if way == "split-balance":
-        every = () if metrics_interval is None else ("--metrics-interval", repr(metrics_interval))
-        return Router(split, ("--policy", "balance", *profile, *every))
+        return Router(split, ("--policy", "balance", *profile))
     if way == "paired-threshold" and threshold <= 0:
         return Router(("--baseline-url", ",".join(p[1] for p in servers.shared_gpus[:2])))
     if way == "paired-threshold":

@@ -3,9 +3,8 @@
 Every ``decode_log_interval`` (40) decode batches an SGLang 0.5 scheduler logs
 ``[YYYY-MM-DD HH:MM:SS] Decode batch, #running-req: N, ..., gen throughput (token/s): X,
 #queue-req: Q``: the counts its ``/metrics`` gauges hold at that moment. The router's replay
-(``dynspec.router.replay``) feeds them to the speed learner again; the GPU report
-(``dynspec.bench.gpu.held``) reads what each server held over each level. Pure but for
-``read_logs``; times are POSIX seconds (the logs' clock is UTC on the machines the runs used).
+(``dynspec.router.replay``) feeds them to the speed learner again. Pure but for ``read_logs``;
+times are POSIX seconds (the logs' clock is UTC on the machines the runs used).
 """
 
 from __future__ import annotations

@@ -1,17 +1,19 @@
 """Helpers shared by the tests: free loopback ports and real processes that are always reaped.
 
-The process helpers are the benchmarks' own (``dynspec.bench.procs``), so tests and benchmarks
-start, wait for and stop their children the same way.
+The process helpers are built on the benchmarks' own (``dynspec.bench.procs``), so tests and
+benchmarks start, wait for and stop their children the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from dynspec.bench.procs import free_port, running, stop_group, wait_http
+from dynspec.bench.procs import Children, free_port, stop_group, wait_http
 
 __all__ = [
     "BIN",
@@ -61,3 +63,31 @@ def rerendered(command: str, jsonl: Path) -> tuple[str, str]:
     r = bench(command, "--from-jsonl", str(jsonl))
     assert r.returncode == 0, r.stderr
     return md.read_text(), r.stdout
+
+
+@contextlib.contextmanager
+def running(
+    argv: Sequence[str],
+    ready_url: str | None = None,
+    timeout: float = 30.0,
+    env: Mapping[str, str] | None = None,
+    log: Path | None = None,
+    *,
+    grace: float = 5.0,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """One child in its own process group: ready once ``ready_url`` answers 200, always stopped."""
+    name = _label(argv)
+    with Children(grace=grace) as children:
+        proc = children.start(name, argv, env=env, log=log)
+        if ready_url is not None:
+            children.wait_ready(proc, ready_url, timeout, name=name)
+        yield proc
+
+
+def _label(argv: Sequence[str]) -> str:
+    """A short name for a child: the module of ``python -m MODULE``, else the script or program."""
+    if len(argv) > 2 and argv[1] == "-m":
+        return argv[2]
+    if len(argv) > 1 and Path(argv[0]).name.startswith("python"):
+        return Path(argv[1]).name
+    return Path(argv[0]).name

@@ -1,6 +1,5 @@
-"""One device command's life (``attempt``): set-up, the plan, the end, the results; on a fresh
-machine, the earlier results it goes on from (``--resume-from``): docs/benchmarks.md, "On a fresh
-machine".
+"""One device command's life (``attempt``): set-up, the plan, the end, the results:
+docs/benchmarks.md, "What `Steady` does".
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from dynspec.bench.gpu.launch import kept_session, session_file
 from dynspec.bench.gpu.leftovers import TAG_VAR, kill_tagged
 from dynspec.bench.gpu.toolkit import (
     FIXED_ENV,
+    KEEP_RESERVE_S,
     PROG,
     RESERVE_S,
     SGLANG_ARGS,
@@ -32,32 +32,6 @@ from dynspec.bench.gpu.toolkit import (
     probe_python,
     site_paths,
 )
-
-
-def carried_meta(folder: Path, plan: str, steady: Steady) -> dict[str, Any]:
-    """The ``meta.json`` of the earlier command whose results ``folder`` holds (``--resume-from``),
-    for this command's meta to go on from; refused for another plan or other steady settings (a
-    point's levels must be of one length). None there (a command killed at the device's limit
-    brings back its sweep, not its meta): one launch, not known."""
-    path = folder / "meta.json"
-    try:
-        meta: dict[str, Any] = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {"launches": [{"tag": None, "started": None, "commit": None, "records_kept": 0}]}
-    except (OSError, ValueError) as exc:
-        raise RunFailed(f"--resume-from: {path} does not read ({exc})") from None
-    if meta.get("plan") != plan:
-        raise RunFailed(f"--resume-from: {folder} holds a {meta.get('plan')} run, not {plan}")
-    earlier, now = meta.get("steady") or {}, vars(steady)
-    differ = [f"{k} {earlier.get(k)} there, {now.get(k)} here"
-              for k in sorted({*earlier, *now}) if earlier.get(k) != now.get(k)]  # fmt: skip
-    if differ:
-        raise RunFailed(f"--resume-from: {folder} was measured otherwise ({'; '.join(differ)})")
-    first = {k: meta.get(k) for k in ("tag", "started", "commit")}
-    meta.setdefault("launches", [{**first, "records_kept": 0}])
-    if "failure" in meta and meta.get("device_commands"):
-        meta["device_commands"][-1]["failure"] = meta.pop("failure")  # that command's, not ours
-    return meta
 
 
 @dataclass(frozen=True)
@@ -75,7 +49,6 @@ class Attempt:
     commit: str
     steady: Steady
     keep: bool = False  # keep the session (launcher) running when the plan is not finished
-    resume_from: Path | None = None  # no session kept: go on from this earlier results folder
 
 
 Body = Callable[[Run, Path, "dict[str, Any] | None"], int]
@@ -90,20 +63,12 @@ def attempt(a: Attempt, body: Body) -> NoReturn:
     env.update(FIXED_ENV)
     run = Run(out=a.out, work=a.work, deadline=time.monotonic() + a.budget, env=env)
     run.ports, run.steady = a.ports, a.steady
-    # A command that keeps its session needs only to write its results at the end; the one that
-    # stops it needs about STOP_S more, which an early end of the sweep leaves.
-    run.reserve = 20.0 if a.keep else RESERVE_S
+    run.reserve = KEEP_RESERVE_S if a.keep else RESERVE_S
     session = kept_session(run, a.plan)
     if session is None:
         shutil.rmtree(run.logs, ignore_errors=True)
         shutil.rmtree(run.results, ignore_errors=True)
         run.tag = f"{os.getpid()}-{time.time_ns()}"
-        if a.resume_from is not None:
-            try:
-                run.meta = carried_meta(a.resume_from, a.plan, a.steady)
-            except RunFailed as exc:
-                fail(str(exc))
-            run.resumed_from = a.resume_from
     else:
         run.tag = str(session["tag"])
         run.ports = tuple(session["ports"])
@@ -131,9 +96,6 @@ def attempt(a: Attempt, body: Body) -> NoReturn:
                 run.say("models built")
         else:
             run.say(f"resuming the session kept by the last command (tag {run.tag})")
-            if a.resume_from is not None:
-                run.say(f"--resume-from {a.resume_from} ignored: the kept session's results "
-                        "are the newer")  # fmt: skip
         code = body(run, models, session)
     except RunFailed as exc:
         failure = str(exc)

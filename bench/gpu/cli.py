@@ -87,15 +87,9 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
     from dynspec.bench.harness import code_commit
 
     p = run_parser()
-    args = p.parse_args(argv)
+    args = p.parse_layered(argv)
     if args.dry_run and args.plan != "traffic":
         p.error("--dry-run: only the traffic plan has one")
-    if args.resume_from is not None:
-        name = trafficplan.RESULTS if args.plan == "traffic" else steady.sweep_file(args.plan)
-        if not args.resume_from.is_dir():
-            p.error(f"--resume-from: no folder {args.resume_from}")
-        if not (args.resume_from / name).is_file():
-            p.error(f"--resume-from: {args.resume_from} holds no {name}")
     wrong = steady.check_flags(args) or trafficplan.check_flags(args)
     if wrong:
         p.error(wrong)
@@ -109,7 +103,7 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
         steady=toolkit.Steady(repeats=args.repeats, min_seconds=args.min_seconds,
                               per_c=args.requests_per_c, output_len=args.output_len,
                               prompt_pool=args.prompt_pool),
-        keep=args.keep, resume_from=args.resume_from,
+        keep=args.keep,
     )  # fmt: skip
     plan = trafficplan if args.plan == "traffic" else steady
     attempt.attempt(a, plan.body_of(args))
@@ -121,8 +115,8 @@ def cmd_run(argv: Sequence[str]) -> NoReturn:
 PLANS = ("pair-a", "pair-b", "router-cost", "traffic")
 RUN_HELP = """One bounded attempt on a GPU machine, at most --budget seconds. Plans: pair-a /
 pair-b (one GPU = one pair behind --threshold auto; pair-b with --mps), router-cost (the router
-against the EAGLE server's own port), traffic (open-loop arrivals against pair-b's launch). The
-plans and every flag: docs/benchmarks.md, "Real GPUs"."""
+against the EAGLE server's own port), traffic (open-loop arrivals against pair-b's launch, or
+pair-a's with --traffic-mps off). The plans and every flag: docs/benchmarks.md, "Real GPUs"."""
 
 
 def drafts(args: argparse.Namespace) -> tuple[str, ...]:
@@ -152,46 +146,40 @@ def _ports(text: str) -> tuple[int, int, int]:
 def run_parser() -> FlagParser:
     from dynspec.bench.gpu.toolkit import PAIR_LEVELS, Steady
     from dynspec.bench.gpu.toolkit import PROG as RUN_PROG
+    from dynspec.bench.gpu.trafficplan import add_flags
 
     st = Steady()  # the plans' defaults are the flags' defaults: one record of them
 
     p = FlagParser(prog=RUN_PROG, description=RUN_HELP)
     p.add_argument("--plan", choices=PLANS, required=True, help="what to run")
-    p.add_argument("--bundle", type=Path, help="sgl-site.tar.xz (default: the installed SGLang)")
     p.add_argument("--out", type=Path, required=True, help="results folder")
-    p.add_argument("--work", type=Path, default=Path("/tmp/dynspec-gpu"), help="models, site")
-    p.add_argument("--budget", type=positive_float, default=540.0, help="seconds for it all")
-    p.add_argument("--levels", type=parse_levels, help=f"default {PAIR_LEVELS}")
-    p.add_argument(
-        "--threshold", type=threshold_value, help="the router's: N or auto (the default)"
-    )
-    p.add_argument("--repeats", type=positive_int, default=st.repeats, help="runs of each point")
-    p.add_argument(
-        "--min-seconds", type=non_negative_float, default=st.min_seconds, help="a level, at least"
-    )
-    p.add_argument(
-        "--requests-per-c", type=positive_int, default=st.per_c, help="a level, at least x C"
-    )
-    p.add_argument("--output-len", type=positive_int, default=st.output_len, help="tokens out")
+    for flag, kind, default, text in (
+        ("--bundle", Path, None, "sgl-site.tar.xz (default: the installed SGLang)"),
+        ("--work", Path, Path("/tmp/dynspec-gpu"), "models, site"),
+        ("--budget", positive_float, 540.0, "seconds for it all"),
+        ("--levels", parse_levels, None, f"default {PAIR_LEVELS}"),
+        ("--threshold", threshold_value, None, "the router's: N or auto (the default)"),
+        ("--repeats", positive_int, st.repeats, "runs of each point"),
+        ("--min-seconds", non_negative_float, st.min_seconds, "a level, at least"),
+        ("--requests-per-c", positive_int, st.per_c, "a level, at least x C"),
+        ("--output-len", positive_int, st.output_len, "tokens out"),
+        ("--sweep-seconds", non_negative_float, None, "start no level (run) after this"),
+        ("--baseline-limit", positive_int, None, "baseline --max-running-requests"),
+        ("--baseline-args", _baseline_args, None, "more baseline SGLang flags"),
+        ("--baseline-from", positive_int, None, "pair-*: baseline alone from C"),
+        ("--commit", str, None, "the code's commit, for meta.json (the device has no .git)"),
+        ("--models", Path, None, "prebuilt models (default: build into --work)"),
+        ("--ports", _ports, "8000,30001,30002", "router, EAGLE, baseline"),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=text)
     add_prompt_pool_flag(p)
-    p.add_argument("--keep", action="store_true", help="leave the launch for the next command")
-    p.add_argument("--resume-from", type=Path, help="go on from this earlier results folder")
-    p.add_argument(
-        "--sweep-seconds", type=non_negative_float, help="start no level (run) after this"
-    )
-    p.add_argument("--router-cost", action="store_true", help="pair-*: a router-cost target too")
-    p.add_argument("--baseline-limit", type=positive_int, help="baseline --max-running-requests")
-    p.add_argument("--baseline-args", type=_baseline_args, help="more baseline SGLang flags")
-    p.add_argument("--baseline-from", type=positive_int, help="pair-*: baseline alone from C")
-    p.add_argument("--commit", help="the code's commit, for meta.json (the device has no .git)")
-    p.add_argument("--models", type=Path, help="prebuilt models (default: build into --work)")
-    p.add_argument(
-        "--ports", type=_ports, default="8000,30001,30002", help="router, EAGLE, baseline"
-    )
+    for flag, text in (
+        ("--keep", "leave the launch for the next command"),
+        ("--router-cost", "pair-*: a router-cost target too"),
+        ("--dry-run", "traffic: print the plan, start nothing"),
+    ):
+        p.add_argument(flag, action="store_true", help=text)
     p.add_argument("--draft", choices=("hi", "p54"), default="hi", help="traffic: EAGLE draft")
-    p.add_argument("--dry-run", action="store_true", help="traffic: print the plan, start nothing")
-    from dynspec.bench.gpu.trafficplan import add_flags
-
     add_flags(p)
     return p
 
@@ -203,18 +191,15 @@ def cmd_report(argv: Sequence[str]) -> NoReturn:
     p.add_argument("sweeps", type=Path, nargs="+", help="sweep-pair-a.jsonl, sweep-pair-b.jsonl")
     p.add_argument("--write", action="store_true", help="also write STEM.md, .png, -summary.json")
     p.add_argument("--title", default="", help="--write: the plot's title")
-    p.add_argument(
-        "--logs", type=Path, action="append", default=[], help="a launch's logs: what was held"
-    )
     add_log_level(p)
     args = p.parse_layered(argv)
     configure_logging(args.log_level)
 
     def body() -> int:
-        missing = [s for s in [*args.sweeps, *args.logs] if not s.exists()]
+        missing = [s for s in args.sweeps if not s.exists()]
         if missing:
             raise UsageError(f"{missing[0]}: no such file")
-        rows = steadyreport.load(args.sweeps, args.logs)
+        rows = steadyreport.read(args.sweeps)
         if args.write:
             steadyreport.write_rows(args.sweeps[0], rows, args.title)
         print(steadyreport.markdown(rows), end="")

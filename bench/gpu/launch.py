@@ -12,7 +12,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ EAGLE_STEPS = (
     "--speculative-num-draft-tokens", "4",
 )  # fmt: skip
 SERVED = "llama8b-random"
+AFTER_S = 240.0  # what a plan needs of the budget once both servers run
 
 
 def launch_argv(
@@ -33,15 +34,14 @@ def launch_argv(
     *,
     threshold: str,
     mps: bool = False,
-    after_s: float = 240.0,
     baseline_limit: int | None = None,
     baseline_args: str = "",
     draft: str = "hi",
     more: Sequence[str] = (),
 ) -> list[str]:
     """``dynspec-launch --gpus 0``: the EAGLE-3 server (draft ``hi``: every draft accepted) and
-    the baseline on one GPU, the router in front. Each server may take until ``after_s`` is all
-    that is left of the budget (what the plan needs once both run).
+    the baseline on one GPU, the router in front. Each server may take until ``AFTER_S`` is all
+    that is left of the budget.
     ``baseline_limit``: the baseline's ``--max-running-requests`` too (None: SGLang's own);
     ``baseline_args``: more SGLang flags for the baseline, after those; ``draft``: the EAGLE
     draft (``traffic`` may run ``p54``, accept length about 2.4); ``more``: more launcher flags,
@@ -64,16 +64,11 @@ def launch_argv(
         "--eagle-args", "--max-running-requests 128",
         "--baseline-args", baseline,
         "--log-dir", str(run.logs), "--restart", "never", "--kill-grace", "15",
-        "--startup-timeout", f"{max(60.0, run.left() - after_s):.0f}", "--progress-every", "15",
+        "--startup-timeout", f"{max(60.0, run.left() - AFTER_S):.0f}", "--progress-every", "15",
     ]  # fmt: skip
     if mps:
         argv.append("--mps")
     return [*argv, *more]
-
-
-def dry_run_commands(stdout: str) -> list[str]:
-    """The command lines of ``dynspec-launch --dry-run`` (its ``#`` lines are notes)."""
-    return [line for line in stdout.strip().splitlines() if not line.startswith("#")]
 
 
 def wait_launcher(run: Run, proc: subprocess.Popen[bytes], log: Path) -> float:
@@ -89,14 +84,13 @@ def wait_launcher(run: Run, proc: subprocess.Popen[bytes], log: Path) -> float:
     raise RunFailed(f"dynspec-launch was not ready in time; see {log} and the logs beside it")
 
 
-def start_launcher(
-    run: Run, launch: Sequence[str], env: Mapping[str, str] | None = None
-) -> subprocess.Popen[bytes]:
+def start_launcher(run: Run, launch: Sequence[str]) -> subprocess.Popen[bytes]:
     """``dynspec-launch``: its ``--dry-run`` first (a bad flag is one line, nothing started; its
-    command lines go to the meta), then the launcher itself, until its ready banner."""
+    command lines, not its ``#`` notes, go to the meta), then the launcher itself, until its ready
+    banner."""
     dry = subprocess.run(
         [*launch, "--dry-run"],
-        env={**run.env, **(env or {})},
+        env=run.env,
         capture_output=True,
         text=True,
         timeout=120,
@@ -104,10 +98,11 @@ def start_launcher(
     )
     if dry.returncode != 0:
         raise RunFailed(f"dynspec-launch --dry-run: {last_line_of(dry.stderr)}")
-    run.meta.update(launch_argv=list(launch[1:]), commands=dry_run_commands(dry.stdout))
+    commands = [ln for ln in dry.stdout.strip().splitlines() if not ln.startswith("#")]
+    run.meta.update(launch_argv=list(launch[1:]), commands=commands)
     run.say("launch: " + shlex.join(launch[3:]))
     log = run.logs / "launcher.log"
-    proc = run.spawn("launcher", launch, log, env)
+    proc = run.spawn("launcher", launch, log)
     took = wait_launcher(run, proc, log)
     run.meta["launch_ready_s"] = round(took, 1)
     run.say(f"launcher ready after {took:.0f}s")
@@ -136,11 +131,11 @@ def drop_flag(argv: Sequence[str], flag: str) -> list[str]:
     return out
 
 
-def start_launch(run: Run, launch: Sequence[str], number: int) -> subprocess.Popen[bytes]:
+def start_launch(run: Run, launch: Sequence[str]) -> subprocess.Popen[bytes]:
     """``start_launcher``, then what the GPU runs and the launch's calibration, for the results."""
     proc = start_launcher(run, launch)
     run.meta["compute_apps"] = compute_apps()[1]
-    copy_calibration(run, number)
+    copy_calibration(run)
     return proc
 
 
@@ -184,61 +179,12 @@ def stop_all(
     run.meta["compute_apps_after"] = compute_apps(header=False)[1]
 
 
-def record_launch(
-    run: Run, launch: Sequence[str], resume: Callable[[Path], tuple[int, int]]
-) -> int:
-    """This launch's entry in ``meta["launches"]``, and its number (from 1). Going on from an
-    earlier command's results (``run.resumed_from``: its launch must be this one's), ``resume``
-    keeps the records of its whole groups in the results and returns (kept, dropped); its
-    calibration files are copied too. Each plan's ``begin_launch`` says what a group is."""
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    entry: dict[str, Any] = {"tag": run.tag, "started": started,
-                             "commit": run.meta.get("commit"), "records_kept": 0}  # fmt: skip
-    folder = run.resumed_from
-    if folder is not None:
-        same_servers(run.meta.get("launch_argv"), launch)
-        kept, dropped = resume(folder)
-        for f in sorted(folder.glob("calibration-*.json")):
-            (run.results / f.name).write_bytes(f.read_bytes())
-        entry.update(resumed_from=str(folder), records_kept=kept, records_dropped=dropped)
-    launches = run.meta.setdefault("launches", [])
-    launches.append(entry)
-    return len(launches)
-
-
-_WHERE = ("--model-path", "--draft-model-path", "--log-dir", "--startup-timeout")
-
-
-def same_servers(earlier: Sequence[str] | None, launch: Sequence[str]) -> None:
-    """Refuse to go on from a launch whose command line differs from this one's (where it keeps
-    its models and logs aside, which follow ``--work``, and the start timeout, which follows the
-    budget): one point's runs must be of one pair of servers (a baseline capped by
-    ``--baseline-limit`` is not the uncapped one). An earlier meta without the line (a command
-    killed before its launch was written) is not checked."""
-    if not earlier:
-        return
-
-    def servers(argv: Sequence[str]) -> list[str]:
-        for flag in _WHERE:
-            argv = drop_flag(argv, flag)
-        return list(argv)
-
-    mine, theirs = servers(launch[1:]), servers(earlier)
-    if mine != theirs:
-        differ = [f"{a} there, {b} here" for a, b in zip(theirs, mine, strict=False) if a != b]
-        said = "; ".join(differ[:2]) or f"{len(theirs)} words there, {len(mine)} here"
-        raise RunFailed(f"--resume-from: the earlier launch ran otherwise ({said})")
-
-
-def copy_calibration(run: Run, launch: int = 1) -> None:
-    """The launcher's calibration profile(s), into the results (what the router started from);
-    a later launch's under a name of its own (its cache key, so its name, is the same as the
-    earlier launch's, whose file is in the results too)."""
+def copy_calibration(run: Run) -> None:
+    """The launcher's calibration profile(s), into the results (what the router started from)."""
     folder = run.logs / "calibration"
-    prefix = f"launch{launch}-" if launch > 1 else ""
     for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        (run.results / f"calibration-{prefix}{f.name}").write_bytes(f.read_bytes())
-        run.meta.setdefault("calibration", []).append(prefix + f.name)
+        (run.results / f"calibration-{f.name}").write_bytes(f.read_bytes())
+        run.meta.setdefault("calibration", []).append(f.name)
 
 
 def session_file(run: Run) -> Path:
@@ -283,11 +229,6 @@ def kept_session(run: Run, plan: str) -> dict[str, Any] | None:
         path.unlink(missing_ok=True)
         return None
     return state
-
-
-def kept_launch(run: Run) -> int:
-    """The number of the launch a kept session runs: the last recorded."""
-    return max(1, len(run.meta.get("launches", [])))
 
 
 def stop_kept(pid: int, start: int, grace: float = 90.0) -> None:

@@ -121,7 +121,6 @@ def d2t_offsets(draft_vocab: int, accepted_ids: int, target_vocab: int = VOCAB) 
 def draft_specs() -> dict[str, tuple[int, int, bool]]:
     specs: dict[str, tuple[int, int, bool]] = {
         "hi": (VOCAB, VOCAB, True),  # id 0 always proposed; d2t all zero maps it to token 0
-        "lo": (VOCAB, 1, False),  # identity d2t: token 0 is 1 of 128256 ids
     }
     for target in (2.0, 3.0):
         p = p_for_accept_length(target)
@@ -131,8 +130,6 @@ def draft_specs() -> dict[str, tuple[int, int, bool]]:
 
 def draft_d2t(name: str) -> list[int]:
     vocab, accepted, zero_norm = draft_specs()[name]
-    if name == "lo":
-        return [0] * vocab  # identity: draft id i is target id i
     if zero_norm:
         return [-i for i in range(vocab)]  # every draft id -> target token 0
     return d2t_offsets(vocab, accepted)

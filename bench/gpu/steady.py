@@ -10,41 +10,27 @@ import contextlib
 import json
 import shlex
 import subprocess
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from dynspec.bench.cli_common import levels as parse_levels
-from dynspec.bench.gpu import firsttoken, held
 from dynspec.bench.gpu.attempt import Body
-from dynspec.bench.gpu.launch import (
-    drop_flag,
-    finish,
-    kept_launch,
-    launch_argv,
-    record_launch,
-    start_launch,
-)
+from dynspec.bench.gpu.launch import drop_flag, finish, launch_argv, start_launch
 from dynspec.bench.gpu.toolkit import (
     PAIR_LEVELS,
     Run,
     RunFailed,
-    check_model_loads,
-    fetch,
+    check_models,
     gauge,
+    pair_urls,
     sweep,
-    sweep_config,
     warm,
 )
-from dynspec.bench.procs import (
-    cmdline,
-    cpu_seconds,
-    descendants,
-    free_port,
-    http_status,
-)
+from dynspec.bench.metrics import samples
+from dynspec.bench.procs import cmdline, cpu_seconds, descendants, fetch, free_port, wait_http
 
 TITLE = "One H200 = one pair, SGLang 0.5.17, random 8B (tp 1)"
 COST_LEVELS = (16, 64, 128, 256)  # router-cost's levels; with --router-cost: the plan's >= 16
@@ -121,24 +107,9 @@ def study_of(args: argparse.Namespace) -> tuple[Study, list[int]]:
 def body_of(args: argparse.Namespace) -> Body:
     """The plan's part of the attempt, from its flags."""
     study, levels = study_of(args)
-
-    def body(run: Run, models: Path, session: dict[str, Any] | None) -> int:
-        return plan_steady(
-            run,
-            models,
-            study,
-            levels=levels,
-            session=session,
-            keep=args.keep,
-            sweep_seconds=args.sweep_seconds,
-        )
-
-    return body
-
-
-def sweep_file(plan: str) -> str:
-    """The plan's sweep JSONL, in the results (and in a folder given to ``--resume-from``)."""
-    return f"sweep-{plan}.jsonl"
+    return partial(
+        plan_steady, study=study, levels=levels, keep=args.keep, sweep_seconds=args.sweep_seconds
+    )
 
 
 def with_router_cost(study: Study, levels: Sequence[int]) -> Study:
@@ -204,39 +175,71 @@ _LEARNED = ("pool", "curve", "running_limit", "learned_floor", "learned_reach",
             "spec_accept_length")  # fmt: skip
 
 
+ROUTER_DELAY = "dynspec_router_delay_seconds"
+
+
+def delay_totals(text: str) -> tuple[float, float] | None:
+    """The ``_sum`` and ``_count`` of the router's ``dynspec_router_delay_seconds`` on a Prometheus
+    page, each added up over its series; None where the page has no ``_count`` of it."""
+    count = samples(text, f"{ROUTER_DELAY}_count")
+    if not count:
+        return None
+    return sum((v for _, v in samples(text, f"{ROUTER_DELAY}_sum")), 0.0), sum(v for _, v in count)
+
+
+class RouterDelay:
+    """The router's own share of a level's TTFT (from a request's arrival to its last byte sent to
+    the server): the change of its histogram's sum over its count from ``start()`` to ``read()``,
+    the record's ``first_token`` (why: docs/benchmarks.md, "Where the first token waited"). A
+    router that does not answer, or counted nothing, gives nothing."""
+
+    def __init__(self, url: str | None, get: Callable[[str], str] = fetch) -> None:
+        self.url, self.get = url, get
+        self.before = (0.0, 0.0)
+
+    def _totals(self) -> tuple[float, float] | None:
+        if self.url is not None:
+            with contextlib.suppress(OSError, ValueError):
+                return delay_totals(self.get(f"{self.url}/metrics"))
+        return None
+
+    def start(self) -> None:
+        self.before = self._totals() or (0.0, 0.0)
+
+    def read(self) -> dict[str, dict[str, float]]:
+        """``{"router_delay": {"ms": mean, "n": requests}}`` over the level, or ``{}``."""
+        total, count = self._totals() or self.before
+        was_total, was_count = self.before
+        n = count - was_count
+        if n <= 0:
+            return {}
+        return {"router_delay": {"ms": round(1000 * (total - was_total) / n, 3), "n": n}}
+
+
 class Levels:
-    """``on_record``: what the router and the servers say about each level, and its launch."""
+    """``on_record``: what the router and the servers say about each level."""
 
     def __init__(
         self,
         targets: Sequence[Target],
         urls: Mapping[str, str],
         routers: Mapping[str, int],
-        launch: int = 1,
-        logs: Path | None = None,
     ) -> None:
         self.what = {t.label: t.what for t in targets}
         self.urls, self.routers = urls, routers  # routers: what -> pid
         self.cpu = {what: cpu_seconds(pid) for what, pid in routers.items()}
-        self.launch = launch
-        # The launch's server logs: what each server held over the level (held.py).
-        self.tail = held.LogTail(logs) if logs is not None else None
-        self.first = firsttoken.FirstTokens({}, fetch)
+        self.delay = RouterDelay(None)
 
     def start(self, label: str) -> None:
         what = self.what[label]
         if what in self.routers:
             self.cpu[what] = cpu_seconds(self.routers[what])
-        router = self.urls[what] if what in ("routed", "cost") else None
-        self.first = firsttoken.FirstTokens(firsttoken.sources(router, self.urls), fetch)
-        self.first.start()
+        self.delay = RouterDelay(self.urls[what] if what in ("routed", "cost") else None)
+        self.delay.start()
 
     def __call__(self, rec: dict[str, Any]) -> None:
         what = self.what[rec["target"]]
-        rec["launch"] = self.launch
-        if self.tail is not None:
-            held.annotate([rec], self.tail.read())
-        seen = self.first.read()
+        seen = self.delay.read()
         if seen:
             rec["first_token"] = seen
         if what in self.routers:
@@ -252,92 +255,52 @@ class Levels:
 def plan_steady(
     run: Run,
     models: Path,
-    study: Study,
-    *,
-    levels: Sequence[int],
     session: dict[str, Any] | None,
+    *,
+    study: Study,
+    levels: Sequence[int],
     keep: bool,
     sweep_seconds: float | None = None,
 ) -> int:
     from dynspec.bench import load
 
-    check_model_loads(models / "llama8b")
-    check_model_loads(models / "eagle3-hi")
-    router, eagle, baseline = (f"http://127.0.0.1:{p}" for p in run.ports)
+    check_models(models, "hi")
     cost_port = int(session["cost_port"]) if session and "cost_port" in session else free_port()
-    urls = {"routed": router, "cost": f"http://127.0.0.1:{cost_port}", "eagle": eagle,
-            "baseline": baseline}  # fmt: skip
+    urls = {**pair_urls(run.ports), "cost": f"http://127.0.0.1:{cost_port}"}
     wanted = sorted(set(levels) | {c for t in study.targets for c in t.levels or ()})
     targets = [
         load.Target(t.label, urls[t.what], levels=frozenset(t.levels) if t.levels else None)
         for t in study.targets
     ]
-    jsonl = run.results / sweep_file(study.name)
+    jsonl = run.results / f"sweep-{study.name}.jsonl"
     procs: dict[str, subprocess.Popen[bytes]] = {}
     if session is None:
         launch = launch_argv(run, models, threshold=study.threshold, mps=study.mps,
                              baseline_limit=study.baseline_limit,
                              baseline_args=study.baseline_args)  # fmt: skip
-        this_launch = begin_launch(run, targets, jsonl, wanted, launch)
-        procs["launcher"] = start_launch(run, launch, this_launch)
+        procs["launcher"] = start_launch(run, launch)
         if any(t.what == "cost" for t in study.targets):
             argv = cost_router_argv(run.meta["commands"], cost_port)
             run.meta["cost_router_argv"] = argv
             procs["cost_router"] = run.spawn("cost-router", argv, run.logs / "cost-router.log")
-            if not wait_up(urls["cost"] + "/health", procs["cost_router"]):
-                raise RunFailed(f"the cost router did not come up; see {run.logs}/cost-router.log")
+            try:
+                wait_http(urls["cost"] + "/health", 60.0, proc=procs["cost_router"])
+            except (RuntimeError, TimeoutError):
+                raise RunFailed(
+                    f"the cost router did not come up; see {run.logs}/cost-router.log"
+                ) from None
         servers = {t.what: urls[t.what] for t in study.targets if t.what in ("eagle", "baseline")}
         warm(run, servers, wanted)
         pids = {name: proc.pid for name, proc in procs.items()}
     else:
         pids = {name: int(pid) for name, (pid, _start) in session["procs"].items()}
-        this_launch = kept_launch(run)
     routers = {"routed": router_pid(pids["launcher"], run.ports[0])}
     if "cost_router" in pids:
         routers["cost"] = pids["cost_router"]
     live = {w: p for w, p in routers.items() if p is not None}
-    hook = Levels(study.targets, urls, live, launch=this_launch, logs=run.logs)
+    hook = Levels(study.targets, urls, live)
     run.say(f"sweep {', '.join(t.label for t in study.targets)} at C={wanted}")
     title = f"MEASURED: {TITLE}, code at {run.meta.get('commit', '?')}, medians (min-max)"
     done = sweep(run, targets, jsonl, levels=wanted, limit=sweep_seconds, on_record=hook,
                  on_start=hook.start, title=title)  # fmt: skip
     return finish(run, procs, session, keep=keep and not done, cost_port=cost_port)
-
-
-def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> bool:
-    limit = time.monotonic() + timeout
-    while time.monotonic() < limit and proc.poll() is None:
-        if http_status(url) == 200:
-            return True
-        time.sleep(0.5)
-    return False
-
-
-def begin_launch(
-    run: Run, targets: Sequence[Any], jsonl: Path, levels: Sequence[int], launch: Sequence[str]
-) -> int:
-    """``record_launch`` for a sweep: going on from an earlier command's results, its records of
-    whole groups (``complete_groups``: a group left in part is measured again whole, in this
-    launch)."""
-    from dynspec.bench.report import append_jsonl, load_jsonl
-    from dynspec.bench.sweep import complete_groups, pending, point
-
-    def resume(folder: Path) -> tuple[int, int]:
-        cfg = sweep_config(run, levels, None)
-        try:
-            rows = load_jsonl(folder / jsonl.name)
-        except (OSError, ValueError) as exc:
-            raise RunFailed(f"--resume-from: {exc}") from None
-        kept = complete_groups(targets, cfg, rows)
-        jsonl.unlink(missing_ok=True)
-        for r in kept:
-            append_jsonl(jsonl, r)
-        dropped = len(rows) - len(kept)  # the records of groups kept in part
-        groups = {point(r)[1:] for r in rows} - {point(r)[1:] for r in kept}
-        left = len(pending(targets, cfg, None, kept))
-        part = "a partial group" if len(groups) == 1 else f"{len(groups)} partial groups"
-        what = f", {dropped} of {part} dropped (measured again whole)" if dropped else ""
-        run.say(f"resuming from {folder}: {len(kept)} points kept{what}, {left} left")
-        return len(kept), dropped
-
-    return record_launch(run, launch, resume)

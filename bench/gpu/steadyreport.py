@@ -10,14 +10,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dynspec.bench.gpu import firsttoken, held
-from dynspec.bench.report import Record, Spread, by_point, load_jsonl, spread, stats, table
+from dynspec.bench import report
+from dynspec.bench.report import MARK, Record, Spread, by_point, load_jsonl, spread, stats, table
 
 PAIR_GOAL = 0.95  # routed >= 0.95 x the better server alone, at every C
 COST_GOAL = 0.97  # routed >= 0.97 x direct at every C ...
 COST_TTFT_MS = 5.0  # ... and TTFT p50 within +5 ms
 ALONE = ("eagle", "baseline")
-ROUTED = ("routed",)
 COST = ("routed_eagle", "eagle")
 
 
@@ -28,15 +27,13 @@ def read(paths: Iterable[Path]) -> list[Record]:
     return rows
 
 
-def pair_ratios(
-    rows: Sequence[Record], routed_label: str = "routed", others: Sequence[str] = ALONE
-) -> dict[int, dict[str, Any]]:
-    """Per C: routed's median tok/s over the better of ``others`` (by median), and the spread of
+def pair_ratios(rows: Sequence[Record]) -> dict[int, dict[str, Any]]:
+    """Per C: routed's median tok/s over the better of ``ALONE`` (by median), and the spread of
     the same ratio taken repeat by repeat (each repeat's targets ran back to back)."""
     tok = by_point(rows, "output_throughput")
     out: dict[int, dict[str, Any]] = {}
-    for c, routed in sorted(tok.get(routed_label, {}).items()):
-        alone = [a for a in others if c in tok.get(a, {})]
+    for c, routed in sorted(tok.get("routed", {}).items()):
+        alone = [a for a in ALONE if c in tok.get(a, {})]
         if not alone:
             continue
         best = max(alone, key=lambda a: statistics.median(tok[a][c].values()))
@@ -51,20 +48,16 @@ def pair_ratios(
 
 
 def unjudged(
-    tok: Mapping[str, Mapping[int, Spread]],
-    ratios: Mapping[int, Mapping[str, Any]],
-    routed_label: str,
-    repeats: int,
+    tok: Mapping[str, Mapping[int, Spread]], ratios: Mapping[int, Mapping[str, Any]], repeats: int
 ) -> str:
-    """What keeps a goal at every C from being judged, from the tok/s ``stats`` and the
-    ``pair_ratios`` of ``routed_label``: the levels it ran where no server alone did, and those
-    where it or the better server alone has fewer than ``repeats`` runs (a run cut short by the
-    device's time, or split over launches). Empty: none."""
-    alone_missing = [c for c in sorted(tok.get(routed_label, {})) if c not in ratios]
+    """What keeps the pair's goal at every C from being judged, from the tok/s ``stats`` and the
+    ``pair_ratios``: the levels routed ran where no server alone did, and those where it or the
+    better server alone has fewer than ``repeats`` runs (a run cut short by the device's time).
+    Empty: none."""
+    alone_missing = [c for c in sorted(tok.get("routed", {})) if c not in ratios]
     short = [
-        c for c, r in ratios.items()
-        if min(tok[routed_label][c].n, tok[r["better"]][c].n) < repeats
-    ]  # fmt: skip
+        c for c, r in ratios.items() if min(tok["routed"][c].n, tok[r["better"]][c].n) < repeats
+    ]
     parts = []
     if alone_missing:
         parts.append("not judged (no server alone): " + ", ".join(f"C={c}" for c in alone_missing))
@@ -81,7 +74,7 @@ def cost_rows(rows: Sequence[Record]) -> dict[int, dict[str, Any]]:
     cpu = by_point(rows, "router_cpu_s")
     client = by_point(rows, "client_cpu_s")
     dur = by_point(rows, "duration")
-    own = [{**r, "own_ms": firsttoken.mean_ms(r, "router_delay")} for r in rows]
+    own = [{**r, "own_ms": router_delay_ms(r)} for r in rows]
     delay = by_point(own, "own_ms")
     routed, direct = COST
     out: dict[int, dict[str, Any]] = {}
@@ -110,48 +103,43 @@ def cost_rows(rows: Sequence[Record]) -> dict[int, dict[str, Any]]:
     return out
 
 
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
+def router_delay_ms(record: Mapping[str, Any]) -> float | None:
+    """A record's mean of the router's own share of TTFT in ms (``steady.RouterDelay``)."""
+    seen = record.get("first_token")
+    got = seen.get("router_delay") if isinstance(seen, Mapping) else None
+    return float(got["ms"]) if isinstance(got, Mapping) else None
 
 
-def markdown(
-    rows: Sequence[Record], routed: Sequence[str] = ROUTED, alone: Sequence[str] = ALONE
-) -> str:
-    """The tables: tok/s and TPOT p50 per target and C (median, min-max), then the goals: each
-    of ``routed`` over the better of ``alone``, and the router-cost pair where it ran."""
+def markdown(rows: Sequence[Record]) -> str:
+    """The tables: tok/s and TPOT p50 per target and C (median, min-max), then the goals: routed
+    over the better server alone, and the router-cost pair, where each ran."""
     tok, tpot = stats(rows, "output_throughput"), stats(rows, "median_tpot_ms")
     targets = list(tok)
     levels = sorted({c for t in tok.values() for c in t})
     reps = max((s.n for t in tok.values() for s in t.values()), default=0)
-    launches = len({int(r.get("launch") or 1) for r in rows})  # a record without: launch 1
-    also = (f", points from {launches} launches (each with its own calibration and a fresh "
-            "router)" if launches > 1 else "")  # fmt: skip
-    lines = [f"Output tok/s, median (min-max) of up to {reps} repeats{also}:", ""]
-    lines += table(["C", *targets], [[str(c), *cells(tok, targets, c)] for c in levels])
+    lines = [f"Output tok/s, median (min-max) of up to {reps} repeats:", ""]
+    lines += report.level_table(tok, targets, 0)
     lines += ["", "p50 TPOT ms, median (min-max):", ""]
-    lines += table(["C", *targets], [[str(c), *cells(tpot, targets, c, 2)] for c in levels])
-    for label in routed:
-        ratios = pair_ratios(rows, label, alone)
-        if not ratios:
-            continue
+    lines += report.level_table(tpot, targets, 2, levels=levels)
+    ratios = pair_ratios(rows)
+    if ratios:
         worst = min(r["ratio"] for r in ratios.values())
-        said = f"{verdict(worst >= PAIR_GOAL)} (worst {worst:.2f})"
-        gaps = unjudged(tok, ratios, label, reps)
+        said = f"{MARK[worst >= PAIR_GOAL]} (worst {worst:.2f})"
+        gaps = unjudged(tok, ratios, reps)
         if gaps:
             said = f"INCOMPLETE: {said} at the C judged; {gaps}"
         lines += [
             "",
-            f"{label} over the better of {', '.join(alone)} (goal >= {PAIR_GOAL} at every C, on "
+            f"routed over the better of {', '.join(ALONE)} (goal >= {PAIR_GOAL} at every C, on "
             f"medians; the spread is the ratio repeat by repeat): {said}",
             "",
         ]
-        share = share_cells(rows, label)
+        share = share_cells(rows, "routed")
         body = [
             [str(c), f"{r['ratio']:.2f}", r["per_repeat"].cell(2), r["better"], share.get(c, "-")]
             for c, r in ratios.items()
         ]
         lines += table(["C", "ratio", "per repeat", "better", "on EAGLE / switches"], body)
-    lines += held_table(rows, targets, levels)
     costs = cost_rows(rows)
     if costs:
         ok = all(r["ratio"] >= COST_GOAL and added_ms(r) <= COST_TTFT_MS for r in costs.values())
@@ -159,7 +147,7 @@ def markdown(
             "",
             f"The router over the EAGLE server's own port (goal >= {COST_GOAL} tok/s and TTFT "
             f"p50 within +{COST_TTFT_MS:g} ms at every C, on medians; CPU in cores, CPU seconds "
-            f"per second of the level): {verdict(ok)}",
+            f"per second of the level): {MARK[ok]}",
             "",
         ]
         head = ["C", "routed / direct", "per repeat", "TTFT p50 added ms", "router CPU"]
@@ -169,32 +157,14 @@ def markdown(
         if own:
             worst = max(s.median for s in own)
             missing = len(own) < len(costs)
-            said = "INCOMPLETE: some C have none" if missing else verdict(worst <= COST_TTFT_MS)
+            said = "INCOMPLETE: some C have none" if missing else MARK[worst <= COST_TTFT_MS]
             lines += [
                 "",
                 f"The router's own share of TTFT (`router_delay`: from a request's arrival to its "
                 f"sending to the server, its mean over each level, median over the repeats), "
                 f"within +{COST_TTFT_MS:g} ms at every C: {said} (worst {worst:.2f} ms)",
             ]
-    lines += firsttoken.table(rows)
     return "\n".join(lines) + "\n"
-
-
-def held_table(rows: Sequence[Record], targets: Sequence[str], levels: Sequence[int]) -> list[str]:
-    """What the servers held over each level, repeat by repeat (``held.py``), where the records
-    say: a level whose server held fewer than C was not fed the load it names."""
-    found = held.cells(rows)
-    if not found:
-        return []
-    body = [[str(c), *(found.get(t, {}).get(c, "-") for t in targets)] for c in levels]
-    return [
-        "",
-        "Requests the servers held over each level, running+queued, each repeat (SGLang's own "
-        "counts, the mean of its decode-log lines in the level; a router's: both servers'); the "
-        "clients kept C open:",
-        "",
-        *table(["C", *targets], body),
-    ]
 
 
 def added_ms(row: Mapping[str, Any]) -> float:
@@ -231,12 +201,6 @@ def share_cells(rows: Sequence[Record], label: str) -> dict[int, str]:
     return {c: " ".join(v) for c, v in found.items()}
 
 
-def cells(
-    table_: Mapping[str, Mapping[int, Spread]], targets: Sequence[str], c: int, digits: int = 0
-) -> list[str]:
-    return [table_[t][c].cell(digits) if c in table_.get(t, {}) else "-" for t in targets]
-
-
 def summary(rows: Sequence[Record]) -> dict[str, Any]:
     """The report as JSON (``PLAN-summary.json``)."""
 
@@ -255,33 +219,15 @@ def summary(rows: Sequence[Record]) -> dict[str, Any]:
     }
 
 
-def load(paths: Sequence[Path], logs: Sequence[Path] = ()) -> list[Record]:
-    """The records of ``paths``, each with what its servers held where ``logs`` (the runs' logs
-    folders or tarballs) say, read anew over what a live run wrote (``held.py``)."""
-    rows = read(paths)
-    if logs and rows:
-        held.annotate(rows, held.samples(logs), again=True)
-    return rows
-
-
-def write_report(jsonl: Path, title: str = "") -> None:
-    """``write_rows`` from ``jsonl`` (a live plan's, whose records already say what the servers
-    held); nothing while ``jsonl`` is not there."""
-    if jsonl.exists():
-        write_rows(jsonl, read([jsonl]), title)
-
-
 def write_rows(jsonl: Path, rows: Sequence[Record], title: str = "") -> None:
     """``STEM.md`` (the tables), ``STEM.png`` (tok/s and TPOT, medians with min-max) and
     ``STEM-summary.json`` beside ``jsonl``, from ``rows`` (``gpu report --write``: the records
-    of every file given, ``load``)."""
+    of every file given)."""
     import json
-
-    from dynspec.bench.report import plot
 
     if not rows:
         return
     jsonl.with_suffix(".md").write_text(markdown(rows))
-    plot(rows, jsonl.with_suffix(".png"), title or jsonl.stem)
+    report.plot(rows, jsonl.with_suffix(".png"), title or jsonl.stem)
     summary_path = jsonl.with_name(jsonl.stem + "-summary.json")
     summary_path.write_text(json.dumps(summary(rows), indent=1))

@@ -16,8 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +45,9 @@ SGLANG_ARGS = (
 PAIR_LEVELS = "1,2,4,8,16,32,64,128,256"
 
 RESERVE_S = 45.0  # kept for stopping the launcher and writing the results
+# A command that keeps its session needs only to write its results at the end; the one that
+# stops it needs about trafficplan.STOP_S more, which an early end of the sweep leaves.
+KEEP_RESERVE_S = 20.0
 
 
 class RunFailed(Exception):
@@ -82,7 +83,6 @@ class Run:
     steady: Steady = field(default_factory=Steady)
     keep: bool = False  # a kept session: leave its processes running at the end
     reserve: float = RESERVE_S  # seconds kept at the end of the budget for the stop and results
-    resumed_from: Path | None = None  # --resume-from, taken: an earlier launch's results folder
 
     @property
     def logs(self) -> Path:
@@ -107,19 +107,12 @@ class Run:
     def say(self, text: str) -> None:
         print(f"[gpu-run {time.monotonic() - self.t0:5.0f}s] {text}", flush=True)
 
-    def spawn(
-        self,
-        name: str,
-        argv: Sequence[str],
-        log: Path,
-        env: Mapping[str, str] | None = None,
-    ) -> subprocess.Popen[bytes]:
-        """A child in its own process group; ``env`` is added to the run's environment."""
+    def spawn(self, name: str, argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+        """A child in its own process group, in the run's environment, logging to ``log``."""
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as f:
             f.write(f"==> {shlex.join(argv)}\n".encode())
-        merged = {**self.env, **(env or {})}
-        return self.children.start(name, argv, env=merged, log=log, append=True)
+        return self.children.start(name, argv, env=self.env, log=log, append=True)
 
     def stop(self, proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
         """Stop the child's process group, and SIGKILL the group even when its leader is gone
@@ -133,15 +126,6 @@ class Run:
     def stop_all(self) -> None:
         for proc in reversed(list(self.children.procs)):
             self.stop(proc, grace=20.0)
-
-
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def fetch(url: str, timeout: float = 10.0) -> str:
-    """A loopback page's text (never through a proxy from the environment)."""
-    with _NO_PROXY.open(url, timeout=timeout) as r:
-        return str(r.read().decode("utf-8", "replace"))
 
 
 def gauge(text: str, name: str) -> float | None:
@@ -224,12 +208,20 @@ def wait_done(
         raise RunFailed(f"{what} failed ({last_line(log)}); see {log}")
 
 
-def check_model_loads(path: Path) -> None:
-    cfg = path / "config.json"
-    try:
-        json.loads(cfg.read_text())
-    except (OSError, ValueError):
-        raise RunFailed(f"model {path}: no readable config.json") from None
+def check_models(models: Path, draft: str) -> None:
+    """The target and the EAGLE draft a plan's launch loads, each with a readable config.json."""
+    for path in (models / "llama8b", models / f"eagle3-{draft}"):
+        try:
+            json.loads((path / "config.json").read_text())
+        except (OSError, ValueError):
+            raise RunFailed(f"model {path}: no readable config.json") from None
+
+
+def pair_urls(ports: Sequence[int]) -> dict[str, str]:
+    """The base URLs of the router and each server's own port (``--ports``: router, EAGLE,
+    baseline)."""
+    labels = ("routed", "eagle", "baseline")
+    return {label: f"http://127.0.0.1:{p}" for label, p in zip(labels, ports, strict=True)}
 
 
 # -- sweeps --------------------------------------------------------------------------------------
@@ -251,7 +243,7 @@ def warm(run: Run, urls: Mapping[str, str], levels: Sequence[int]) -> None:
     """Every server at every level of the plan once, nothing recorded (SGLang's triton kernels
     compile on their first use at a batch size: that must not land in a measured level)."""
     from dynspec.bench import load
-    from dynspec.bench.sweep import ProgressLine, sweep_prompts
+    from dynspec.bench.sweep import sweep_prompts
     from dynspec.bench.sweep import warm as warm_levels
 
     cfg = sweep_config(run, levels, None)
@@ -261,9 +253,8 @@ def warm(run: Run, urls: Mapping[str, str], levels: Sequence[int]) -> None:
     async def go() -> None:
         async with load.make_session(cfg.request_timeout) as session:
             models = {t: await load.model_name(session, t) for t in targets}
-            progress = ProgressLine(sys.stdout)
             await warm_levels(session, targets, cfg, models=models, prompts=sweep_prompts(cfg),
-                              headers={}, progress=progress)  # fmt: skip
+                              headers={}, say=console)  # fmt: skip
 
     asyncio.run(go())
     run.meta.setdefault("warm_s", []).append(round(time.monotonic() - began, 1))
@@ -284,7 +275,7 @@ def sweep(
     """The steady-state sweep (``Steady``) of ``targets`` (``load.Target``), resuming ``out``;
     no level is started that would end past ``limit`` seconds from now or past the budget less
     ``RESERVE_S``. True when every point is in ``out``."""
-    from dynspec.bench.sweep import ProgressLine, pending
+    from dynspec.bench.sweep import pending
     from dynspec.bench.sweep import sweep as run_sweep
 
     cfg = sweep_config(run, levels, run.sweep_deadline(limit))
@@ -300,18 +291,22 @@ def sweep(
             on_start(label)
 
     try:
-        progress = ProgressLine(sys.stdout)
-        asyncio.run(run_sweep(targets, cfg, out, progress, on_record=on_record, on_start=start))
+        asyncio.run(run_sweep(targets, cfg, out, console, on_record=on_record, on_start=start))
     except RuntimeError as exc:  # every request of a level failed
         raise RunFailed(str(exc)) from None
-    from dynspec.bench.gpu.steadyreport import write_report
+    from dynspec.bench.gpu.steadyreport import read, write_rows
 
-    write_report(out, title)
+    if out.exists():
+        write_rows(out, read([out]), title)
     left = pending(targets, cfg, out)
     if left:
-        run.say(f"{len(left)} points left (the budget): the next command with --keep resumes; "
-                "on a fresh machine, --resume-from this command's results")  # fmt: skip
+        run.say(f"{len(left)} points left (the budget): the next command with --keep resumes")
     return not left
+
+
+def console(line: str) -> None:
+    """A level's line on the command's console (``console-N.txt``)."""
+    print(line, flush=True)
 
 
 def last_line_of(text: str) -> str:

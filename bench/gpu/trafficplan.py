@@ -15,12 +15,21 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dynspec.bench import arrivals
-from dynspec.bench.gpu.launch import finish, kept_launch, launch_argv, record_launch, start_launch
-from dynspec.bench.gpu.toolkit import Run, RunFailed, Steady, check_model_loads, warm
+from dynspec.bench.gpu.launch import finish, launch_argv, start_launch
+from dynspec.bench.gpu.toolkit import (
+    KEEP_RESERVE_S,
+    Run,
+    RunFailed,
+    Steady,
+    check_models,
+    pair_urls,
+    warm,
+)
 from dynspec.common.cli import non_negative_float, positive_float
 
 if TYPE_CHECKING:
@@ -40,7 +49,6 @@ SETUP_S = 55.0
 LAUNCH_MPS_S = 250.0
 WARM_S = 26.0
 STOP_S = 25.0
-KEEP_RESERVE_S = 20.0  # attempt.py's reserve with --keep
 # The open-loop runner starts a run only if this much (beyond its schedule and drain) is left
 # (dynspec.bench.traffic._each); drains of a loaded server's queue.
 RUN_MARGIN_S = 15.0
@@ -70,6 +78,7 @@ class TrafficPlan:
     # so a run's learned threshold can be replayed from its log).
     return_delay: float = 0.0
     log_level: str = "info"
+    mps: bool = True  # pair-b's launch; False: pair-a's, the two servers time-slicing the GPU
 
     def schedule_seconds(self) -> list[tuple[str, float]]:
         """Each schedule's name and length, in the order ``run_live`` runs them."""
@@ -140,16 +149,11 @@ def read_profile(folder: Path) -> dict[str, Any]:
     return raw
 
 
-def urls(ports: Sequence[int]) -> dict[str, str]:
-    """The router's and the two servers' own base URLs (``--ports``: router, EAGLE, baseline)."""
-    return {label: f"http://127.0.0.1:{p}" for label, p in zip(TARGETS, ports, strict=True)}
-
-
 def build_targets(ports: Sequence[int]) -> list[Target]:
     """``load.Target`` of the router and of each server alone, in ``TARGETS``' order."""
     from dynspec.bench import load
 
-    return [load.Target(label, url) for label, url in urls(ports).items()]
+    return [load.Target(label, url) for label, url in pair_urls(ports).items()]
 
 
 # ``dynspec.bench.traffic.run_live``'s signature (a test's stand-in has it too).
@@ -160,36 +164,6 @@ def schedules(plan: TrafficPlan, peak: float) -> tuple[tuple[str, arrivals.Sched
     day = arrivals.parse_schedule(f"day:{plan.day_seconds:g}", rate=peak)
     rates = [(rate_name(r), arrivals.constant(r, plan.rate_seconds)) for r in plan.rates]
     return (("day", day), *rates)
-
-
-def runs_left(out: Path, names: Sequence[str], repeats: int, labels: Sequence[str]) -> int:
-    """How many (schedule, repeat, target) runs of the plan ``out`` does not hold yet (each run
-    appends its records when it ends, so a run is in ``out`` whole or not at all)."""
-    done = {key for key in run_keys(out) if key[0] in names and key[2] in labels}
-    done = {k for k in done if 1 <= k[1] <= repeats}
-    return len(names) * repeats * len(labels) - len(done)
-
-
-def run_keys(out: Path) -> set[tuple[str, int, str]]:
-    if not out.is_file():
-        return set()
-    keys = set()
-    for line in out.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            keys.add((str(r["schedule"]), int(r["repeat"]), str(r["target"])))
-    return keys
-
-
-def whole_groups(lines: Sequence[str], labels: Sequence[str]) -> list[str]:
-    """The records of the (schedule, repeat) groups every target ran in: a group left in part
-    is run again whole in the next launch, its targets measured side by side."""
-    rows = [(ln, json.loads(ln)) for ln in lines if ln.strip()]
-    ran: dict[tuple[str, int], set[str]] = {}
-    for _, r in rows:
-        ran.setdefault((str(r["schedule"]), int(r["repeat"])), set()).add(str(r["target"]))
-    whole = {g for g, got in ran.items() if set(labels) <= got}
-    return [ln for ln, r in rows if (str(r["schedule"]), int(r["repeat"])) in whole]
 
 
 def settle_peak(run: Run, plan: TrafficPlan) -> float:
@@ -219,29 +193,10 @@ def settle_peak(run: Run, plan: TrafficPlan) -> float:
     return float(record["peak_rps"])
 
 
-def begin_launch(run: Run, out: Path, launch: Sequence[str]) -> int:
-    """``steady.record_launch`` for the traffic runs: going on from an earlier command's results
-    (``--resume-from``), first its whole groups into ``out``."""
-
-    def resume(folder: Path) -> tuple[int, int]:
-        try:
-            lines = (folder / RESULTS).read_text().splitlines()
-            kept = whole_groups(lines, TARGETS)
-        except (OSError, ValueError, KeyError) as exc:
-            raise RunFailed(f"--resume-from: {exc}") from None
-        out.write_text("".join(ln + "\n" for ln in kept))
-        dropped = len([ln for ln in lines if ln.strip()]) - len(kept)
-        run.say(f"resuming from {folder}: {len(kept)} records kept, {dropped} dropped (of "
-                "groups run in part: run again whole)")  # fmt: skip
-        return len(kept), dropped
-
-    return record_launch(run, launch, resume)
-
-
 def plan_launch(run: Run, models: Path, plan: TrafficPlan) -> list[str]:
-    """The plan's ``dynspec-launch`` command line (``launch_argv``, MPS, the plan's settings)."""
+    """The plan's ``dynspec-launch`` command line (``launch_argv`` with the plan's settings)."""
     router = ["--return-delay", f"{plan.return_delay:g}"] if plan.return_delay else []
-    return launch_argv(run, models, threshold=plan.threshold, mps=True, draft=plan.draft,
+    return launch_argv(run, models, threshold=plan.threshold, mps=plan.mps, draft=plan.draft,
                        baseline_limit=plan.baseline_limit, baseline_args=plan.baseline_args,
                        more=[*router, "--log-level", plan.log_level])  # fmt: skip
 
@@ -249,9 +204,9 @@ def plan_launch(run: Run, models: Path, plan: TrafficPlan) -> list[str]:
 def plan_traffic(
     run: Run,
     models: Path,
-    plan: TrafficPlan,
-    *,
     session: dict[str, Any] | None,
+    *,
+    plan: TrafficPlan,
     keep: bool,
     seconds: float | None = None,
     command: str = "",
@@ -262,31 +217,23 @@ def plan_traffic(
     launch for the next command (``keep``) or stop it."""
     from dynspec.bench import traffic  # aiohttp and the runner: only when a run needs them
 
-    check_model_loads(models / "llama8b")
-    check_model_loads(models / f"eagle3-{plan.draft}")
+    check_models(models, plan.draft)
     out = run.results / RESULTS
-    served = urls(run.ports)
+    served = pair_urls(run.ports)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     if session is None:
-        launch = plan_launch(run, models, plan)
-        # Going on from an earlier command (--resume-from): its plan checked before anything
-        # starts (the launch's own check leaves out where the models are, the draft included).
-        peak = settle_peak(run, plan) if "traffic" in run.meta else None
-        this_launch = begin_launch(run, out, launch)
-        procs["launcher"] = start_launch(run, launch, this_launch)
-        if peak is None:
-            peak = settle_peak(run, plan)
+        procs["launcher"] = start_launch(run, plan_launch(run, models, plan))
+        peak = settle_peak(run, plan)
         warm(run, {"eagle": served["eagle"], "baseline": served["baseline"]}, WARM_LEVELS)
     else:
-        this_launch = kept_launch(run)
         peak = settle_peak(run, plan)
     cfg = traffic.TrafficConfig(
         schedules=schedules(plan, peak), input_len=run.steady.input_len,
         output_len=run.steady.output_len, repeats=run.steady.repeats, drain_s=plan.drain_s,
         slo_ttft_ms=SLO_TTFT_MS, slo_tpot_ms=SLO_TPOT_MS, command=command,
     )  # fmt: skip
-    extra = {"plan": "traffic", "commit": run.meta.get("commit"), "launch": this_launch,
-             "draft": plan.draft, "peak_rps": peak, "mps": True,
+    extra = {"plan": "traffic", "commit": run.meta.get("commit"), "draft": plan.draft,
+             "peak_rps": peak, "mps": plan.mps,
              "gpu": run.meta.get("versions", {}).get("gpu")}  # fmt: skip
     names = [name for name, _ in plan.schedule_seconds()]
     run.say(f"traffic: {', '.join(names)} (day peak {peak:g} req/s) x {run.steady.repeats} "
@@ -294,11 +241,10 @@ def plan_traffic(
     live = run_live or traffic.run_live
     live(build_targets(run.ports), cfg, out, watch={"routed": served["routed"]}, extra=extra,
          deadline=run.sweep_deadline(seconds))  # fmt: skip
-    left = runs_left(out, names, run.steady.repeats, TARGETS)
+    left = len(traffic.runs_left(cfg, TARGETS, out))
     run.meta["traffic_runs_left"] = left
     if left:
-        run.say(f"{left} runs left (the budget): the next command with --keep resumes; on a "
-                "fresh machine, --resume-from this command's results")  # fmt: skip
+        run.say(f"{left} runs left (the budget): the next command with --keep resumes")
     return finish(run, procs, session, keep=keep and left > 0)
 
 
@@ -373,11 +319,12 @@ def dry_run(args: argparse.Namespace) -> str:
                 f"{st.output_len} output tokens, at least {EAGLE_OVERLOAD:g}x EAGLE's")  # fmt: skip
         peak += f"; with {EXAMPLE_CALIBRATION}'s (draft hi): {ex.line()}" if ex else ""
     lines = [
-        f"# traffic plan: one launch (MPS, draft {plan.draft}, threshold {plan.threshold}, return "
-        f"delay {plan.return_delay:g} s, log level {plan.log_level}), a warm "
-        f"pass at C={','.join(map(str, WARM_LEVELS))}, then {st.repeats} repeats x each schedule "
-        f"x {', '.join(TARGETS)} (order rotated each repeat, the same arrivals within a repeat), "
-        f"{st.input_len} tokens in, {st.output_len} out, drain {plan.drain_s:g} s",
+        f"# traffic plan: one launch ({'MPS' if plan.mps else 'no MPS'}, draft {plan.draft}, "
+        f"threshold {plan.threshold}, return delay {plan.return_delay:g} s, log level "
+        f"{plan.log_level}), a warm pass at C={','.join(map(str, WARM_LEVELS))}, then "
+        f"{st.repeats} repeats x each schedule x {', '.join(TARGETS)} (order rotated each "
+        f"repeat, the same arrivals within a repeat), {st.input_len} tokens in, "
+        f"{st.output_len} out, drain {plan.drain_s:g} s",
         f"# day: the compressed day over {plan.day_seconds:g} s (day:{plan.day_seconds:g}), "
         f"peak {peak}",
         *(f"# {rate_name(r)}: {r:g} req/s for {plan.rate_seconds:g} s" for r in plan.rates),
@@ -391,7 +338,7 @@ def dry_run(args: argparse.Namespace) -> str:
 
 TRAFFIC_FLAGS = (
     "traffic_day_seconds", "traffic_peak", "traffic_rates", "traffic_rate_seconds",
-    "traffic_return_delay", "traffic_log_level",
+    "traffic_return_delay", "traffic_log_level", "traffic_mps",
 )  # fmt: skip
 
 
@@ -423,6 +370,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "--traffic-return-delay", type=non_negative_float, help="the router's (default 0: off)"
     )
     p.add_argument("--traffic-log-level", choices=("info", "debug"), help="the launch's (info)")
+    p.add_argument("--traffic-mps", choices=("on", "off"), help="the launch's --mps (on)")
 
 
 def check_flags(args: argparse.Namespace) -> str | None:
@@ -461,25 +409,19 @@ def plan_of(args: argparse.Namespace) -> TrafficPlan:
         baseline_args=args.baseline_args or "",
         return_delay=args.traffic_return_delay or d.return_delay,
         log_level=args.traffic_log_level or d.log_level,
+        mps=args.traffic_mps != "off",
     )
 
 
 def body_of(args: argparse.Namespace) -> Body:
     """The plan's part of the attempt, from its flags."""
-    plan = plan_of(args)
-
-    def body(run: Run, models: Path, session: dict[str, Any] | None) -> int:
-        return plan_traffic(
-            run,
-            models,
-            plan,
-            session=session,
-            keep=args.keep,
-            seconds=args.sweep_seconds,
-            command=command_line(),
-        )
-
-    return body
+    return partial(
+        plan_traffic,
+        plan=plan_of(args),
+        keep=args.keep,
+        seconds=args.sweep_seconds,
+        command=command_line(),
+    )
 
 
 def command_line() -> str:

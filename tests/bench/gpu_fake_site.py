@@ -95,7 +95,7 @@ def make_models(tmp: Path) -> Path:
     root = tmp / "models"
     (root / "llama8b").mkdir(parents=True)
     (root / "llama8b" / "config.json").write_text(json.dumps(target_config()))
-    for name in ("hi", "lo", "p54", "p81"):
+    for name in ("hi", "p54", "p81"):
         (root / f"eagle3-{name}").mkdir()
         (root / f"eagle3-{name}" / "config.json").write_text(json.dumps(draft_config()))
     return root

@@ -26,12 +26,13 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
         (("envelope", "--simulate", "--four-way"), "unrecognized arguments: --four-way"),
         (("envelope", "--simulate", "--eight-gpus", "--sharing", "nvlink"), "--sharing"),
         (
-            ("envelope", "--simulate", "--eight-gpus", "--metrics-interval", "0"),
-            "--metrics-interval",
+            ("envelope", "--simulate", "--eight-gpus", "--metrics-interval", "1"),
+            "unrecognized arguments: --metrics-interval",
         ),
+        # Retired (in git history at 1a53ba8).
         (
-            ("envelope", "--simulate", "--eight-gpus", "--append", "--out", "/nonexistent/x"),
-            "--append",
+            ("envelope", "--simulate", "--eight-gpus", "--append"),
+            "unrecognized arguments: --append",
         ),
         (("envelope", "--eight-gpus"), "only --simulate"),
         (("envelope", "--simulate", "--eight-gpus", "--repeats", "0"), "--repeats"),

@@ -54,10 +54,8 @@ def routers(profile: Path) -> list[tuple[Router, str]]:
                 threshold=7,
                 hysteresis=2,
                 speed_profile=profile,
-                metrics_interval=0.5,
             ),
-            f"--eagle-url {E} --baseline-url {B} --policy balance --speed-profile {profile} "
-            "--metrics-interval 0.5",
+            f"--eagle-url {E} --baseline-url {B} --policy balance --speed-profile {profile}",
         ),
         (way_router("paired-auto", SERVERS, threshold=7, hysteresis=2), pairs + "--threshold auto"),
         (

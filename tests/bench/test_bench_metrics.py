@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +15,6 @@ from dynspec.bench.load import (
     mode_switches,
     parse_target,
     random_prompts,
-    sharegpt_prompts,
     thresholds,
 )
 from dynspec.bench.metrics import RequestTrace, compute, percentile, samples, window
@@ -219,32 +217,10 @@ def test_prompts_fresh_for_every_request_across_levels() -> None:
 
 def test_prompts_pool_reused_in_turn_with_bodies_encoded_once() -> None:
     pool = random_prompts(3, 16, 8, seed=2)
-    prompts = Prompts(pool)
+    prompts = Prompts(3, 16, 8, seed=2)
     a, b = Target("a", "http://127.0.0.1:1"), Target("b", "http://127.0.0.1:2")
     first = [prompts.take(a, "m") for _ in range(7)]
     assert [p for _, p in first] == [pool[0], pool[1], pool[2]] * 2 + [pool[0]]
     assert first[0][0] is first[3][0] is first[6][0]  # encoded once
     body, prompt = prompts.take(b, "m")  # the counter is shared: another target goes on
     assert prompt == pool[1] and body is not first[1][0] and body == first[1][0]
-
-
-def test_sharegpt_prompts(tmp_path: Path) -> None:
-    data = [
-        {
-            "conversations": [
-                {"from": "human", "value": "a" * 40},
-                {"from": "gpt", "value": "b" * 80},
-            ]
-        },
-        {"conversations": [{"from": "human", "value": "only one turn"}]},
-        {"conversation": [{"from": "human", "value": "c" * 8}, {"from": "gpt", "value": "d"}]},
-    ]
-    path = tmp_path / "sg.json"
-    path.write_text(json.dumps(data))
-    prompts = sharegpt_prompts(path, 6, seed=0)
-    assert len(prompts) == 6
-    assert {(p.prompt_tokens, p.output_tokens) for p in prompts} == {(10, 20), (2, 1)}
-    assert {p.output_tokens for p in sharegpt_prompts(path, 4, output_len=7)} == {7}
-    path.write_text(json.dumps([{"conversations": []}]))
-    with pytest.raises(ValueError, match="no usable"):
-        sharegpt_prompts(path, 1)

@@ -122,7 +122,7 @@ def test_sweep_ctrl_c_keeps_finished_levels(
         (("sweep", "--url", "http://127.0.0.1:9", "--concurrency", "0,2"), "--concurrency"),
         (("sweep", "--url", "http://127.0.0.1:9", "--concurrency", "a"), "--concurrency"),
         (("sweep", "--url", "nota-url"), "not a URL"),
-        (("sweep", "--url", "http://127.0.0.1:9", "--dataset", "/nonexistent.json"), "--dataset"),
+        (("sweep", "--url", "http://127.0.0.1:9", "--dataset", "x.json"), "unrecognized"),
         (("suggest-threshold", "/nonexistent.jsonl"), "baseline"),
         (("suggest-threshold", "/nonexistent1", "/nonexistent2"), "no such file"),
         (("envelope",), "--simulate"),
@@ -168,33 +168,28 @@ def test_env_layer_sets_flags(eagle_sim: str, tmp_path: Path) -> None:
     assert rec["prompt_pool"] == 3
 
 
-def test_steady_levels_last_min_seconds_take_turns_and_resume(
-    eagle_sim: str, tmp_path: Path
-) -> None:
+def test_steady_levels_last_min_seconds_and_take_turns(eagle_sim: str, tmp_path: Path) -> None:
     out = tmp_path / "s.jsonl"
     common = ["--url", f"a={eagle_sim}", "--url", f"b={eagle_sim}", "--concurrency", "1,4"]
     common += ["--requests-per-c", "2", "--min-requests", "2", "--output-len", "8"]
     common += ["--min-seconds", "0.6", "--pause", "0", "--no-progress", "--out", str(out)]
-    first = bench("sweep", *common, "--warm-pass")
+    first = bench("sweep", *common, "--warm-pass", "--repeats", "2")
     assert first.returncode == 0, first.stderr
-    assert [json.loads(ln)["repeat"] for ln in out.read_text().splitlines()] == [1] * 4
-    # A time limit shorter than any level (estimated from the levels before): nothing starts,
-    # and the sweep says what is left.
-    short = bench("sweep", *common, "--repeats", "2", "--resume", "--time-limit", "1")
-    assert short.returncode == 0, short.stderr
-    assert "4 points left for --resume" in short.stderr
-    # --resume runs only the points not in the file, in the sweep's order (A, B at each level).
-    second = bench("sweep", *common, "--repeats", "2", "--resume")
-    assert second.returncode == 0, second.stderr
     rows = [json.loads(ln) for ln in out.read_text().splitlines()]
+    # The targets take turns, repeat by repeat, at each level (A, B, A, B).
     points = [(r["target"], r["max_concurrency"], r["repeat"]) for r in rows]
-    assert points[4:] == [(t, c, 2) for c in (1, 4) for t in ("a", "b")]
+    assert points == [(t, c, rep) for c in (1, 4) for rep in (1, 2) for t in ("a", "b")]
     for r in rows:
         # At least min-seconds, though the request count alone would end sooner.
         assert r["duration"] >= 0.6 and r["completed"] > 2 * r["max_concurrency"], r
         assert r["min_seconds"] == 0.6 and r["client_cpu_s"] > 0
-    again = bench("sweep", *common, "--repeats", "2", "--resume")
-    assert again.returncode == 0 and len(out.read_text().splitlines()) == len(rows)
+    # An --out that holds results is not overwritten; the retired --resume is a usage error.
+    again = bench("sweep", *common)
+    assert again.returncode == 2 and "exists; give another --out" in again.stderr
+    for retired in (["--resume"], ["--append"], ["--time-limit", "1"]):
+        gone = bench("sweep", *common, *retired)
+        assert gone.returncode == 2 and "unrecognized arguments" in gone.stderr, gone.stderr
+    assert len(out.read_text().splitlines()) == len(rows)
 
 
 def test_level_estimate_errs_long_from_the_level_below() -> None:
@@ -208,26 +203,3 @@ def test_level_estimate_errs_long_from_the_level_below() -> None:
     expect = 640 * 128 / 5000 + 2 * 64 * 128 / 5000 + 0.5 + 1.0
     assert abs(estimate_seconds(64, cfg, seen) - expect) < 1e-9
     assert estimate_seconds(16, cfg, seen) == 15 + 2 * 16 * 128 / 5000 + 1.5  # min_seconds rules
-
-
-def test_complete_groups_drops_a_group_measured_in_part_by_its_levels() -> None:
-    from dynspec.bench.load import Target
-    from dynspec.bench.sweep import SweepConfig, complete_groups
-
-    # The baseline runs only from C=64 (--baseline-from 64): at C=16 a group is routed and eagle.
-    targets = [Target("routed", "u"), Target("eagle", "u"),
-               Target("baseline", "u", levels=frozenset({64}))]  # fmt: skip
-    cfg = SweepConfig(concurrencies=[16, 64], repeats=2)
-
-    def rec(target: str, c: int, rep: int) -> dict[str, object]:
-        return {"target": target, "max_concurrency": c, "repeat": rep}
-
-    whole16 = [rec("routed", 16, 1), rec("eagle", 16, 1), rec("routed", 16, 2), rec("eagle", 16, 2)]
-    whole64 = [rec("routed", 64, 1), rec("eagle", 64, 1), rec("baseline", 64, 1)]
-    partial = [rec("routed", 64, 2), rec("eagle", 64, 2)]  # the baseline's C=64 #2 not measured
-    other = [rec("routed", 4, 1)]  # a level this sweep has not: not its business
-    done = [*whole16, *whole64, *partial, *other]
-    assert complete_groups(targets, cfg, done) == [*whole16, *whole64, *other]
-    # A record without ``repeat`` is repeat 1; a group of one target alone is partial too.
-    assert complete_groups(targets, cfg, [{"target": "eagle", "max_concurrency": 16}]) == []
-    assert complete_groups(targets, cfg, []) == []

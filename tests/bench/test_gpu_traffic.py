@@ -1,17 +1,15 @@
 """The ``traffic`` plan: its flags, the day's peak from a calibration, the targets from a launch's
 ports, the commands it takes, and its body over two commands on a fake launch and a fake
-``run_live`` (the first keeping the launch for the second), and on a fresh machine going on from
-an earlier command's results."""
+``run_live`` (the first keeping the launch for the second)."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ from dynspec.bench.gpu.launch import kept_session
 from dynspec.bench.gpu.toolkit import Run, RunFailed, Steady
 from dynspec.bench.gpu.trafficplan import TrafficPlan, capacity
 from dynspec.bench.procs import alive
-from dynspec.bench.traffic import TrafficConfig
+from dynspec.bench.traffic import TrafficConfig, runs_left
 
 
 def profile(eagle: float, baseline: float) -> dict[str, Any]:
@@ -79,16 +77,23 @@ def test_schedules_the_day_then_each_constant_rate() -> None:
                                        ("rate-0.5", 20)]  # fmt: skip
 
 
-def test_runs_left_and_whole_groups(tmp_path: Path) -> None:
+def test_runs_left(tmp_path: Path) -> None:
     out = tmp_path / "traffic.jsonl"
-    assert trafficplan.runs_left(out, ["day"], 3, trafficplan.TARGETS) == 9
+    plan = TrafficPlan(day_seconds=10)
+    three = TrafficConfig(schedules=trafficplan.schedules(plan, 5.0), repeats=3)
+    assert len(runs_left(three, trafficplan.TARGETS, out)) == 9
     rows = [rec("day", 1, t) for t in ("routed", "eagle", "baseline")]
     rows += [rec("day", 1, "routed", scope="window"), rec("day", 2, "eagle"), rec("other", 1, "x")]
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert trafficplan.runs_left(out, ["day"], 3, trafficplan.TARGETS) == 5
-    assert trafficplan.runs_left(out, ["day"], 1, trafficplan.TARGETS) == 0
-    kept = trafficplan.whole_groups(out.read_text().splitlines(), trafficplan.TARGETS)
-    assert [json.loads(ln)["repeat"] for ln in kept] == [1, 1, 1, 1]  # repeat 2: eagle only
+    left = runs_left(three, trafficplan.TARGETS, out)
+    assert [(r.repeat, r.target) for r in left] == [
+        (2, "baseline"),
+        (2, "routed"),
+        (3, "baseline"),
+        (3, "routed"),
+        (3, "eagle"),
+    ]
+    assert runs_left(replace(three, repeats=1), trafficplan.TARGETS, out) == []
 
 
 def test_commands_needed_from_the_h200s_times() -> None:
@@ -126,8 +131,10 @@ def test_bad_flags_are_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path
         (["--plan", "traffic", "--baseline-from", "64"], "--baseline-from: not for the traffic"),
         (["--plan", "traffic", "--traffic-day-seconds", "600", "--budget", "565"],
          "a run takes up to 645 s, more than --budget 565 holds"),
-        (["--plan", "traffic", "--resume-from", str(tmp_path)], "holds no traffic.jsonl"),
+        (["--plan", "traffic", "--resume-from", str(tmp_path)], "unrecognized arguments"),
         (["--plan", "pair-b", "--traffic-return-delay", "5"], "only the traffic plan"),
+        (["--plan", "pair-a", "--traffic-mps", "off"], "--traffic-mps: only the traffic plan"),
+        (["--plan", "traffic", "--traffic-mps", "no"], "invalid choice: 'no'"),
         (["--plan", "router-cost", "--baseline-limit", "128"],
          "only the pair-a, pair-b and traffic plans"),
     ]  # fmt: skip
@@ -168,6 +175,30 @@ def test_dry_run_prints_the_launch_the_schedules_and_the_commands(
     assert "peak 40 req/s (--traffic-peak)" in capsys.readouterr().out
 
 
+def test_traffic_mps_off_launches_the_pair_without_mps(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--traffic-mps off (or $DYNSPEC_TRAFFIC_MPS): pair-a's launch, no MPS; the dry run's first
+    line says which, and the plan's settings (meta.json) and records keep it."""
+    argv = ["--plan", "traffic", "--dry-run", "--out", "o", "--traffic-peak", "40"]
+    for extra, env in ((["--traffic-mps", "off"], None), ([], "off"), ([], None)):
+        if env is None:
+            monkeypatch.delenv("DYNSPEC_TRAFFIC_MPS", raising=False)
+        else:
+            monkeypatch.setenv("DYNSPEC_TRAFFIC_MPS", env)
+        with pytest.raises(SystemExit) as exc:
+            cli.cmd_run([*argv, *extra])
+        assert exc.value.code == 0
+        lines = capsys.readouterr().out.splitlines()
+        mps = not extra and env is None
+        want = "MPS" if mps else "no MPS"
+        assert lines[0].startswith(f"# traffic plan: one launch ({want}, "), lines[0]
+        assert lines[-1].split().count("--mps") == int(mps), lines[-1]
+    plan = trafficplan.plan_of(cli.run_parser().parse_args([*argv, "--traffic-mps", "off"]))
+    assert not plan.mps and plan.settings()["mps"] is False
+    assert TrafficPlan().settings()["mps"] is True
+
+
 # -- the plan's body on a fake launch and a fake run_live ----------------------------------------
 
 
@@ -191,18 +222,18 @@ class FakeLive:
         self.calls.append({"targets": targets, "cfg": cfg, "watch": watch, "extra": extra,
                            "deadline": deadline})  # fmt: skip
         budget = self.per_call[len(self.calls) - 1]
-        done = trafficplan.run_keys(out)
+        left = runs_left(cfg, [t.label for t in targets], out)
         labels = [t.label for t in targets]
         made = []
         for r in range(1, cfg.repeats + 1):
             order = [labels[(i + r - 1) % len(labels)] for i in range(len(labels))]
             for name, _ in cfg.schedules:
                 for label in order:
-                    if (name, r, label) in done:
+                    if (r, name, label) not in left:
                         continue
                     if len(made) == budget:
                         return made
-                    row = {"schedule": name, "repeat": r, "target": label, **(extra or {})}
+                    row = {**rec(name, r, label), **(extra or {})}
                     with out.open("a") as f:
                         f.write(json.dumps(row) + "\n")
                     made.append(row)
@@ -257,7 +288,7 @@ def test_two_commands_keep_the_launch_and_the_second_finishes(
     live = FakeLive(per_call=[1, 100])
     run = make_run(tmp_path)
     m = models(tmp_path, "hi")
-    assert trafficplan.plan_traffic(run, m, TrafficPlan(), session=None, keep=True,
+    assert trafficplan.plan_traffic(run, m, plan=TrafficPlan(), session=None, keep=True,
                                     run_live=live.run_live) == 0  # fmt: skip
     (launch, warmed) = fake_launch
     assert launch[1][launch[1].index("--draft-model-path") + 1] == str(m / "eagle3-hi")
@@ -270,7 +301,7 @@ def test_two_commands_keep_the_launch_and_the_second_finishes(
     cfg = call["cfg"]
     assert [(n, x.text) for n, x in cfg.schedules] == [("day", "day:120 peak 62.7")]
     assert (cfg.repeats, cfg.output_len, cfg.input_len, cfg.drain_s) == (2, 128, 256, 30.0)
-    assert call["extra"]["launch"] == 1 and call["extra"]["peak_rps"] == 62.7
+    assert call["extra"]["peak_rps"] == 62.7
     assert call["extra"]["commit"] == "abc1234" and call["extra"]["plan"] == "traffic"
     assert abs(call["deadline"] - (run.deadline - run.reserve)) < 1e-6
     assert run.meta["traffic"]["capacity"] == {"eagle_rps": 55.4, "baseline_rps": 71.0,
@@ -285,59 +316,16 @@ def test_two_commands_keep_the_launch_and_the_second_finishes(
     # The next command: the kept launch, its meta; no launch, no warm pass, the same peak.
     again = make_run(tmp_path, json.loads(json.dumps(run.meta)))
     again.tag = session["tag"]
-    assert trafficplan.plan_traffic(again, m, TrafficPlan(), session=session, keep=True,
+    assert trafficplan.plan_traffic(again, m, plan=TrafficPlan(), session=session, keep=True,
                                     run_live=live.run_live) == 0  # fmt: skip
     assert len(fake_launch) == 2 and len(live.calls) == 2
-    assert live.calls[1]["cfg"] == cfg and live.calls[1]["extra"]["launch"] == 1
+    assert live.calls[1]["cfg"] == cfg
     rows = [json.loads(ln) for ln in (run.results / "traffic.jsonl").read_text().splitlines()]
     assert [(r["repeat"], r["target"]) for r in rows] == [
         (1, "routed"), (1, "eagle"), (1, "baseline"), (2, "eagle"), (2, "baseline"), (2, "routed"),
     ]  # fmt: skip
     assert again.meta["traffic_runs_left"] == 0 and not again.keep
     assert again.meta["launcher_exit"] == "stopped" and not alive(pid, start)
-
-
-def test_a_fresh_machine_goes_on_from_an_earlier_commands_results(
-    tmp_path: Path, fake_launch: list[Any]
-) -> None:
-    """Repeat 1 whole, repeat 2 with only routed: repeat 2 is run again whole in the new launch,
-    at the peak the first launch chose (50), not this launch's calibration's."""
-    carried = tmp_path / "carried"
-    carried.mkdir()
-    rows = [rec("day", 1, t) for t in ("routed", "eagle", "baseline")] + [rec("day", 2, "routed")]
-    (carried / "traffic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (carried / "calibration-llama8b-random-x.json").write_text("{}")
-    m = models(tmp_path, "hi", "p54")
-    earlier = make_run(tmp_path / "earlier")
-    earlier_argv = trafficplan.plan_launch(earlier, m, TrafficPlan())
-    meta = {"plan": "traffic", "commit": "abc1234", "launch_argv": earlier_argv[1:],
-            "launches": [{"tag": "t1", "records_kept": 0}],
-            "traffic": {"settings": TrafficPlan().settings(), "peak_rps": 50.0}}  # fmt: skip
-
-    # Another draft than the earlier launch's: refused before anything starts.
-    run = make_run(tmp_path, json.loads(json.dumps(meta)))
-    run.resumed_from = carried
-    live = FakeLive(per_call=[100])
-    with pytest.raises(RunFailed, match=r"another traffic plan \(draft hi there, p54 here\)"):
-        trafficplan.plan_traffic(run, m, TrafficPlan(draft="p54"), session=None, keep=False,
-                                 run_live=live.run_live)  # fmt: skip
-    assert fake_launch == [] and live.calls == []
-
-    run = make_run(tmp_path, json.loads(json.dumps(meta)))
-    run.resumed_from = carried
-    assert trafficplan.plan_traffic(run, m, TrafficPlan(), session=None, keep=False,
-                                    run_live=live.run_live) == 0  # fmt: skip
-    assert live.calls[0]["cfg"].schedules[0][1].peak == 50.0
-    assert live.calls[0]["extra"]["launch"] == 2
-    got = [json.loads(ln) for ln in (run.results / "traffic.jsonl").read_text().splitlines()]
-    assert [(r["repeat"], r["target"], r.get("launch")) for r in got] == [
-        (1, "routed", None), (1, "eagle", None), (1, "baseline", None),
-        (2, "eagle", 2), (2, "baseline", 2), (2, "routed", 2),
-    ]  # fmt: skip
-    second = run.meta["launches"][1]
-    assert (second["records_kept"], second["records_dropped"]) == (3, 1)
-    assert (run.results / "calibration-llama8b-random-x.json").read_text() == "{}"
-    assert run.meta["launcher_exit"] == 0 or run.meta["launcher_exit"] == -signal.SIGINT
 
 
 def test_a_later_command_of_another_plan_is_refused(tmp_path: Path) -> None:
@@ -362,12 +350,12 @@ def test_the_real_runner_on_a_simulator_ends_the_plan_and_stops_the_launch(
     run.ports = (port, port, port)
     plan = TrafficPlan(day_seconds=1, peak=12, drain_s=5)
     with running(argv, url + "/health_generate", timeout=30, log=tmp_path / "sim.log"):
-        assert trafficplan.plan_traffic(run, models(tmp_path, "hi"), plan, session=None,
+        assert trafficplan.plan_traffic(run, models(tmp_path, "hi"), plan=plan, session=None,
                                         keep=True) == 0  # fmt: skip
     rows = [json.loads(ln) for ln in (run.results / "traffic.jsonl").read_text().splitlines()]
     whole = [r for r in rows if r["scope"] == "run"]
     assert [r["target"] for r in whole] == ["routed", "eagle", "baseline"]
-    assert all(r["peak_rps"] == 12 and r["launch"] == 1 and r["plan"] == "traffic" for r in rows)
+    assert all(r["peak_rps"] == 12 and r["plan"] == "traffic" for r in rows)
     assert all(r["schedule_text"] == "day:1 peak 12" and r["requests"] > 0 for r in whole)
     assert run.meta["traffic_runs_left"] == 0 and not run.keep
     assert run.meta["traffic"] == {"settings": plan.settings(), "peak_rps": 12}

@@ -7,8 +7,9 @@ import time
 from pathlib import Path
 
 import pytest
+from utils import running
 
-from dynspec.bench.procs import Children, free_port, http_status, running, wait_http
+from dynspec.bench.procs import Children, free_port, http_status, wait_http
 
 PY = sys.executable
 

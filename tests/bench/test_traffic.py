@@ -272,27 +272,6 @@ def test_a_bad_trace_row_is_named_by_its_line(tmp_path: Path) -> None:
     assert line.endswith("not with --request-rate, --schedule or --rates")
 
 
-def test_a_rerun_of_another_plan_into_the_same_out_is_refused(tmp_path: Path) -> None:
-    """A rerun resumes (skips the runs ``out`` holds): one whose day had another peak, or that
-    judges or simulates otherwise, would keep the old plan's runs as its own, so it is refused."""
-    out = tmp_path / "t"
-    cfg = traffic.TrafficConfig(schedules=(("day", arrivals.parse_schedule("day:40", rate=60)),))
-    run = {"scope": "run", "schedule": "day", "schedule_text": "day:40 peak 60", "repeat": 1,
-           "target": "routed", **cfg.meta(), "profile": "demo", "command": "x"}  # fmt: skip
-    out.with_suffix(".jsonl").write_text(json.dumps(run) + "\n")
-    assert traffic.other_plan(out.with_suffix(".jsonl"), cfg, {"profile": "demo"}) is None
-    assert "profile is 'demo' there, 'other' here" in str(
-        traffic.other_plan(out.with_suffix(".jsonl"), cfg, {"profile": "other"})
-    )
-    line = usage_error("traffic", "--simulate", "--profile", "demo", "--schedule", "day:40",
-                       "--request-rate", "16", "--out", str(out))  # fmt: skip
-    assert "day is 'day:40 peak 60' there, 'day:40 peak 16' here" in line
-    slo = ("--slo-tpot-ms", "20", "--out", str(out))
-    line = usage_error("traffic", "--simulate", "--profile", "demo", "--schedule", "day:40",
-                       "--request-rate", "60", *slo)  # fmt: skip
-    assert "slo_tpot_ms is 50.0 there, 20.0 here" in line
-
-
 def test_a_tiny_simulated_run_with_a_router_that_sheds(tmp_path: Path) -> None:
     """Routed (a router capped at 2 in flight) and the baseline alone at 30 req/s for 1.5 s of
     model time: the router sheds with 503 and Retry-After, nothing is lost, the report and its
