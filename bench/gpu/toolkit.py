@@ -175,10 +175,8 @@ def probe_python(run: Run) -> dict[str, str]:
         check=False,
     )
     if done.returncode != 0:
-        tail = [ln for ln in done.stderr.splitlines() if ln.strip()]
-        raise RunFailed(
-            f"SGLang does not import: {tail[-1] if tail else 'exit ' + str(done.returncode)}"
-        )
+        tail = last_line_of(done.stderr) or f"exit {done.returncode}"
+        raise RunFailed(f"SGLang does not import: {tail}")
     versions: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
     return versions
 
