@@ -27,6 +27,7 @@ from dynspec.bench.cli_common import (
 from dynspec.common.cli import (
     FlagParser,
     UsageError,
+    fraction,
     non_negative_float,
     positive_float,
     positive_int,
@@ -81,6 +82,7 @@ def add_arguments(p: FlagParser) -> None:
         ("--threshold", threshold_value, "auto", "the routed router's --threshold: N or auto"),
         ("--hysteresis", positive_int, None, "its --hysteresis"),
         ("--return-delay", non_negative_float, None, "its --return-delay, model seconds"),
+        ("--switch-margin", fraction, None, "its --switch-margin"),
         ("--max-concurrency", positive_int, None, "its --max-concurrency (past it: 503)"),
         ("--request-rate", positive_float, None, "requests a second for --duration, or the "
          "peak of --schedule day"),
@@ -182,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
     if args.return_delay is not None:
         # The router's clock is the wall clock: a model-time delay runs --speed times faster.
         settings += ["--return-delay", repr(args.return_delay / args.speed)]
+    if args.switch_margin is not None:
+        settings += ["--switch-margin", f"{args.switch_margin:g}"]
     if args.max_concurrency is not None:
         settings += ["--max-concurrency", str(args.max_concurrency)]
     sim = traffic.SimTraffic(

@@ -68,6 +68,13 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 0 and < 1, got {text.strip()}")
+    return value
+
+
 def port(text: str) -> int:
     value = int(text)
     if not 1 <= value <= 65535:

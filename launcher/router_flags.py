@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dynspec.common.cli import (
+    fraction,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -47,6 +48,13 @@ ROUTER_SETTINGS = (
         None,
         "seconds the load must stay at or below threshold - hysteresis before new requests go "
         "back to the EAGLE pool (0: at once; default: 1 with pairs, else 0)",
+    ),
+    RouterSetting(
+        "--switch-margin",
+        fraction,
+        0.0,
+        "with --threshold auto, in a pair: EAGLE keeps a load only where it is predicted at least "
+        "this share faster a token (0: where it is no slower)",
     ),
     RouterSetting(
         "--max-concurrency",

@@ -109,6 +109,7 @@ def create_app(
         hysteresis=config.hysteresis,
         max_concurrency=config.max_concurrency,
         return_delay=config.return_delay,
+        switch_margin=config.switch_margin,
         pairs=config.pairs,
         auto=config.threshold_auto,
         signal=load_signal(config, registry),

@@ -20,7 +20,10 @@ only as good as what was seen, so the rules around the derivation hold it to evi
   request would take an EAGLE-mode group past a threshold its bound held down (``past_held``);
 - **probes**: a server nothing was learned of for a while gets one request at light load
   (``stale``), so its estimate is measured again instead of trusted for ever; in a pair, only
-  while its mate (sharing its GPUs) is idle.
+  while its mate (sharing its GPUs) is idle;
+- **switch margin** (``--switch-margin M``, 0 unless set): in a pair, EAGLE keeps a load only
+  where it is predicted at least M faster a token, so the switch away from it under a rising load
+  comes with fewer of its requests left to drain beside the baseline on their shared GPUs.
 
 Each function takes a group (or a server) and the load as arguments: the pool calls them and
 applies the result; nothing here imports the pool, reads a clock or does I/O, so the rules are
@@ -68,9 +71,10 @@ def derive_threshold(
     *,
     reach: float | None = None,
     floor: int = AUTO_MIN,
+    margin: float = 0.0,
 ) -> int:
     """The largest load up to which EAGLE's predicted time per token (a stay's) is no worse than
-    the baseline's.
+    the baseline's; with ``margin`` M, at least M faster (``e * (1 + M) <= b``).
 
     Load ``L`` is spread evenly over each pool's servers (one each in a pair). The crossover is the
     first load where EAGLE is predicted slower: the threshold is the load just below it (at least
@@ -93,7 +97,7 @@ def derive_threshold(
         b = baseline.at(-(-load // baseline_servers))
         if ratio > 0 and reach is not None and per_eagle > reach:
             e = max(e, b * ratio * (per_eagle / reach) ** AUTO_SPEEDUP_DECAY)
-        if e > b:
+        if e * (1.0 + margin) > b:
             return max(AUTO_MIN, load - 1)
     return AUTO_MAX
 
@@ -170,11 +174,13 @@ def floor_of(eagle: Sequence[Server], baseline: Sequence[Server]) -> int:
 
 
 def relearn(
-    group: Group, load: int, configured_hysteresis: int
+    group: Group, load: int, configured_hysteresis: int, margin: float = 0.0
 ) -> tuple[Thresholds | None, bool] | None:
     """The group's thresholds derived again from its curves at ``load`` (what it carries now):
     the new settings (None: keep its own) and whether the bound held the threshold below the
     curves' own; or None while a pool's first server has no curve that says anything.
+    ``margin``: the switch margin, applied where the group's servers share GPUs (a pair: its
+    EAGLE server has a mate); in a split group switching costs nothing, so it is not.
 
     A pool's speed is its first server's, its load spread over the pool's servers."""
     eagle, baseline = group.of("eagle"), group.of("baseline")
@@ -186,7 +192,10 @@ def relearn(
     n = len(eagle)
     reach = None if speed.seeded else speed.reach
     floor = floor_of(eagle, baseline)
-    derived = derive_threshold(e, b, n, len(baseline), reach=reach, floor=floor)
+    shared = eagle[0].mate is not None
+    derived = derive_threshold(
+        e, b, n, len(baseline), reach=reach, floor=floor, margin=margin if shared else 0.0
+    )
     current = group.settings
     if derived < floor:
         # EAGLE already loses at the floor: the crossover lies below it, where nothing was

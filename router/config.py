@@ -14,6 +14,7 @@ from dynspec.common.cli import (
     FlagParser,
     UsageError,
     add_log_level,
+    fraction,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -42,6 +43,9 @@ class RouterConfig:
     # requests go back to EAGLE (0: at once). The flag's default: PAIR_RETURN_DELAY_S with
     # --pair, else 0.
     return_delay: float = 0.0
+    # --switch-margin: in a pair, EAGLE keeps a load only where it is predicted this much faster
+    # a token (--threshold auto).
+    switch_margin: float = 0.0
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
@@ -121,7 +125,8 @@ class RouterConfig:
         return (
             f"RouterConfig(eagle_urls={self.eagle_urls!r}, baseline_urls={self.baseline_urls!r}, "
             f"policy={self.policy!r}, threshold={self.threshold}, hysteresis={self.hysteresis}, "
-            f"return_delay={self.return_delay}, host={self.host!r}, port={self.port}, "
+            f"return_delay={self.return_delay}, switch_margin={self.switch_margin}, "
+            f"host={self.host!r}, port={self.port}, "
             f"api_key={mask(self.api_key)}, "
             f"backend_api_key={mask(self.backend_api_key)}, "
             f"admin_api_key={mask(self.admin_api_key)}, max_body_bytes={self.max_body_bytes}, "
@@ -311,6 +316,15 @@ def build_parser() -> FlagParser:
         "threshold, or a learned threshold that moves, from switching the mode back and forth "
         f"(default: {PAIR_RETURN_DELAY_S:g} with --pair, where EAGLE shares the baseline's GPU; "
         "else 0)",
+    )
+    p.add_argument(
+        "--switch-margin",
+        type=fraction,
+        default=0.0,
+        help="with --threshold auto, in a pair (servers that share GPUs): EAGLE keeps a load only "
+        "where it is predicted at least this share faster a token (0.1: 10%%), so a rising load "
+        "leaves it with fewer of its requests to drain beside the baseline; 0: where it is no "
+        "slower",
     )
     p.add_argument(
         "--host",
@@ -514,6 +528,7 @@ def config_from_args(ns: argparse.Namespace) -> RouterConfig:
             if ns.return_delay is not None
             else (PAIR_RETURN_DELAY_S if pairs else 0.0)
         ),
+        switch_margin=ns.switch_margin,
         host=ns.host,
         port=ns.port,
         api_key=_key(ns.api_key),

@@ -186,6 +186,7 @@ def status_of(pools: Pools, learner: SpeedLearner | None = None) -> dict[str, An
         "threshold": settings.threshold,
         "hysteresis": settings.hysteresis,
         "return_delay": pools.return_delay,
+        "switch_margin": pools.switch_margin,
         "threshold_auto": pools.auto,
         "mode": pools.mode,
         "active_pool": active,

@@ -105,6 +105,7 @@ class Pools:
         clock: Callable[[], float] = time.monotonic,
         signal: LoadSignal | None = None,
         return_delay: float = 0.0,
+        switch_margin: float = 0.0,
     ) -> None:
         now = clock()
         self.servers: tuple[Server, ...] = tuple(Server(url, pool, now) for url, pool in servers)
@@ -119,6 +120,9 @@ class Pools:
         # --return-delay: seconds a group's load must stay at or below its return bound before
         # its new requests go back to EAGLE (0: at once).
         self.return_delay = return_delay
+        # --switch-margin: in a pair, EAGLE keeps a load only where it is predicted this much
+        # faster (``autothreshold.relearn``).
+        self.switch_margin = switch_margin
         self.load = 0
         self.drained: set[PoolName] = set()
         self.on_switch = on_switch
@@ -258,7 +262,7 @@ class Pools:
             return
         self.derived_at = now
         for g in self.groups:
-            found = relearn(g, self.group_load(g), self.hysteresis)
+            found = relearn(g, self.group_load(g), self.hysteresis, self.switch_margin)
             if found is None:
                 continue
             new, g.held = found

@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypeVar, cast
 
 from dynspec.common import sglanglog
-from dynspec.common.cli import FlagParser, UsageError, add_log_level, configure_logging, run_main
+from dynspec.common.cli import (
+    FlagParser,
+    UsageError,
+    add_log_level,
+    configure_logging,
+    fraction,
+    run_main,
+)
 from dynspec.common.sglanglog import SERVERS, decodes, seconds
 from dynspec.router.autothreshold import derive_threshold
 from dynspec.router.learning import SpeedLearner
@@ -92,8 +99,9 @@ def read_logs(path: Path) -> dict[str, list[str]]:
     return sglanglog.read_logs(path, [*SERVERS.values(), "router.log"])
 
 
-def replay(logs: dict[str, list[str]], profile: object) -> Iterator[Derived]:
-    """Every second from the router's start: each server's poll, then the derived threshold."""
+def replay(logs: dict[str, list[str]], profile: object, margin: float = 0.0) -> Iterator[Derived]:
+    """Every second from the router's start: each server's poll, then the derived threshold
+    (with ``margin``: the pair's ``--switch-margin``)."""
     series = {mode: gauges(logs.get(name, ())) for mode, name in SERVERS.items()}
     if not series["eagle"] or not series["baseline"]:
         raise ValueError("no decode-log lines in eagle.log and baseline.log")
@@ -126,7 +134,7 @@ def replay(logs: dict[str, list[str]], profile: object) -> Iterator[Derived]:
                 learner.polled(mode, running=g[0], gen_throughput=g[1], queued=g[2])
         learner.rebuild(float(t))
         e, b = learner.servers["eagle"].curve, learner.servers["baseline"].curve
-        yield Derived(t, derive_threshold(e, b), last["eagle"], last["baseline"])
+        yield Derived(t, derive_threshold(e, b, margin=margin), last["eagle"], last["baseline"])
 
 
 @dataclass(frozen=True)
@@ -171,8 +179,11 @@ class Logged:
 CURVE_AT = (1, 8, 16, 32, 64, 128)
 
 
-def replay_observations(lines: Sequence[str], profile: object) -> Iterator[Logged]:
-    """Each derivation of a debug-level ``router.log``, from the observations logged before it."""
+def replay_observations(
+    lines: Sequence[str], profile: object, margin: float = 0.0
+) -> Iterator[Logged]:
+    """Each derivation of a debug-level ``router.log``, from the observations logged before it
+    (with ``margin``: the pair's ``--switch-margin``)."""
     urls: dict[str, str] = {}  # pool -> its server's URL, as the log names it
     for ln in lines:
         m = OBSERVED.match(ln)
@@ -204,7 +215,7 @@ def replay_observations(lines: Sequence[str], profile: object) -> Iterator[Logge
         curves = {
             p: {x: c.at(x) * 1e3 for x in CURVE_AT} for p, c in (("eagle", e), ("baseline", b))
         }
-        yield Logged(clock[0], int(d[3]), derive_threshold(e, b), curves)
+        yield Logged(clock[0], int(d[3]), derive_threshold(e, b, margin=margin), curves)
 
 
 def router_log(folder: Path) -> list[str]:
@@ -243,6 +254,13 @@ def main(argv: list[str] | None = None) -> NoReturn:
         help="replay the observations a router at --log-level debug logged (router.log), "
         "exactly, instead of the servers' decode-log gauges",
     )
+    p.add_argument(
+        "--switch-margin",
+        type=fraction,
+        default=0.0,
+        help="derive as a router with this --switch-margin would (the pair's: EAGLE keeps a "
+        "load only where it is predicted at least this share faster)",
+    )
     add_log_level(p)
     args = p.parse_layered(argv)
     configure_logging(args.log_level)
@@ -259,10 +277,11 @@ def main(argv: list[str] | None = None) -> NoReturn:
             logs, profile = read_logs(args.logs), load_profile_json(args.profile)
             if args.observations:
                 lines = logs.get("router.log") or router_log(args.logs)
-                steps = list(replay_observations(lines, profile))
+                steps = list(replay_observations(lines, profile, args.switch_margin))
                 lines = [d.line() for d in changes(steps, since)]
             else:
-                lines = [d.line() for d in changes(replay(logs, profile), since)]
+                derived = replay(logs, profile, args.switch_margin)
+                lines = [d.line() for d in changes(derived, since)]
         except (OSError, ValueError) as e:
             raise UsageError(f"{args.logs}: {e}") from None
         print("\n".join(lines))

@@ -30,7 +30,7 @@ from dynspec.bench.gpu.toolkit import (
     pair_urls,
     warm,
 )
-from dynspec.common.cli import non_negative_float, positive_float
+from dynspec.common.cli import fraction, non_negative_float, positive_float
 
 if TYPE_CHECKING:
     from dynspec.bench.gpu.attempt import Body
@@ -77,6 +77,7 @@ class TrafficPlan:
     # (debug: the router logs every observation its learner takes and each derivation's curves,
     # so a run's learned threshold can be replayed from its log).
     return_delay: float = 0.0
+    switch_margin: float = 0.0  # the router's --switch-margin (0: its default)
     log_level: str = "info"
     mps: bool = True  # pair-b's launch; False: pair-a's, the two servers time-slicing the GPU
 
@@ -196,6 +197,7 @@ def settle_peak(run: Run, plan: TrafficPlan) -> float:
 def plan_launch(run: Run, models: Path, plan: TrafficPlan) -> list[str]:
     """The plan's ``dynspec-launch`` command line (``launch_argv`` with the plan's settings)."""
     router = ["--return-delay", f"{plan.return_delay:g}"] if plan.return_delay else []
+    router += ["--switch-margin", f"{plan.switch_margin:g}"] if plan.switch_margin else []
     return launch_argv(run, models, threshold=plan.threshold, mps=plan.mps, draft=plan.draft,
                        baseline_limit=plan.baseline_limit, baseline_args=plan.baseline_args,
                        more=[*router, "--log-level", plan.log_level])  # fmt: skip
@@ -320,7 +322,9 @@ def dry_run(args: argparse.Namespace) -> str:
         peak += f"; with {EXAMPLE_CALIBRATION}'s (draft hi): {ex.line()}" if ex else ""
     lines = [
         f"# traffic plan: one launch ({'MPS' if plan.mps else 'no MPS'}, draft {plan.draft}, "
-        f"threshold {plan.threshold}, return delay {plan.return_delay:g} s, log level "
+        f"threshold {plan.threshold}, return delay {plan.return_delay:g} s, "
+        + (f"switch margin {plan.switch_margin:g}, " if plan.switch_margin else "")
+        + "log level "
         f"{plan.log_level}), a warm pass at C={','.join(map(str, WARM_LEVELS))}, then "
         f"{st.repeats} repeats x each schedule x {', '.join(TARGETS)} (order rotated each "
         f"repeat, the same arrivals within a repeat), {st.input_len} tokens in, "
@@ -338,7 +342,7 @@ def dry_run(args: argparse.Namespace) -> str:
 
 TRAFFIC_FLAGS = (
     "traffic_day_seconds", "traffic_peak", "traffic_rates", "traffic_rate_seconds",
-    "traffic_return_delay", "traffic_log_level", "traffic_mps",
+    "traffic_return_delay", "traffic_switch_margin", "traffic_log_level", "traffic_mps",
 )  # fmt: skip
 
 
@@ -369,6 +373,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--traffic-return-delay", type=non_negative_float, help="the router's (default 0: off)"
     )
+    p.add_argument("--traffic-switch-margin", type=fraction, help="the router's (default 0)")
     p.add_argument("--traffic-log-level", choices=("info", "debug"), help="the launch's (info)")
     p.add_argument("--traffic-mps", choices=("on", "off"), help="the launch's --mps (on)")
 
@@ -408,6 +413,7 @@ def plan_of(args: argparse.Namespace) -> TrafficPlan:
         baseline_limit=BASELINE_LIMIT if args.baseline_limit is None else args.baseline_limit,
         baseline_args=args.baseline_args or "",
         return_delay=args.traffic_return_delay or d.return_delay,
+        switch_margin=args.traffic_switch_margin or d.switch_margin,
         log_level=args.traffic_log_level or d.log_level,
         mps=args.traffic_mps != "off",
     )

@@ -4,6 +4,8 @@ the rule's answer out. The derivation's own tables (``derive_threshold``, ``auto
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from dynspec.router.autothreshold import (
     PROBE_AFTER_REQUESTS,
     PROBE_AFTER_S,
     auto_bound,
+    derive_threshold,
     floor_of,
     measured,
     past_held,
@@ -21,7 +24,7 @@ from dynspec.router.autothreshold import (
     stale,
 )
 from dynspec.router.server import Group, Server, ServerSpeed
-from dynspec.router.speed import BUCKETS, KEEP, queued_shape
+from dynspec.router.speed import BUCKETS, KEEP, SpeedCurve, profile_from_json, queued_shape
 from dynspec.router.thresholds import Thresholds
 
 # EAGLE 10 ms alone, +2 ms per request; the baseline 20 ms, +1 ms: the curves cross at 10-11.
@@ -46,6 +49,7 @@ def group(*servers: Server, settings: tuple[int, int] = (4, 1), mode: str = "eag
     return g
 
 
+REPO = Path(__file__).resolve().parents[2]
 SEEN = {"reach": 3.0, "floor": 1.0, "scale": 1.0}  # seen at loads 1 to 3
 E, B = "http://e", "http://b"
 
@@ -114,6 +118,40 @@ def test_relearn_spreads_the_load_over_each_pool_s_servers() -> None:
     two[2] = server(B, "baseline", SLOW, **SEEN)
     new, held = relearn(group(*two), 0, 2) or (None, None)
     assert new == Thresholds(12, 3) and held is True
+
+
+def _pair(shared: bool) -> Group:
+    eagle, baseline = server(E, "eagle", seeded=True), server(B, "baseline", SLOW, seeded=True)
+    if shared:
+        eagle.mate, baseline.mate = baseline, eagle  # as server.layout() pairs them
+    return group(eagle, baseline)
+
+
+@pytest.mark.parametrize(
+    ("shared", "margin", "expected"),
+    [
+        (True, 0.0, Thresholds(10, 3)),  # the curves' own crossover
+        # EAGLE at least 10% faster only up to 8: a rising load leaves it with 8 to drain.
+        (True, 0.1, Thresholds(8, 2)),
+        # Split servers share no GPU: leaving EAGLE costs nothing, the margin does not apply.
+        (False, 0.1, Thresholds(10, 3)),
+    ],
+)
+def test_relearn_a_switch_margin_lowers_only_a_pair_s_threshold(
+    shared: bool, margin: float, expected: Thresholds
+) -> None:
+    new, held = relearn(_pair(shared), 0, 2, margin) or (None, None)
+    assert (new, held) == (expected, False)
+
+
+@pytest.mark.parametrize(("margin", "threshold"), [(0.0, 8), (0.05, 7), (0.1, 6), (0.2, 4)])
+def test_the_demo_profile_s_threshold_under_a_switch_margin(margin: float, threshold: int) -> None:
+    # The demo pair's curves cross at 8; EAGLE is 1.05x faster a token at 7, 1.12x at 6, 1.32x
+    # at 4. Its simulated day at a fixed threshold of 8 missed, at 6 and 4 it passed
+    # (bench/results/traffic/fixed-demo-tT.md).
+    demo = profile_from_json(json.loads((REPO / "launcher/sim/profiles/demo.json").read_text()))
+    eagle, baseline = (SpeedCurve(demo.modes[m].prior) for m in ("eagle", "baseline"))
+    assert derive_threshold(eagle, baseline, margin=margin) == threshold
 
 
 @pytest.mark.parametrize(

@@ -67,6 +67,9 @@ def test_semantic_usage_errors(argv: list[str]) -> None:
         ["--eagle-url", "http://e:1", "--threshold", "x"],
         ["--eagle-url", "http://e:1", "--policy", "random"],
         ["--eagle-url", "http://e:1", "--hysteresis", "9"],
+        ["--eagle-url", "http://e:1", "--switch-margin", "1"],
+        ["--eagle-url", "http://e:1", "--switch-margin", "-0.1"],
+        ["--eagle-url", "http://e:1", "--switch-margin", "nan"],
     ],
 )
 def test_cli_usage_error_is_one_line_exit_2(argv: list[str]) -> None:
@@ -188,6 +191,14 @@ def test_client_limits_must_be_positive(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         parse_config(["--eagle-url", "http://e:1", *argv], {})
     assert exc.value.code == 2
+
+
+def test_switch_margin_from_flags_and_environment() -> None:
+    assert parse_config(["--eagle-url", "http://e:1"], {}).switch_margin == 0.0
+    env = {"DYNSPEC_SWITCH_MARGIN": "0.1"}
+    assert parse_config(["--eagle-url", "http://e:1"], env).switch_margin == 0.1
+    cfg = parse_config(["--eagle-url", "http://e:1", "--switch-margin", "0.25"], env)
+    assert cfg.switch_margin == 0.25 and "switch_margin=0.25" in repr(cfg)
 
 
 def test_key_header_bytes_built_once_in_the_config() -> None:

@@ -143,3 +143,20 @@ def test_a_light_load_ratio_of_the_sources_does_not_rescale_the_busy_loads(
     assert max(before) == 512
     after = thresholds(list(replay.replay_observations(lines, profile)))
     assert len(after) > 20 and min(after) >= 55 and max(after) <= 90, sorted(set(after))
+
+
+def test_a_switch_margin_keeps_the_middle_draft_s_threshold_down() -> None:
+    """The H100 p54 day under MPS (1a53ba8, debug log): its curves lie within 2% of each other
+    from 32 to 64 in flight, and a third of the derivations put the threshold above 40 (up to
+    110; the pair once left EAGLE with 66 requests in flight). Derived with a 10% switch margin
+    from the same observations, fewer than a tenth do."""
+    run = Path(__file__).resolve().parents[2] / "bench" / "results" / "h100" / "traffic-p54-1a53ba8"
+    lines = replay.read_logs(run / "logs.tar.gz")["router.log"]
+    profile = replay.load_profile_json(run / "calibration-llama8b-random-1b966a78f1d337f4.json")
+
+    def above_40(margin: float) -> float:
+        found = [s.threshold for s in replay.replay_observations(lines, profile, margin)]
+        assert len(found) > 100
+        return sum(t > 40 for t in found) / len(found)
+
+    assert above_40(0.0) > 0.3 and above_40(0.1) < 0.1
