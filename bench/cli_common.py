@@ -21,6 +21,7 @@ from dynspec.common.cli import (
     positive_float,
     positive_int,
 )
+from dynspec.launcher import flags as launch_flags
 
 if TYPE_CHECKING:
     from dynspec.bench.load import Target
@@ -56,13 +57,8 @@ def ratio(text: str) -> float:
 
 
 def threshold_value(text: str) -> str:
-    """A router's ``--threshold``: a whole number >= 1, or ``auto``."""
-    if text == "auto":
-        return text
-    try:
-        return str(positive_int(text))
-    except (ValueError, argparse.ArgumentTypeError):
-        raise argparse.ArgumentTypeError(f"want a whole number >= 1 or auto: {text!r}") from None
+    """A router's ``--threshold`` as ``dynspec-launch`` reads it (N >= 1 or auto), as text."""
+    return str(launch_flags.threshold_value(text))
 
 
 def add_load_flags(p: FlagParser | argparse.ArgumentParser) -> None:
