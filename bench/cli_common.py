@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from dynspec.bench.ways import SHARING
 from dynspec.common.cli import (
     LOG_LEVELS,
     FlagParser,
@@ -21,6 +20,7 @@ from dynspec.common.cli import (
     positive_float,
     positive_int,
 )
+from dynspec.common.profile import SHARING_WAYS
 from dynspec.launcher import flags as launch_flags
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def add_prompt_pool_flag(p: FlagParser | argparse.ArgumentParser) -> None:
 
 def add_sharing_flag(p: FlagParser | argparse.ArgumentParser, where: str) -> None:
     text = f"{where}how the two servers of a shared GPU share it (dynspec-sim --sharing)"
-    p.add_argument("--sharing", choices=SHARING, default="timeslice", help=text)
+    p.add_argument("--sharing", choices=SHARING_WAYS, default="timeslice", help=text)
 
 
 def add_router_log_level(p: FlagParser | argparse.ArgumentParser, default: str) -> None:
