@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from dynspec.bench.ways import SHARING
 from dynspec.common.cli import (
     LOG_LEVELS,
     FlagParser,
@@ -21,6 +20,8 @@ from dynspec.common.cli import (
     positive_float,
     positive_int,
 )
+from dynspec.common.profile import SHARING_WAYS
+from dynspec.launcher import flags as launch_flags
 
 if TYPE_CHECKING:
     from dynspec.bench.load import Target
@@ -56,13 +57,8 @@ def ratio(text: str) -> float:
 
 
 def threshold_value(text: str) -> str:
-    """A router's ``--threshold``: a whole number >= 1, or ``auto``."""
-    if text == "auto":
-        return text
-    try:
-        return str(positive_int(text))
-    except (ValueError, argparse.ArgumentTypeError):
-        raise argparse.ArgumentTypeError(f"want a whole number >= 1 or auto: {text!r}") from None
+    """A router's ``--threshold`` as ``dynspec-launch`` reads it (N >= 1 or auto), as text."""
+    return str(launch_flags.threshold_value(text))
 
 
 def add_load_flags(p: FlagParser | argparse.ArgumentParser) -> None:
@@ -111,7 +107,7 @@ def add_prompt_pool_flag(p: FlagParser | argparse.ArgumentParser) -> None:
 
 def add_sharing_flag(p: FlagParser | argparse.ArgumentParser, where: str) -> None:
     text = f"{where}how the two servers of a shared GPU share it (dynspec-sim --sharing)"
-    p.add_argument("--sharing", choices=SHARING, default="timeslice", help=text)
+    p.add_argument("--sharing", choices=SHARING_WAYS, default="timeslice", help=text)
 
 
 def add_router_log_level(p: FlagParser | argparse.ArgumentParser, default: str) -> None:

@@ -15,7 +15,7 @@ from dynspec.bench import report, threshold
 from dynspec.bench.envelope8 import EXPERIMENT, adaptive_counterpart
 from dynspec.bench.report import MARK, Record, Spread, cell, level_table, model_time, stats, table
 from dynspec.bench.ways import EIGHT_WAYS, HOMOGENEOUS, SHARED
-from dynspec.launcher.sim.profile import Profile, load_profile
+from dynspec.launcher.sim.profile import DEFAULT_RUNNING_LIMIT, Profile, load_profile
 
 VS_BEST_TPUT = 0.95  # paired-auto tok/s >= 0.95x the best homogeneous pair's, every C
 VS_BEST_TPOT = 1.05  # paired-auto p50 TPOT <= 1.05x the best's, C below the crossover
@@ -153,7 +153,7 @@ def verdict_lines(rows: Sequence[GoalRow]) -> list[str]:
 
 def _batch(profile: Profile, mode: str, c: int) -> int:
     m = profile.mode(mode)
-    return min(c, m.max_running_requests or (48 if mode == "eagle" else 1024))
+    return min(c, m.max_running_requests or DEFAULT_RUNNING_LIMIT[mode])
 
 
 def expected_tpot_ms(profile: Profile, mode: str, c: int) -> float:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from dynspec.bench.metrics import RequestTrace, samples
+from dynspec.launcher.loadgen import WORDS
 
 logger = logging.getLogger(__name__)
 
@@ -24,18 +25,11 @@ _DONE = b"[DONE]"
 _COMPLETION_TOKENS = b'"completion_tokens":'
 _PROMPT_TOKENS = b'"prompt_tokens":'
 _CONTENT = {"chat": b'"content":', "completions": b'"text":'}
-# Words to build prompts from; a word is about one token for most tokenizers.
-_WORDS = (
-    "the of and to in is that for it as was with be by on not he this are or his from at which "
-    "but have an they you were her she there been one all we their has would when if so no what "
-    "up out more said time about can some could into them other then than its two these may do"
-)
-PROMPT_WORDS = _WORDS.split(" ")
 
 
 def words(rng: random.Random, n: int) -> str:
     """``n`` random words: a prompt of about ``n`` tokens."""
-    return " ".join(rng.choices(PROMPT_WORDS, k=n))
+    return " ".join(rng.choices(WORDS, k=n))
 
 
 @dataclass(frozen=True)

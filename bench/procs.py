@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from dynspec.launcher.process import stat_fields
+
 logger = logging.getLogger(__name__)
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -165,19 +167,9 @@ class Children:
 # -- /proc ---------------------------------------------------------------------------------------
 
 
-def _stat(pid: int) -> list[str]:
-    """``/proc/PID/stat``'s fields from the state on (field 3), [] when there is no process."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return []
-    # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
-    return text[text.rfind(")") + 2 :].split()
-
-
 def proc_stat(pid: int) -> tuple[str, int, int] | None:
     """(state, parent, start time in clock ticks) of a process, None when there is none."""
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     return (fields[0], int(fields[1]), int(fields[19])) if fields else None
 
 
@@ -191,7 +183,7 @@ def cpu_seconds(pid: int) -> float:
     for p in (pid, *descendants(pid)):
         # utime and stime are fields 14 and 15; a process gone meanwhile has none.
         with contextlib.suppress(ValueError, IndexError):
-            fields = _stat(p)
+            fields = stat_fields(p)
             ticks += int(fields[11]) + int(fields[12])
     return ticks / CLK_TCK
 

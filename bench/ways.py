@@ -26,7 +26,6 @@ PAIRED = ("paired-threshold", "paired-auto")
 # reaches the /metrics they read. The others share SHARED, one after the other.
 LEARNING = ("split-balance", "paired-auto")
 SHARED = "shared"  # the server set of the ways that learn nothing
-SHARING = ("timeslice", "mps")
 
 
 def parse_ways(text: str) -> list[str]:

@@ -39,7 +39,9 @@ PROMPT_WORDS = 200
 OPEN_TIMEOUT_S = 60.0  # every worker's first token, else the level fails
 READ_TIMEOUT_S = 60.0  # a stream silent this long fails the level
 QUIET_TIMEOUT_S = 30.0  # a server still running requests this long after a level fails it
-_WORDS = [
+# Words to build prompts from, about one token each for most tokenizers; the bench builds its
+# prompts from them too.
+WORDS = [
     "the",
     "of",
     "and",
@@ -171,7 +173,7 @@ METHOD = (
 
 
 def request_body(rng: random.Random, output_tokens: int, model: str) -> bytes:
-    words = " ".join(rng.choices(_WORDS, k=PROMPT_WORDS))
+    words = " ".join(rng.choices(WORDS, k=PROMPT_WORDS))
     tokens = rng.randint(max(1, output_tokens // 2), output_tokens)
     return orjson.dumps(
         {

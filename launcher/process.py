@@ -88,17 +88,21 @@ def group_members(pgid: int) -> list[int]:
         return [pgid]
     members = []
     for entry in _PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
-        fields = stat[stat.rfind(")") + 2 :].split()
+        fields = stat_fields(int(entry.name)) if entry.name.isdigit() else []
         if len(fields) >= 3 and fields[0] != "Z" and int(fields[2]) == pgid:
             members.append(int(entry.name))
     return members
+
+
+def stat_fields(pid: int) -> list[str]:
+    """``/proc/PID/stat``'s fields from the state on (field 3: state, ppid, pgrp, ...), [] when
+    there is no such process (the bench's /proc readers use it too)."""
+    try:
+        text = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return []
+    # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+    return text[text.rfind(")") + 2 :].split()
 
 
 class Child:

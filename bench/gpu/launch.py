@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from dynspec.bench.gpu.leftovers import compute_apps
-from dynspec.bench.gpu.toolkit import SGLANG_ARGS, Run, RunFailed, last_line, last_line_of
+from dynspec.bench.gpu.toolkit import SGLANG_ARGS, Run, RunFailed, last_line_of
 from dynspec.bench.procs import alive, proc_stat
+from dynspec.launcher.process import tail
 
 EAGLE_STEPS = (
     "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
@@ -76,7 +77,7 @@ def wait_launcher(run: Run, proc: subprocess.Popen[bytes], log: Path) -> float:
     began = time.monotonic()
     while time.monotonic() < run.deadline:
         if proc.poll() is not None:
-            line = last_line(log) or f"exited with code {proc.returncode}"
+            line = "".join(tail(log, 1)) or f"exited with code {proc.returncode}"
             raise RunFailed(f"dynspec-launch: {line.removeprefix('dynspec-launch: ')}")
         if "[dynspec] ready:" in log.read_text(errors="replace"):
             return time.monotonic() - began

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dynspec.bench.load import PROMPT_WORDS
+from dynspec.launcher import loadgen
 
 # Llama-3.1-8B shapes.
 VOCAB = 128256
@@ -25,9 +25,9 @@ DRAFT_VOCAB = 1024  # draft ids of the pNN drafts
 STEPS = 3  # speculative steps the drafts are meant for (topk 1, 4 draft tokens)
 INIT_STD = 0.02
 
-# The sweep's random prompts are made of these words (each one token), then the chat template's
-# pieces and the special tokens. Id 0 is "the".
-WORDS = tuple(dict.fromkeys(["the", *PROMPT_WORDS]))
+# The random prompts (the bench's and the calibration's) are made of these words (each one token),
+# then the chat template's pieces and the special tokens. Id 0 is "the".
+WORDS = tuple(dict.fromkeys(["the", *loadgen.WORDS]))
 TEMPLATE_PIECES = ("user", "assistant", "system", ":", ".", ",", "?", "!", "'", "-")
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"

@@ -23,6 +23,7 @@ from typing import Any
 
 from dynspec.bench.metrics import samples
 from dynspec.bench.procs import Children, stop_group
+from dynspec.launcher.process import tail
 
 PROG = "dynspec-bench gpu run"
 # Never NVLink multicast (it can take a shared host's GPUs down); no hub; no DeepGEMM JIT.
@@ -134,12 +135,6 @@ def gauge(text: str, name: str) -> float | None:
     return sum(found) / len(found) if found else None
 
 
-def last_line(path: Path) -> str:
-    with contextlib.suppress(OSError):
-        return last_line_of(path.read_text(errors="replace"))
-    return ""
-
-
 # -- set-up --------------------------------------------------------------------------------------
 
 
@@ -203,7 +198,7 @@ def wait_done(
     finally:
         run.stop(proc)
     if code != 0:
-        raise RunFailed(f"{what} failed ({last_line(log)}); see {log}")
+        raise RunFailed(f"{what} failed ({''.join(tail(log, 1))}); see {log}")
 
 
 def check_models(models: Path, draft: str) -> None:

@@ -7,7 +7,6 @@ and its flags: docs/benchmarks.md, "The plans" and "The traffic plan's day peak"
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import shlex
 import subprocess
@@ -31,6 +30,7 @@ from dynspec.bench.gpu.toolkit import (
     warm,
 )
 from dynspec.common.cli import fraction, non_negative_float, positive_float
+from dynspec.launcher.sim.profile import Profile, ProfileError, load_profile
 
 if TYPE_CHECKING:
     from dynspec.bench.gpu.attempt import Body
@@ -115,39 +115,30 @@ class Capacity:
                 f"peak {self.peak_rps:.1f} req/s{told}")  # fmt: skip
 
 
-def top_throughput(profile: Mapping[str, Any], mode: str) -> float:
-    """The highest output tok/s of ``mode``'s calibrated curve (EAGLE's is flat past its running
-    limit: the calibration measures up to it, not beyond)."""
-    try:
-        curve = profile["modes"][mode]["throughput"]
-        top = max(float(tok) for _c, tok in curve)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise RunFailed(f"the calibration has no {mode} throughput curve ({exc})") from None
-    if not top > 0:
-        raise RunFailed(f"the calibration's {mode} throughput is {top}")
-    return top
-
-
-def capacity(profile: Mapping[str, Any], output_len: int) -> Capacity:
+def capacity(profile: Profile, output_len: int) -> Capacity:
     """Each server's capacity in requests a second (top calibrated tok/s x its scale / output
-    tokens a request), and the peak: their geometric mean, at least ``EAGLE_OVERLOAD`` x EAGLE's,
+    tokens a request; EAGLE's curve is flat past its running limit: the calibration measures up
+    to it, not beyond), and the peak: their geometric mean, at least ``EAGLE_OVERLOAD`` x EAGLE's,
     rounded to 0.1 req/s."""
-    eagle = top_throughput(profile, "eagle") * EAGLE_SCALE / output_len
-    baseline = top_throughput(profile, "baseline") * BASELINE_SCALE / output_len
+    try:
+        top = {m: max(t for _, t in profile.mode(m).throughput) for m in ("eagle", "baseline")}
+    except ProfileError as exc:
+        raise RunFailed(f"the calibration: {exc}") from None
+    eagle = top["eagle"] * EAGLE_SCALE / output_len
+    baseline = top["baseline"] * BASELINE_SCALE / output_len
     peak = max(math.sqrt(eagle * baseline), eagle * EAGLE_OVERLOAD)
     return Capacity(round(eagle, 1), round(baseline, 1), round(peak, 1))
 
 
-def read_profile(folder: Path) -> dict[str, Any]:
-    """The one calibration profile (``*.json``) in ``folder``."""
+def read_profile(folder: Path) -> Profile:
+    """The one calibration profile (``*.json``) in ``folder``, read by the launcher's reader."""
     found = sorted(folder.glob("*.json")) if folder.is_dir() else []
     if not found:
         raise RunFailed(f"no calibration profile in {folder}: give --traffic-peak")
     try:
-        raw: dict[str, Any] = json.loads(found[-1].read_text())
-    except (OSError, ValueError) as exc:
+        return load_profile(str(found[-1]))
+    except ProfileError as exc:
         raise RunFailed(f"calibration {found[-1]}: {exc}") from None
-    return raw
 
 
 def build_targets(ports: Sequence[int]) -> list[Target]:
@@ -298,8 +289,8 @@ def example_capacity(output_len: int) -> Capacity | None:
     folder = Path(__file__).resolve().parents[1] / EXAMPLE_CALIBRATION
     found = sorted(folder.glob("calibration-*.json"))
     try:
-        return capacity(json.loads(found[-1].read_text()), output_len) if found else None
-    except (OSError, ValueError, RunFailed):
+        return capacity(load_profile(str(found[-1])), output_len) if found else None
+    except (ProfileError, RunFailed):
         return None
 
 

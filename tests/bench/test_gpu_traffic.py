@@ -23,36 +23,42 @@ from dynspec.bench.gpu.toolkit import Run, RunFailed, Steady
 from dynspec.bench.gpu.trafficplan import TrafficPlan, capacity
 from dynspec.bench.procs import alive
 from dynspec.bench.traffic import TrafficConfig, runs_left
+from dynspec.launcher.sim.profile import Profile, profile_from_dict
 
 
 def profile(eagle: float, baseline: float) -> dict[str, Any]:
     """A calibration profile's curves (the launcher's format), topping out at these tok/s."""
-    return {"modes": {
+    return {"name": "calibration-test", "source": "a test", "modes": {
         "eagle": {"throughput": [[1, 507.2], [64, eagle * 0.7], [128, eagle]]},
         "baseline": {"throughput": [[1, 192.4], [64, baseline * 0.6], [128, baseline]]},
     }}  # fmt: skip
 
 
+def calibrated(eagle: float, baseline: float) -> Profile:
+    return profile_from_dict(profile(eagle, baseline))
+
+
 def test_the_peak_lies_between_eagles_capacity_and_the_baselines() -> None:
     # pair-b-interval4's calibration (the H200, MPS): EAGLE 9,456.7 tok/s, the baseline 9,722.0.
-    cap = capacity(profile(9456.7, 9722.0), 128)
+    cap = capacity(calibrated(9456.7, 9722.0), 128)
     assert (cap.eagle_rps, cap.baseline_rps, cap.peak_rps) == (55.4, 71.0, 62.7)
     assert cap.separated and "peak 62.7 req/s" in cap.line()
     # Longer answers: fewer requests a second, the same ratios.
-    assert capacity(profile(9456.7, 9722.0), 256).peak_rps == 31.4
+    assert capacity(calibrated(9456.7, 9722.0), 256).peak_rps == 31.4
 
 
 def test_a_baseline_calibrated_low_still_gets_eagle_overloaded() -> None:
     """pair-a-learner's calibration read the baseline at 6,469 tok/s, below EAGLE's 9,585; the
     steady runs put it 1.28x above. The peak stays 1.1x EAGLE's, and says so."""
-    cap = capacity(profile(9584.6, 6468.7), 128)
+    cap = capacity(calibrated(9584.6, 6468.7), 128)
     assert cap.peak_rps == round(cap.eagle_rps * 1.1, 1) == 61.8
     assert not cap.separated and "may overload it too" in cap.line()
 
 
 def test_a_calibration_without_a_curve_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(RunFailed, match="no baseline throughput curve"):
-        capacity({"modes": {"eagle": {"throughput": [[1, 500.0]]}}}, 128)
+    eagle_only = {"name": "c", "source": "", "modes": {"eagle": {"throughput": [[1, 500.0]]}}}
+    with pytest.raises(RunFailed, match="no 'baseline' mode"):
+        capacity(profile_from_dict(eagle_only), 128)
     with pytest.raises(RunFailed, match="give --traffic-peak"):
         trafficplan.read_profile(tmp_path / "calibration")
 
