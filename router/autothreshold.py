@@ -15,7 +15,9 @@ only as good as what was seen, so the rules around the derivation hold it to evi
   the limit they show what it costs;
 - **hysteresis**: at least a quarter of the threshold (``auto_hysteresis``);
 - **step**: a change of one hysteresis step or less is not made (``learned_settings``), unless
-  it would move the load an EAGLE-mode group carries now to the baseline;
+  it would move the load an EAGLE-mode group carries now to the baseline, or it is the group's
+  first derivation (the start value is a guess; the curves, a calibration's at a calibrated
+  start, are the first measurement);
 - **hold and early re-derive**: derived at most every ``AUTO_EVERY_S``, and at once when a new
   request would take an EAGLE-mode group past a threshold its bound held down (``past_held``);
 - **probes**: a server nothing was learned of for a while gets one request at light load
@@ -135,6 +137,8 @@ def learned_settings(
     configured_hysteresis: int,
     bound: int,
     eagle_load: int | None = None,
+    *,
+    first: bool = False,
 ) -> tuple[int, int] | None:
     """The (threshold, hysteresis) for a ``derived`` threshold held to ``bound``, or None to
     keep ``current``: a change of one current hysteresis step or less (at least 1) is not made,
@@ -145,10 +149,13 @@ def learned_settings(
     the load carried now runs on the slower server, and the step would keep it there for as long
     as the load holds (a closed loop at EAGLE's running limit, for good: on the H200, pair-b,
     derived 107-113 under a threshold of 128 with hysteresis 32 kept C=128 on EAGLE, where the
-    baseline served 1.15x). Once switched, the mode's own hysteresis keeps the load where it is."""
+    baseline served 1.15x). Once switched, the mode's own hysteresis keeps the load where it is.
+
+    Nor when ``first``: the group's first derivation replaces the start value whatever the step
+    (a calibration whose curves cross at 10 kept the start value of 8 for good)."""
     threshold = min(max(derived, AUTO_MIN), bound, AUTO_MAX)
     moves_load = eagle_load is not None and threshold < eagle_load + 1 <= current[0]
-    if abs(threshold - current[0]) <= max(current[1], 1) and not moves_load:
+    if abs(threshold - current[0]) <= max(current[1], 1) and not (moves_load or first):
         return None
     return threshold, auto_hysteresis(threshold, configured_hysteresis)
 
@@ -219,7 +226,7 @@ def relearn(
         bound = auto_bound(reach * n if reach is not None else None, carried)
     new = learned_settings(
         derived, (current.threshold, current.hysteresis), configured_hysteresis, bound,
-        eagle_load=load if group.mode == "eagle" else None,
+        eagle_load=load if group.mode == "eagle" else None, first=not group.derived,
     )  # fmt: skip
     return (Thresholds(*new) if new is not None else None), derived > bound
 

@@ -266,6 +266,7 @@ class Pools:
             if found is None:
                 continue
             new, g.held = found
+            g.derived = True
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("%s: at load %d %s", g.name, self.group_load(g), _curves(g))
             if new is not None:

@@ -206,6 +206,7 @@ class Group:
     __slots__ = (
         "_by_pool",
         "calm_since",
+        "derived",
         "held",
         "index",
         "label",
@@ -237,6 +238,10 @@ class Group:
         # --threshold auto: the last derived threshold was held down by its bound (the curves
         # allowed more), so a load past it derives again at once (``autothreshold.past_held``).
         self.held = False
+        # --threshold auto: whether its settings came from its curves yet. Until then they are the
+        # start value, a guess (``AUTO_START``), which the first derivation replaces even within
+        # one hysteresis step of it (``autothreshold.learned_settings``).
+        self.derived = False
         # In baseline mode: since when its load has been at or below the return bound
         # (threshold - hysteresis), as every routing decision and every release saw it; None
         # while it is above, or in eagle mode.

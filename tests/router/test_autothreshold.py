@@ -43,9 +43,13 @@ def server(url: str, pool: str, prior: tuple[float, ...] = FAST, **speed: Any) -
     return record
 
 
-def group(*servers: Server, settings: tuple[int, int] = (4, 1), mode: str = "eagle") -> Group:
+def group(
+    *servers: Server, settings: tuple[int, int] = (4, 1), mode: str = "eagle", derived: bool = True
+) -> Group:
+    """A group whose ``settings`` came from its curves (``derived``), else the start value."""
     g = Group(0, servers, Thresholds(*settings), label="0")
     g.mode = mode  # type: ignore[assignment]
+    g.derived = derived
     return g
 
 
@@ -118,6 +122,29 @@ def test_relearn_spreads_the_load_over_each_pool_s_servers() -> None:
     two[2] = server(B, "baseline", SLOW, **SEEN)
     new, held = relearn(group(*two), 0, 2) or (None, None)
     assert new == Thresholds(12, 3) and held is True
+
+
+@pytest.mark.parametrize(
+    ("derived", "expected"),
+    [
+        # The start value of 8 is a guess: the calibration's crossing at 10 replaces it, though
+        # within one hysteresis step (a calibrated h200-8b-accept2 pair kept 8 for good).
+        (False, Thresholds(10, 3)),
+        # Learned once, a step of 2 under a hysteresis of 2 is the curves' noise: kept.
+        (True, None),
+    ],
+)
+def test_the_first_derivation_replaces_the_start_value_whatever_the_step(
+    derived: bool, expected: Thresholds | None
+) -> None:
+    g = group(
+        server(E, "eagle", seeded=True),
+        server(B, "baseline", SLOW, seeded=True),
+        settings=(AUTO_START, 2),
+        derived=derived,
+    )
+    new, held = relearn(g, 0, 2) or (None, None)
+    assert (new, held) == (expected, False)
 
 
 def _pair(shared: bool) -> Group:

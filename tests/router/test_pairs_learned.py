@@ -433,7 +433,8 @@ def test_a_held_threshold_gives_way_to_the_curves_at_the_load_carried() -> None:
     profile = profile_from_json(json.loads(PAIR_B_PROFILE.read_text()))
     SpeedLearner(pools.servers, profile, clock=lambda: now[0])
     group = pools.groups[0]
-    group.settings = Thresholds(128, 32)  # what that router held
+    group.settings = Thresholds(128, 32)  # what that router held, learned
+    group.derived = True
     leases = [pools.acquire() for _ in range(127)]
     assert {x.pool for x in leases} == {"eagle"}
     now[0] = 10.0
