@@ -4,11 +4,10 @@ the rule's answer out. The derivation's own tables (``derive_threshold``, ``auto
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
+from speedkit import DEMO
 
 from dynspec.router.autothreshold import (
     AUTO_MAX,
@@ -53,7 +52,6 @@ def group(
     return g
 
 
-REPO = Path(__file__).resolve().parents[2]
 SEEN = {"reach": 3.0, "floor": 1.0, "scale": 1.0}  # seen at loads 1 to 3
 E, B = "http://e", "http://b"
 
@@ -176,7 +174,7 @@ def test_the_demo_profile_s_threshold_under_a_switch_margin(margin: float, thres
     # The demo pair's curves cross at 8; EAGLE is 1.05x faster a token at 7, 1.12x at 6, 1.32x
     # at 4. Its simulated day at a fixed threshold of 8 missed, at 6 and 4 it passed
     # (bench/results/traffic/fixed-demo-tT.md).
-    demo = profile_from_json(json.loads((REPO / "launcher/sim/profiles/demo.json").read_text()))
+    demo = profile_from_json(DEMO)
     eagle, baseline = (SpeedCurve(demo.modes[m].prior) for m in ("eagle", "baseline"))
     assert derive_threshold(eagle, baseline, margin=margin) == threshold
 
