@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from dynspec.bench.metrics import RequestTrace, samples
-from dynspec.launcher.loadgen import WORDS
+from dynspec.common.words import WORDS
 
 logger = logging.getLogger(__name__)
 

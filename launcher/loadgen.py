@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 import httpx
 import orjson
 
+from dynspec.common.words import WORDS
+
 ROUNDS = 3  # a level ends after this many rounds of C requests in its window ...
 WINDOW_S = 4.0  # ... or this many seconds, whichever comes first
 OUTPUT_TOKENS = 256  # each request asks for between half this and this (not in lockstep)
@@ -39,74 +41,6 @@ PROMPT_WORDS = 200
 OPEN_TIMEOUT_S = 60.0  # every worker's first token, else the level fails
 READ_TIMEOUT_S = 60.0  # a stream silent this long fails the level
 QUIET_TIMEOUT_S = 30.0  # a server still running requests this long after a level fails it
-# Words to build prompts from, about one token each for most tokenizers; the bench builds its
-# prompts from them too.
-WORDS = [
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "that",
-    "for",
-    "it",
-    "as",
-    "was",
-    "with",
-    "be",
-    "by",
-    "on",
-    "not",
-    "he",
-    "this",
-    "are",
-    "or",
-    "his",
-    "from",
-    "at",
-    "which",
-    "but",
-    "have",
-    "an",
-    "they",
-    "you",
-    "were",
-    "her",
-    "she",
-    "there",
-    "been",
-    "one",
-    "all",
-    "we",
-    "their",
-    "has",
-    "would",
-    "when",
-    "if",
-    "so",
-    "no",
-    "what",
-    "up",
-    "out",
-    "more",
-    "said",
-    "time",
-    "about",
-    "can",
-    "some",
-    "could",
-    "into",
-    "them",
-    "other",
-    "then",
-    "than",
-    "its",
-    "two",
-    "these",
-    "may",
-    "do",
-]
 
 
 class CalibrationError(Exception):

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dynspec.launcher import loadgen
+from dynspec.common import words
 
 # Llama-3.1-8B shapes.
 VOCAB = 128256
@@ -27,7 +27,7 @@ INIT_STD = 0.02
 
 # The random prompts (the bench's and the calibration's) are made of these words (each one token),
 # then the chat template's pieces and the special tokens. Id 0 is "the".
-WORDS = tuple(dict.fromkeys(["the", *loadgen.WORDS]))
+WORDS = tuple(dict.fromkeys(["the", *words.WORDS]))
 TEMPLATE_PIECES = ("user", "assistant", "system", ":", ".", ",", "?", "!", "'", "-")
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"

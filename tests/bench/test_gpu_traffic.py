@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -370,3 +371,16 @@ def test_the_real_runner_on_a_simulator_ends_the_plan_and_stops_the_launch(
 
 def rec(schedule: str, repeat: int, target: str, **kw: object) -> dict[str, object]:
     return {"schedule": schedule, "repeat": repeat, "target": target, "scope": "run", **kw}
+
+
+def test_the_gpu_run_imports_what_the_traffic_plan_needs_without_orjson() -> None:
+    """The GPU machine's own Python (the bench's process, not the bundle's) has no orjson: a
+    run at 9f0d527 stopped at ``import dynspec.bench.traffic`` after the bench took its prompt
+    words from the launcher's load generator, which imports it. The words live in
+    ``common/words.py`` now."""
+    code = (
+        "import sys; sys.modules['orjson'] = None\n"
+        "import dynspec.bench.traffic, dynspec.bench.gpu.trafficplan, dynspec.bench.gpu.models\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
