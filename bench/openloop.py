@@ -48,8 +48,9 @@ class OpenLoopRun:
 
 
 def prompt_of(arrival: Arrival, key: str) -> Prompt:
-    """``input_tokens`` random words drawn from ``key``, ``output_tokens`` to generate. Each
-    target's key differs, so a prefix cache shared behind them serves none from another's."""
+    """``input_tokens`` random words drawn from ``key``, ``output_tokens`` to generate. Live
+    traffic gives each target a key of its own, so a prefix cache shared behind them serves none
+    from another's; simulated traffic gives them one (``traffic._each``)."""
     words = load.words(random.Random(key), arrival.input_tokens)
     return Prompt(words, arrival.input_tokens, arrival.output_tokens)
 

@@ -122,6 +122,43 @@ def test_prompts_differ_between_targets_but_not_their_lengths() -> None:
     assert len(p.text.split()) == len(q.text.split()) == 40 and p.output_tokens == 7
 
 
+def test_simulated_targets_get_the_same_prompts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A simulator draws a request's accept lengths from its seed and prompt: EAGLE alone and the
+    routed pair (on fresh simulators of one seed) must be sent the same prompts, or the lowest
+    rate's TPOT compares two draws (h200-8b-accept2 at 1 req/s read routed 1.106x EAGLE alone in
+    one repeat with every request on EAGLE, 1.000x on the same prompts)."""
+    sent: dict[str, list[str]] = {}
+    real = openloop.prompt_of
+
+    def spy(arrival: Arrival, key: str) -> load.Prompt:
+        prompt = real(arrival, key)
+        sent.setdefault(key.rsplit(":", 1)[0], []).append(prompt.text)
+        return prompt
+
+    monkeypatch.setattr(openloop, "prompt_of", spy)
+    cfg = traffic.TrafficConfig(
+        schedules=(("rate-4", arrivals.constant(4.0, 1.0)),),
+        input_len=16,
+        output_len=8,
+        window_s=1.0,
+        repeats=1,
+        speed=4.0,
+        drain_s=10.0,
+    )
+    sim = traffic.SimTraffic(
+        profile="demo", targets=("routed", "eagle"), router_settings=("--threshold", "8"), speed=4.0
+    )
+    recs = traffic.run_simulated(cfg, sim, tmp_path / "t.jsonl")
+    whole = {r["target"]: r for r in recs if r["scope"] == "run"}
+    assert whole["routed"]["completed"] == whole["eagle"]["completed"] == whole["eagle"]["requests"]
+    assert len(sent) == 1, sorted(sent)  # one prompt key for both targets
+    texts = next(iter(sent.values()))
+    n = whole["eagle"]["requests"]
+    assert n > 0 and texts[:n] == texts[n:]
+
+
 def test_replay_sends_on_time_whatever_is_in_flight_and_cuts_at_the_drain(eagle_sim: str) -> None:
     """Ten requests in the first 0.45 s, open loop: all are sent before any long one ends; then
     the long ones outlive a short drain and are cut, counted, never left running."""
