@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from dynspec.bench.procs import Children, free_port
+from dynspec.bench.procs import Children, captured, free_port
 from dynspec.bench.ways import Router, Servers
 from dynspec.launcher import config as launch_config
 from dynspec.launcher import spec as launch_spec
@@ -56,10 +56,7 @@ def machine() -> dict[str, Any]:
 
 
 def _git(folder: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10, check=True
-    )
-    return done.stdout.strip()
+    return captured(["git", "-C", str(folder), *args], timeout=10, check=True).stdout.strip()
 
 
 def code_commit() -> str:

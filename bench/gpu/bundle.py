@@ -18,6 +18,7 @@ import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from dynspec.bench.procs import captured, last_line
 from dynspec.common.cli import UsageError
 
 PYTHON_VERSION = "3.12"
@@ -74,10 +75,9 @@ def pins() -> list[str]:
 
 
 def _run(argv: Sequence[str], what: str) -> None:
-    done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+    done = captured(argv)
     if done.returncode != 0:
-        lines = [ln for ln in (done.stderr or done.stdout).splitlines() if ln.strip()]
-        last = lines[-1] if lines else f"exit {done.returncode}"
+        last = last_line(done.stderr or done.stdout) or f"exit {done.returncode}"
         raise RuntimeError(f"{what} failed: {last}")
 
 
