@@ -19,16 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dynspec.bench import arrivals
+from dynspec.bench.gpu import toolkit
 from dynspec.bench.gpu.launch import finish, launch_argv, start_launch
-from dynspec.bench.gpu.toolkit import (
-    KEEP_RESERVE_S,
-    Run,
-    RunFailed,
-    Steady,
-    check_models,
-    pair_urls,
-    warm,
-)
 from dynspec.common.cli import fraction, non_negative_float, positive_float
 from dynspec.launcher.sim.profile import Profile, ProfileError, load_profile
 
@@ -123,7 +115,7 @@ def capacity(profile: Profile, output_len: int) -> Capacity:
     try:
         top = {m: max(t for _, t in profile.mode(m).throughput) for m in ("eagle", "baseline")}
     except ProfileError as exc:
-        raise RunFailed(f"the calibration: {exc}") from None
+        raise toolkit.RunFailed(f"the calibration: {exc}") from None
     eagle = top["eagle"] * EAGLE_SCALE / output_len
     baseline = top["baseline"] * BASELINE_SCALE / output_len
     peak = max(math.sqrt(eagle * baseline), eagle * EAGLE_OVERLOAD)
@@ -134,18 +126,18 @@ def read_profile(folder: Path) -> Profile:
     """The one calibration profile (``*.json``) in ``folder``, read by the launcher's reader."""
     found = sorted(folder.glob("*.json")) if folder.is_dir() else []
     if not found:
-        raise RunFailed(f"no calibration profile in {folder}: give --traffic-peak")
+        raise toolkit.RunFailed(f"no calibration profile in {folder}: give --traffic-peak")
     try:
         return load_profile(str(found[-1]))
     except ProfileError as exc:
-        raise RunFailed(f"calibration {found[-1]}: {exc}") from None
+        raise toolkit.RunFailed(f"calibration {found[-1]}: {exc}") from None
 
 
 def build_targets(ports: Sequence[int]) -> list[Target]:
     """``load.Target`` of the router and of each server alone, in ``TARGETS``' order."""
     from dynspec.bench import load
 
-    return [load.Target(label, url) for label, url in pair_urls(ports).items()]
+    return [load.Target(label, url) for label, url in toolkit.pair_urls(ports).items()]
 
 
 # ``dynspec.bench.traffic.run_live``'s signature (a test's stand-in has it too).
@@ -158,7 +150,7 @@ def schedules(plan: TrafficPlan, peak: float) -> tuple[tuple[str, arrivals.Sched
     return (("day", day), *rates)
 
 
-def settle_peak(run: Run, plan: TrafficPlan) -> float:
+def settle_peak(run: toolkit.Run, plan: TrafficPlan) -> float:
     """The peak of this run: the one an earlier command of it chose (``meta.json``), else the
     flag's, else the calibration's (``capacity``); refused when the earlier command's plan was
     another (its arrivals would not be this one's)."""
@@ -172,7 +164,9 @@ def settle_peak(run: Run, plan: TrafficPlan) -> float:
         if plan.peak is not None and plan.peak != chosen:
             differ.append(f"peak {chosen:g} there, {plan.peak:g} here")
         if differ:
-            raise RunFailed(f"the earlier command ran another traffic plan ({'; '.join(differ)})")
+            raise toolkit.RunFailed(
+                f"the earlier command ran another traffic plan ({'; '.join(differ)})"
+            )
         return chosen
     record: dict[str, Any] = {"settings": mine}
     if plan.peak is not None:
@@ -185,7 +179,7 @@ def settle_peak(run: Run, plan: TrafficPlan) -> float:
     return float(record["peak_rps"])
 
 
-def plan_launch(run: Run, models: Path, plan: TrafficPlan) -> list[str]:
+def plan_launch(run: toolkit.Run, models: Path, plan: TrafficPlan) -> list[str]:
     """The plan's ``dynspec-launch`` command line (``launch_argv`` with the plan's settings)."""
     router = ["--return-delay", f"{plan.return_delay:g}"] if plan.return_delay else []
     router += ["--switch-margin", f"{plan.switch_margin:g}"] if plan.switch_margin else []
@@ -195,7 +189,7 @@ def plan_launch(run: Run, models: Path, plan: TrafficPlan) -> list[str]:
 
 
 def plan_traffic(
-    run: Run,
+    run: toolkit.Run,
     models: Path,
     session: dict[str, Any] | None,
     *,
@@ -210,14 +204,14 @@ def plan_traffic(
     launch for the next command (``keep``) or stop it."""
     from dynspec.bench import traffic  # aiohttp and the runner: only when a run needs them
 
-    check_models(models, plan.draft)
+    toolkit.check_models(models, plan.draft)
     out = run.results / RESULTS
-    served = pair_urls(run.ports)
+    served = toolkit.pair_urls(run.ports)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     if session is None:
         procs["launcher"] = start_launch(run, plan_launch(run, models, plan))
         peak = settle_peak(run, plan)
-        warm(run, {"eagle": served["eagle"], "baseline": served["baseline"]}, WARM_LEVELS)
+        toolkit.warm(run, {"eagle": served["eagle"], "baseline": served["baseline"]}, WARM_LEVELS)
     else:
         peak = settle_peak(run, plan)
     cfg = traffic.TrafficConfig(
@@ -252,14 +246,14 @@ def commands_needed(
     whole drain and ``RUN_MARGIN_S`` fit before the deadline): the first command also sets up,
     launches and warms, the last stops the launch."""
     lengths = [s for _, s in plan.schedule_seconds()] * repeats * len(TARGETS)
-    if any(s + plan.drain_s + RUN_MARGIN_S > budget - KEEP_RESERVE_S for s in lengths):
-        raise RunFailed("a run is longer than one command's budget")
+    if any(s + plan.drain_s + RUN_MARGIN_S > budget - toolkit.KEEP_RESERVE_S for s in lengths):
+        raise toolkit.RunFailed("a run is longer than one command's budget")
     out: list[tuple[int, float]] = []
     t = SETUP_S + LAUNCH_MPS_S + WARM_S
     runs = 0
     while lengths:
         s = lengths[0]
-        if t + s + plan.drain_s + RUN_MARGIN_S <= budget - KEEP_RESERVE_S:
+        if t + s + plan.drain_s + RUN_MARGIN_S <= budget - toolkit.KEEP_RESERVE_S:
             t += s + drain
             runs += 1
             lengths.pop(0)
@@ -290,16 +284,16 @@ def example_capacity(output_len: int) -> Capacity | None:
     found = sorted(folder.glob("calibration-*.json"))
     try:
         return capacity(load_profile(str(found[-1])), output_len) if found else None
-    except (ProfileError, RunFailed):
+    except (ProfileError, toolkit.RunFailed):
         return None
 
 
 def dry_run(args: argparse.Namespace) -> str:
     """The launch's command line, the schedules, the peak's rule and the commands it takes."""
     budget = min(args.budget, 600.0)
-    run = Run(out=args.out, work=args.work, deadline=time.monotonic() + args.budget, env={})
+    run = toolkit.Run(out=args.out, work=args.work, deadline=time.monotonic() + args.budget, env={})
     run.ports, run.python = args.ports, "python3"
-    run.steady = Steady(repeats=args.repeats, output_len=args.output_len)
+    run.steady = toolkit.Steady(repeats=args.repeats, output_len=args.output_len)
     st = run.steady
     plan = plan_of(args)
     launch = plan_launch(run, args.models or args.work / "models", plan)
@@ -387,7 +381,7 @@ def check_flags(args: argparse.Namespace) -> str | None:
     budget = min(args.budget, 600.0)
     plan = plan_of(args)
     longest = max(s for _, s in plan.schedule_seconds()) + plan.drain_s + RUN_MARGIN_S
-    if longest > budget - KEEP_RESERVE_S:
+    if longest > budget - toolkit.KEEP_RESERVE_S:
         return f"a run takes up to {longest:g} s, more than --budget {args.budget:g} holds"
     return None
 
