@@ -122,9 +122,10 @@ def capacity(profile: Profile, output_len: int) -> Capacity:
     return Capacity(round(eagle, 1), round(baseline, 1), round(peak, 1))
 
 
-def read_profile(folder: Path) -> Profile:
-    """The one calibration profile (``*.json``) in ``folder``, read by the launcher's reader."""
-    found = sorted(folder.glob("*.json")) if folder.is_dir() else []
+def read_profile(folder: Path, pattern: str = "*.json") -> Profile:
+    """The calibration profile (the last ``pattern`` file) in ``folder``, read by the launcher's
+    reader."""
+    found = sorted(folder.glob(pattern)) if folder.is_dir() else []
     if not found:
         raise toolkit.RunFailed(f"no calibration profile in {folder}: give --traffic-peak")
     try:
@@ -281,10 +282,9 @@ def estimate_lines(plan: TrafficPlan, repeats: int, budget: float) -> list[str]:
 def example_capacity(output_len: int) -> Capacity | None:
     """``capacity`` of the H200's last MPS calibration committed (the dry run's example)."""
     folder = Path(__file__).resolve().parents[1] / EXAMPLE_CALIBRATION
-    found = sorted(folder.glob("calibration-*.json"))
     try:
-        return capacity(load_profile(str(found[-1])), output_len) if found else None
-    except (ProfileError, toolkit.RunFailed):
+        return capacity(read_profile(folder, "calibration-*.json"), output_len)
+    except toolkit.RunFailed:
         return None
 
 
