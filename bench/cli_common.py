@@ -220,10 +220,6 @@ def on_sigterm(signum: int, frame: object) -> None:
     raise Terminated
 
 
-def stopped_code(exc: KeyboardInterrupt) -> int:
-    return 143 if isinstance(exc, Terminated) else 130
-
-
 def run_then_report(run: Callable[[], object], out: Path, finished: str, kind: Report) -> int:
     """Run an experiment that writes ``out``, then report all ``out`` holds; Ctrl-C or SIGTERM
     stops it (exit 130 or 143), keeping and reporting what finished."""
@@ -233,7 +229,7 @@ def run_then_report(run: Callable[[], object], out: Path, finished: str, kind: R
         run()
     except KeyboardInterrupt as exc:
         print(f"\n{PROG}: interrupted; keeping the finished {finished}", file=sys.stderr)
-        code = stopped_code(exc)
+        code = 143 if isinstance(exc, Terminated) else 130
     if out.exists() and out.stat().st_size > 0:
         _report(kind, out, read(out), out)
     return code

@@ -71,7 +71,8 @@ def build_profile(
     # A simulated sweep ran at --speed: back to the simulator's model time.
     records = [model_time(r) for r in records]
     # A routed target mixes both pools; it says nothing about one server.
-    names = [n for n in targets(records) if not _routed(records, n)]
+    routed = {r.get("target") for r in records if "backend_share" in r}
+    names = [n for n in targets(records) if n not in routed]
     eagle_target = eagle_target or _guess(names, "eagle")
     baseline_target = baseline_target or _guess(names, "baseline")
     chosen = {"eagle": eagle_target, "baseline": baseline_target}
@@ -126,7 +127,3 @@ def build_profile(
         illustrative=False,
         model=model or (models.pop() if len(models) == 1 else "simulated-model"),
     )
-
-
-def _routed(records: Sequence[Record], name: str) -> bool:
-    return any(r.get("target") == name and "backend_share" in r for r in records)

@@ -55,9 +55,6 @@ class SweepConfig:
             else max(self.min_requests, self.requests_per_c * c)
         )
 
-    def level_warmup(self, c: int) -> int:
-        return self.warmup if self.warmup is not None else c
-
 
 Say = Callable[[str], None]  # one line per level (a console's); None: silent
 
@@ -227,7 +224,7 @@ async def sweep(
                     logger.info("%s C=%d #%d needs about %.0fs: past the deadline", label, c, rep,
                                 need)  # fmt: skip
                     break
-            n, w = cfg.level_requests(c), cfg.level_warmup(c)
+            n, w = cfg.level_requests(c), c if cfg.warmup is None else cfg.warmup
             before: list[int | None] = []  # the switches when measuring began
 
             async def snapshot(t: load.Target = target, box: list[int | None] = before) -> None:

@@ -89,14 +89,11 @@ def plan(cfg: TrafficConfig, labels: Sequence[str]) -> list[Run]:
     return out
 
 
-def _run_records(out: Path) -> list[Record]:
-    return [r for r in load_jsonl(out) if r.get("scope") == "run"] if out.is_file() else []
-
-
 def runs_left(cfg: TrafficConfig, labels: Sequence[str], out: Path) -> list[Run]:
     """The plan's runs whose whole-run record ``out`` does not hold yet (a run appends its records
     as it ends: it is in ``out`` whole or not at all), in order."""
-    done = {(int(r["repeat"]), str(r["schedule"]), str(r["target"])) for r in _run_records(out)}
+    runs = [r for r in load_jsonl(out) if r.get("scope") == "run"] if out.is_file() else []
+    done = {(int(r["repeat"]), str(r["schedule"]), str(r["target"])) for r in runs}
     return [run for run in plan(cfg, labels) if run not in done]
 
 

@@ -103,7 +103,9 @@ def attempt(a: Attempt, body: Body) -> NoReturn:
             run.meta["failure"] = failure
         (run.results / "meta.json").write_text(json.dumps(run.meta, indent=1, default=str))
         with contextlib.suppress(OSError, tarfile.TarError):
-            pack_logs(run)
+            if run.logs.is_dir():
+                with tarfile.open(run.results / "logs.tar.gz", "w:gz") as t:
+                    t.add(run.logs, arcname="logs")
         a.out.mkdir(parents=True, exist_ok=True)
         for f in run.results.iterdir():
             if f.is_file():
@@ -116,10 +118,3 @@ def attempt(a: Attempt, body: Body) -> NoReturn:
 def fail(text: str) -> NoReturn:
     print(f"{toolkit.PROG}: error: {text}", file=sys.stderr)
     sys.exit(1)
-
-
-def pack_logs(run: toolkit.Run) -> None:
-    if not run.logs.is_dir():
-        return
-    with tarfile.open(run.results / "logs.tar.gz", "w:gz") as t:
-        t.add(run.logs, arcname="logs")

@@ -129,7 +129,11 @@ def start_launch(run: Run, launch: Sequence[str]) -> subprocess.Popen[bytes]:
     """``start_launcher``, then what the GPU runs and the launch's calibration, for the results."""
     proc = start_launcher(run, launch)
     run.meta["compute_apps"] = compute_apps()[1]
-    copy_calibration(run)
+    # The launcher's calibration profile(s), into the results (what the router started from).
+    folder = run.logs / "calibration"
+    for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        (run.results / f"calibration-{f.name}").write_bytes(f.read_bytes())
+        run.meta.setdefault("calibration", []).append(f.name)
     return proc
 
 
@@ -171,14 +175,6 @@ def stop_all(
         # Not this command's child: its exit code is its parent's to read, not ours.
         run.meta["launcher_exit"] = "running" if alive(int(pid), int(start)) else "stopped"
     run.meta["compute_apps_after"] = compute_apps(header=False)[1]
-
-
-def copy_calibration(run: Run) -> None:
-    """The launcher's calibration profile(s), into the results (what the router started from)."""
-    folder = run.logs / "calibration"
-    for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        (run.results / f"calibration-{f.name}").write_bytes(f.read_bytes())
-        run.meta.setdefault("calibration", []).append(f.name)
 
 
 def session_file(run: Run) -> Path:
