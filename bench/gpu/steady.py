@@ -49,16 +49,12 @@ class Study:
 ROUTED = Target("routed", "routed")
 EAGLE = Target("eagle", "eagle")
 BASELINE = Target("baseline", "baseline")
+ROUTED_EAGLE = Target("routed_eagle", "routed")
 STUDIES = {
     "pair-a": Study("pair-a", "auto", False, (ROUTED, EAGLE, BASELINE)),
     "pair-b": Study("pair-b", "auto", True, (ROUTED, EAGLE, BASELINE)),
     # The launcher's own router with a threshold above any load against EAGLE's own port.
-    "router-cost": Study(
-        "router-cost",
-        str(ABOVE_ANY_LOAD),
-        False,
-        (Target("routed_eagle", "routed"), Target("eagle", "eagle")),
-    ),
+    "router-cost": Study("router-cost", str(ABOVE_ANY_LOAD), False, (ROUTED_EAGLE, EAGLE)),
 }
 
 
@@ -88,11 +84,8 @@ def study_of(args: argparse.Namespace) -> tuple[Study, list[int]]:
         study = with_router_cost(study, levels)
     if args.baseline_from is not None:
         study = baseline_from(study, levels, args.baseline_from)
-    if args.baseline_limit is not None:
-        study = replace(study, baseline_limit=args.baseline_limit)
-    if args.baseline_args is not None:
-        study = replace(study, baseline_args=args.baseline_args)
-    return study, levels
+    given = {k: getattr(args, k) for k in ("baseline_limit", "baseline_args")}
+    return replace(study, **{k: v for k, v in given.items() if v is not None}), levels
 
 
 def body_of(args: argparse.Namespace) -> Body:
@@ -211,10 +204,7 @@ class Levels:
     """``on_record``: what the router and the servers say about each level."""
 
     def __init__(
-        self,
-        targets: Sequence[Target],
-        urls: Mapping[str, str],
-        routers: Mapping[str, int],
+        self, targets: Sequence[Target], urls: Mapping[str, str], routers: Mapping[str, int]
     ) -> None:
         self.what = {t.label: t.what for t in targets}
         self.urls, self.routers = urls, routers  # routers: what -> pid
