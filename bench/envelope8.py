@@ -74,11 +74,7 @@ def plan_ways(cfg: EightGpusConfig) -> tuple[list[str], str | None, list[str]]:
 
 
 def _sweep_levels(
-    targets: Sequence[Target],
-    scfg: SweepConfig,
-    out: Path,
-    say: Say | None,
-    repeat: int = 1,
+    targets: Sequence[Target], scfg: SweepConfig, out: Path, say: Say | None, repeat: int = 1
 ) -> list[Record]:
     """``sweep`` one level at a time, so each level's records carry the machine's load then."""
     records: list[Record] = []

@@ -49,11 +49,8 @@ class SweepConfig:
     prompt_pool: int = 0  # random prompts: 0, a new one every request; N, N reused in turn
 
     def level_requests(self, c: int) -> int:
-        return (
-            self.requests
-            if self.requests is not None
-            else max(self.min_requests, self.requests_per_c * c)
-        )
+        default = max(self.min_requests, self.requests_per_c * c)
+        return default if self.requests is None else self.requests
 
 
 Say = Callable[[str], None]  # one line per level (a console's); None: silent
