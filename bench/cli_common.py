@@ -139,12 +139,8 @@ def targets(raw: object, endpoint: str = "chat") -> list[Target]:
     label once."""
     from dynspec.bench import load
 
-    items: list[str] = []
-    if isinstance(raw, str):  # from DYNSPEC_URL
-        items = raw.split()
-    elif isinstance(raw, list):
-        for x in raw:
-            items += str(x).split()
+    given = [raw] if isinstance(raw, str) else raw if isinstance(raw, list) else []  # str: the env
+    items = [item for x in given for item in str(x).split()]
     if not items:
         raise cli.UsageError("give at least one --url")
     out: list[Target] = []
