@@ -162,13 +162,8 @@ def _write_tokenizer(dest: Path) -> None:
 
     tok = Tokenizer(models.WordLevel(vocab=tokenizer_vocab(), unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        unk_token="<unk>",
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-    )
+    specials = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, **specials)
     hf.chat_template = CHAT_TEMPLATE
     hf.save_pretrained(str(dest))
 
