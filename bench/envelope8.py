@@ -155,14 +155,10 @@ def _one_run(
         targets: list[Target] = []
         used: dict[str, dict[str, Any]] = {}
         for way in run_ways:
-            router = ways.way_router(
-                way,
-                sets[ways.server_set(way)],
-                threshold=thr,
-                hysteresis=hyst,
-                speed_profile=profile_path,
-                calibrated=cfg.calibrated,
-            )
+            servers = sets[ways.server_set(way)]
+            router = ways.way_router(way, servers, threshold=thr, hysteresis=hyst,
+                                     speed_profile=profile_path,
+                                     calibrated=cfg.calibrated)  # fmt: skip
             router = dataclasses.replace(router, log_level=cfg.router_log_level)
             url, _ = harness.start_router(procs, f"router-{way}", router, cfg.startup_timeout)
             targets.append(Target(way, url))

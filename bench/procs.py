@@ -145,14 +145,9 @@ class Children:
         if log is not None:
             out = open(log, "ab" if append else "wb")  # noqa: SIM115 - closed once the child has it
         try:
-            proc = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**base, **(env or {})},
-            )
+            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={**base, **(env or {})})  # fmt: skip
         finally:
             if not isinstance(out, int):
                 out.close()

@@ -406,13 +406,8 @@ def plan_of(args: argparse.Namespace) -> TrafficPlan:
 
 def body_of(args: argparse.Namespace) -> Body:
     """The plan's part of the attempt, from its flags."""
-    return partial(
-        plan_traffic,
-        plan=plan_of(args),
-        keep=args.keep,
-        seconds=args.sweep_seconds,
-        command=command_line(),
-    )
+    return partial(plan_traffic, plan=plan_of(args), keep=args.keep, seconds=args.sweep_seconds,
+                   command=command_line())  # fmt: skip
 
 
 def command_line() -> str:
