@@ -387,21 +387,15 @@ def check_flags(args: argparse.Namespace) -> str | None:
 
 
 def plan_of(args: argparse.Namespace) -> TrafficPlan:
-    d = TrafficPlan()
+    # Each --traffic-NAME where given (and not 0), else the plan's default.
+    names = ("day_seconds", "rate_seconds", "return_delay", "switch_margin", "log_level")
+    given = {k: v for k in names if (v := getattr(args, f"traffic_{k}"))}
+    limit = BASELINE_LIMIT if args.baseline_limit is None else args.baseline_limit
     return TrafficPlan(
-        day_seconds=args.traffic_day_seconds or d.day_seconds,
-        peak=args.traffic_peak,
-        rates=args.traffic_rates or (),
-        rate_seconds=args.traffic_rate_seconds or d.rate_seconds,
-        draft=args.draft,
-        threshold=args.threshold or "auto",
-        baseline_limit=BASELINE_LIMIT if args.baseline_limit is None else args.baseline_limit,
-        baseline_args=args.baseline_args or "",
-        return_delay=args.traffic_return_delay or d.return_delay,
-        switch_margin=args.traffic_switch_margin or d.switch_margin,
-        log_level=args.traffic_log_level or d.log_level,
-        mps=args.traffic_mps != "off",
-    )
+        **given, peak=args.traffic_peak, rates=args.traffic_rates or (), draft=args.draft,
+        threshold=args.threshold or "auto", baseline_limit=limit,
+        baseline_args=args.baseline_args or "", mps=args.traffic_mps != "off",
+    )  # fmt: skip
 
 
 def body_of(args: argparse.Namespace) -> Body:
