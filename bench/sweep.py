@@ -78,9 +78,7 @@ def build_record(
         "num_prompts": len(run.traces),
         "warmup_requests": warmup,
         "dataset_name": "random",
-        "random_input_len": cfg.input_len,
-        "random_output_len": cfg.output_len,
-        "random_range_ratio": cfg.range_ratio,
+        **{f"random_{k}": getattr(cfg, k) for k in ("input_len", "output_len", "range_ratio")},
         "prompt_pool": cfg.prompt_pool,
     }
     per_chunk = metrics.tokens_per_chunk(run.traces)
