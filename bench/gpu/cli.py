@@ -46,18 +46,16 @@ def cmd_models(argv: Sequence[str]) -> NoReturn:
 
     p = cli.FlagParser(prog=f"{PROG} models", description=models.__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="folder for llama8b/ and eagle3-*/")
-    p.add_argument(
-        "--drafts",
-        default=",".join(models.draft_specs()),
-        help="comma-separated drafts to build: " + ", ".join(models.draft_specs()),
-    )
+    drafts = list(models.draft_specs())
+    text = "comma-separated drafts to build: " + ", ".join(drafts)
+    p.add_argument("--drafts", default=",".join(drafts), help=text)
     cli.add_log_level(p)
     args = p.parse_layered(argv)
     cli.configure_logging(args.log_level)
 
     def body() -> int:
         names = [d for d in args.drafts.split(",") if d]
-        unknown = [d for d in names if d not in models.draft_specs()]
+        unknown = [d for d in names if d not in drafts]
         if unknown:
             raise cli.UsageError(f"--drafts: unknown draft {unknown[0]!r}")
         try:
