@@ -96,8 +96,7 @@ def run(cfg: EightGpusConfig, say: Say | None = None) -> list[Record]:
         logger.warning("not run: %s", note)
     extra: dict[str, Any] = {
         **harness.run_metadata(EXPERIMENT, cfg.profile, cfg.speed, cfg.command),
-        "requests_per_c": cfg.sweep.requests_per_c,
-        "min_requests": cfg.sweep.min_requests,
+        **{k: getattr(cfg.sweep, k) for k in ("requests_per_c", "min_requests")},
         "sharing": cfg.sharing,
         "not_run": notes,
         "repeats": cfg.repeats,
