@@ -293,8 +293,7 @@ def dry_run(args: argparse.Namespace) -> str:
     budget = min(args.budget, 600.0)
     run = toolkit.Run(out=args.out, work=args.work, deadline=time.monotonic() + args.budget, env={})
     run.ports, run.python = args.ports, "python3"
-    run.steady = toolkit.Steady(repeats=args.repeats, output_len=args.output_len)
-    st = run.steady
+    st = run.steady = toolkit.Steady(repeats=args.repeats, output_len=args.output_len)
     plan = plan_of(args)
     launch = plan_launch(run, args.models or args.work / "models", plan)
     ex = example_capacity(st.output_len)
@@ -372,10 +371,9 @@ def check_flags(args: argparse.Namespace) -> str | None:
         return None
     if args.traffic_rate_seconds is not None and not args.traffic_rates:
         return "--traffic-rate-seconds: only with --traffic-rates"
-    wrong = [flag for flag, value in (("--levels", args.levels), ("--baseline-from",
-             args.baseline_from)) if value is not None]  # fmt: skip
-    if args.router_cost:
-        wrong.append("--router-cost")
+    steady = (("--levels", args.levels), ("--baseline-from", args.baseline_from),
+              ("--router-cost", args.router_cost or None))  # fmt: skip
+    wrong = [flag for flag, value in steady if value is not None]
     if wrong:
         return f"{', '.join(wrong)}: not for the traffic plan (it runs schedules, not levels)"
     budget = min(args.budget, 600.0)
