@@ -66,11 +66,7 @@ def run(args: argparse.Namespace) -> int:
     out = cli_common.out_path(args, f"envelope8-{prof.name}{suffix}")
     names = "profile speed threshold hysteresis seed startup_timeout router_log_level ways"
     names += " sharing repeats calibrated"
-    cfg = envelope8.EightGpusConfig(
-        **{k: getattr(args, k) for k in names.split()},
-        sweep=cli_common.sweep_config(args),
-        out=out,
-        command=args.command_line,
-    )
+    same, sweep = {k: getattr(args, k) for k in names.split()}, cli_common.sweep_config(args)
+    cfg = envelope8.EightGpusConfig(**same, sweep=sweep, out=out, command=args.command_line)
     run = partial(envelope8.run, cfg, None if args.no_progress else to_stderr)
     return cli_common.run_then_report(run, out, "levels", envelope8_report)
