@@ -225,12 +225,10 @@ def wall_clock_profile(profile: Profile, speed: float) -> Profile:
         )
         for name, m in profile.modes.items()
     }
+    faster = f"time running {speed:g}x faster (dynspec-sim --speed {speed:g}): tok/s x {speed:g}"
+    source = f"{profile.name} with {faster}. {profile.source}"
     return dataclasses.replace(
-        profile,
-        name=f"{profile.name}-x{speed:g}",
-        source=f"{profile.name} with time running {speed:g}x faster (dynspec-sim --speed "
-        f"{speed:g}): tok/s x {speed:g}. {profile.source}",
-        modes=modes,
+        profile, name=f"{profile.name}-x{speed:g}", source=source, modes=modes
     )
 
 
