@@ -109,9 +109,7 @@ pair-a's with --traffic-mps off). The plans and every flag: docs/benchmarks.md, 
 
 def drafts(args: argparse.Namespace) -> tuple[str, ...]:
     """The EAGLE drafts the plan's servers load (built unless --models is given)."""
-    if args.plan == "traffic":
-        return (args.draft,)
-    return ("hi",)
+    return (args.draft,) if args.plan == "traffic" else ("hi",)
 
 
 def _baseline_args(text: str) -> str:
