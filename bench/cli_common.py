@@ -12,14 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from dynspec.common.cli import (
-    LOG_LEVELS,
-    FlagParser,
-    UsageError,
-    non_negative_int,
-    positive_float,
-    positive_int,
-)
+from dynspec.common import cli
 from dynspec.common.profile import SHARING_WAYS
 from dynspec.launcher import flags as launch_flags
 
@@ -61,15 +54,15 @@ def threshold_value(text: str) -> str:
     return str(launch_flags.threshold_value(text))
 
 
-def add_load_flags(p: FlagParser | argparse.ArgumentParser) -> None:
+def add_load_flags(p: cli.FlagParser | argparse.ArgumentParser) -> None:
     """The closed-loop levels and their prompts (the longer texts: docs/benchmarks.md)."""
     text = "concurrency levels (requests in flight, closed loop), comma-separated"
     p.add_argument("--concurrency", type=levels, default=levels(DEFAULT_LEVELS), help=text)
     for flag, kind, default, text in (
-        ("--requests", positive_int, None, "measured requests per level"),
-        ("--requests-per-c", positive_int, 4, "default requests per level / C"),
-        ("--min-requests", positive_int, 16, "fewest requests in a level"),
-        ("--warmup", non_negative_int, None, "warm-up requests per level (default: C)"),
+        ("--requests", cli.positive_int, None, "measured requests per level"),
+        ("--requests-per-c", cli.positive_int, 4, "default requests per level / C"),
+        ("--min-requests", cli.positive_int, 16, "fewest requests in a level"),
+        ("--warmup", cli.non_negative_int, None, "warm-up requests per level (default: C)"),
         ("--seed", int, 0, "seed for prompt sampling"),
         ("--pause", float, 1.0, "seconds between levels (lets in-flight drain)"),
     ):
@@ -79,49 +72,49 @@ def add_load_flags(p: FlagParser | argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress output on stderr")
 
 
-def add_request_timeout(p: FlagParser | argparse.ArgumentParser) -> None:
+def add_request_timeout(p: cli.FlagParser | argparse.ArgumentParser) -> None:
     text = "seconds a stream may stay silent before the request counts as failed"
-    p.add_argument("--request-timeout", type=positive_float, default=600.0, help=text)
+    p.add_argument("--request-timeout", type=cli.positive_float, default=600.0, help=text)
 
 
 def add_length_flags(
-    p: FlagParser | argparse.ArgumentParser,
+    p: cli.FlagParser | argparse.ArgumentParser,
     *,
     pool: bool = True,
     ratio_flags: Sequence[str] = ("--range-ratio",),
 ) -> None:
     """The prompts' lengths; ``traffic`` spells the ratio as bench_serving does too and has no
     prompt pool (each arrival gets its own prompt)."""
-    p.add_argument("--input-len", type=positive_int, default=256, help="random prompt tokens")
-    p.add_argument("--output-len", type=positive_int, default=128, help="output tokens")
+    p.add_argument("--input-len", type=cli.positive_int, default=256, help="random prompt tokens")
+    p.add_argument("--output-len", type=cli.positive_int, default=128, help="output tokens")
     text = "random lengths uniform in [ratio x len, len]; 1 = fixed lengths"
     p.add_argument(*ratio_flags, dest="range_ratio", type=ratio, default=1.0, help=text)
     if pool:
         add_prompt_pool_flag(p)
 
 
-def add_prompt_pool_flag(p: FlagParser | argparse.ArgumentParser) -> None:
+def add_prompt_pool_flag(p: cli.FlagParser | argparse.ArgumentParser) -> None:
     text = "random prompts: 0, a new one for every request; N, N reused in turn"
-    p.add_argument("--prompt-pool", type=non_negative_int, default=0, help=text)
+    p.add_argument("--prompt-pool", type=cli.non_negative_int, default=0, help=text)
 
 
-def add_sharing_flag(p: FlagParser | argparse.ArgumentParser, where: str) -> None:
+def add_sharing_flag(p: cli.FlagParser | argparse.ArgumentParser, where: str) -> None:
     text = f"{where}how the two servers of a shared GPU share it (dynspec-sim --sharing)"
     p.add_argument("--sharing", choices=SHARING_WAYS, default="timeslice", help=text)
 
 
-def add_router_log_level(p: FlagParser | argparse.ArgumentParser, default: str) -> None:
+def add_router_log_level(p: cli.FlagParser | argparse.ArgumentParser, default: str) -> None:
     text = "the --log-level of the routers it starts (their logs: router-*.log in the run's folder)"
-    p.add_argument("--router-log-level", default=default, choices=LOG_LEVELS, help=text)
+    p.add_argument("--router-log-level", default=default, choices=cli.LOG_LEVELS, help=text)
 
 
-def add_simulate_flags(p: FlagParser | argparse.ArgumentParser) -> None:
+def add_simulate_flags(p: cli.FlagParser | argparse.ArgumentParser) -> None:
     """--simulate, --profile, --speed, --startup-timeout, --out, --from-jsonl."""
     p.add_argument("--simulate", action="store_true", help="simulated servers (required)")
     p.add_argument("--profile", default="demo", help="dynspec-sim profile: NAME or FILE.json")
     for flag, kind, default, text in (
-        ("--speed", positive_float, 1.0, "simulated time runs this many times faster"),
-        ("--startup-timeout", positive_float, 60.0, "seconds to wait per process"),
+        ("--speed", cli.positive_float, 1.0, "simulated time runs this many times faster"),
+        ("--startup-timeout", cli.positive_float, 60.0, "seconds to wait per process"),
         ("--out", Path, None, "results path without suffix (default: command and profile)"),
         ("--from-jsonl", Path, None, "run nothing: rewrite an earlier run's report and plot"),
     ):
@@ -146,23 +139,19 @@ def targets(raw: object, endpoint: str = "chat") -> list[Target]:
     label once."""
     from dynspec.bench import load
 
-    items: list[str] = []
-    if isinstance(raw, str):  # from DYNSPEC_URL
-        items = raw.split()
-    elif isinstance(raw, list):
-        for x in raw:
-            items += str(x).split()
+    given = [raw] if isinstance(raw, str) else raw if isinstance(raw, list) else []  # str: the env
+    items = [item for x in given for item in str(x).split()]
     if not items:
-        raise UsageError("give at least one --url")
+        raise cli.UsageError("give at least one --url")
     out: list[Target] = []
     for item in items:
         try:
             out.append(load.parse_target(item, endpoint))
         except ValueError as exc:
-            raise UsageError(f"--url: {exc}") from None
+            raise cli.UsageError(f"--url: {exc}") from None
     labels = [t.label for t in out]
     if len(set(labels)) != len(labels):
-        raise UsageError("--url: two targets with the same label; use LABEL=URL")
+        raise cli.UsageError("--url: two targets with the same label; use LABEL=URL")
     return out
 
 
@@ -170,14 +159,14 @@ def read(path: Path) -> list[Record]:
     from dynspec.bench import report
 
     if not path.is_file():
-        raise UsageError(f"no such file: {path}")
+        raise cli.UsageError(f"no such file: {path}")
     return report.load_jsonl(path)
 
 
 def sim_profile(args: argparse.Namespace) -> Profile:
     """``--profile`` for a simulated run (``--simulate`` required): both modes, else UsageError."""
     if not args.simulate:
-        raise UsageError(
+        raise cli.UsageError(
             "only --simulate is supported; on real servers run 'sweep' against each server "
             "and the router"
         )
@@ -186,9 +175,9 @@ def sim_profile(args: argparse.Namespace) -> Profile:
     try:
         prof = load_profile(args.profile)
     except ProfileError as exc:
-        raise UsageError(f"--profile: {exc}") from None
+        raise cli.UsageError(f"--profile: {exc}") from None
     if not {"eagle", "baseline"} <= set(prof.modes):
-        raise UsageError(f"--profile {args.profile}: needs both an eagle and a baseline mode")
+        raise cli.UsageError(f"--profile {args.profile}: needs both an eagle and a baseline mode")
     return prof
 
 
@@ -227,10 +216,6 @@ def on_sigterm(signum: int, frame: object) -> None:
     raise Terminated
 
 
-def stopped_code(exc: KeyboardInterrupt) -> int:
-    return 143 if isinstance(exc, Terminated) else 130
-
-
 def run_then_report(run: Callable[[], object], out: Path, finished: str, kind: Report) -> int:
     """Run an experiment that writes ``out``, then report all ``out`` holds; Ctrl-C or SIGTERM
     stops it (exit 130 or 143), keeping and reporting what finished."""
@@ -240,7 +225,7 @@ def run_then_report(run: Callable[[], object], out: Path, finished: str, kind: R
         run()
     except KeyboardInterrupt as exc:
         print(f"\n{PROG}: interrupted; keeping the finished {finished}", file=sys.stderr)
-        code = stopped_code(exc)
+        code = 143 if isinstance(exc, Terminated) else 130
     if out.exists() and out.stat().st_size > 0:
         _report(kind, out, read(out), out)
     return code

@@ -40,18 +40,13 @@ def add_arguments(p: FlagParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     records = [r for path in args.sweeps for r in read(path)]
+    names = ("eagle_target", "baseline_target", "model", "interpolate", "note")
+    same = {k: getattr(args, k) for k in names}
     try:
         prof = profile_export.build_profile(
-            records,
-            args.sweeps,
-            name=args.name or args.sweeps[0].stem,
-            eagle_target=args.eagle_target,
-            baseline_target=args.baseline_target,
-            model=args.model,
-            interpolate=args.interpolate,
-            max_running=dict(args.max_running or []),
-            note=args.note,
-        )
+            records, args.sweeps, name=args.name or args.sweeps[0].stem,
+            max_running=dict(args.max_running or []), **same,
+        )  # fmt: skip
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.out is None:

@@ -36,22 +36,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         print(threshold.render(s), end="")
         return 0
-    levels = [
-        {
-            "max_concurrency": lv.concurrency,
-            "eagle_median_tpot_ms": lv.eagle_tpot_ms,
-            "baseline_median_tpot_ms": lv.baseline_tpot_ms,
-            "speed_ratio": lv.ratio,
-        }
+    doc = {k: getattr(s, k) for k in ("verdict", "threshold", "hysteresis", "crossover", "message")}
+    doc["levels"] = [
+        {"max_concurrency": lv.concurrency, "eagle_median_tpot_ms": lv.eagle_tpot_ms,
+         "baseline_median_tpot_ms": lv.baseline_tpot_ms, "speed_ratio": lv.ratio}
         for lv in s.levels
-    ]
-    doc = {
-        "verdict": s.verdict,
-        "threshold": s.threshold,
-        "hysteresis": s.hysteresis,
-        "crossover": s.crossover,
-        "message": s.message,
-        "levels": levels,
-    }
+    ]  # fmt: skip
     print(json.dumps(doc))
     return 0

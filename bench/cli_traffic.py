@@ -8,30 +8,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dynspec.bench import arrivals
+from dynspec.bench import arrivals, cli_common
 from dynspec.bench.arrivals import Schedule
-from dynspec.bench.cli_common import (
-    add_length_flags,
-    add_request_timeout,
-    add_router_log_level,
-    add_sharing_flag,
-    add_simulate_flags,
-    numbers,
-    out_path,
-    rerender,
-    run_then_report,
-    sim_profile,
-    targets,
-    threshold_value,
-)
-from dynspec.common.cli import (
-    FlagParser,
-    UsageError,
-    fraction,
-    non_negative_float,
-    positive_float,
-    positive_int,
-)
+from dynspec.common import cli
 
 if TYPE_CHECKING:
     from dynspec.bench.traffic import TrafficConfig
@@ -48,11 +27,11 @@ DESCRIPTION = (
 
 
 def _rates(text: str) -> list[float]:
-    return numbers(text, float, "rates (requests a second)")
+    return cli_common.numbers(text, float, "rates (requests a second)")
 
 
-def add_arguments(p: FlagParser) -> None:
-    add_simulate_flags(p)
+def add_arguments(p: cli.FlagParser) -> None:
+    cli_common.add_simulate_flags(p)
     p.add_argument(
         "--url", action="append", default=[], help="a target that is up already, LABEL=URL "
         "(repeat the flag; routed, eagle, baseline are the report's labels); not with --simulate",
@@ -66,8 +45,8 @@ def add_arguments(p: FlagParser) -> None:
         "--layout", choices=("split", "paired"), default="split", help="--simulate: the routed "
         "pair's servers of their own, or on one shared simulated GPU (dynspec-sim --pair)",
     )  # fmt: skip
-    add_sharing_flag(p, "--layout paired: ")
-    add_router_log_level(p, "info")
+    cli_common.add_sharing_flag(p, "--layout paired: ")
+    cli_common.add_router_log_level(p, "info")
     p.add_argument(
         "--calibrated", action="store_true", help="give the routed router the profile as "
         "--speed-profile (what a launch's --calibrate gives it)",
@@ -77,33 +56,36 @@ def add_arguments(p: FlagParser) -> None:
         "'R@S' (R req/s for S s) or 'R1-R2@S' (a ramp), comma-separated, or 'day[:S]' (a "
         "compressed day of S s, its peak at --request-rate)",
     )  # fmt: skip
-    add_length_flags(p, pool=False, ratio_flags=("--random-range-ratio", "--range-ratio"))
+    cli_common.add_length_flags(
+        p, pool=False, ratio_flags=("--random-range-ratio", "--range-ratio")
+    )
     for flag, kind, default, text in (
-        ("--threshold", threshold_value, "auto", "the routed router's --threshold: N or auto"),
-        ("--hysteresis", positive_int, None, "its --hysteresis"),
-        ("--return-delay", non_negative_float, None, "its --return-delay, model seconds"),
-        ("--switch-margin", fraction, None, "its --switch-margin"),
-        ("--max-concurrency", positive_int, None, "its --max-concurrency (past it: 503)"),
-        ("--request-rate", positive_float, None, "requests a second for --duration, or the "
+        ("--threshold", cli_common.threshold_value, "auto", "the routed router's --threshold: N "
+         "or auto"),
+        ("--hysteresis", cli.positive_int, None, "its --hysteresis"),
+        ("--return-delay", cli.non_negative_float, None, "its --return-delay, model seconds"),
+        ("--switch-margin", cli.fraction, None, "its --switch-margin"),
+        ("--max-concurrency", cli.positive_int, None, "its --max-concurrency (past it: 503)"),
+        ("--request-rate", cli.positive_float, None, "requests a second for --duration, or the "
          "peak of --schedule day"),
-        ("--duration", positive_float, 60.0, "seconds of a constant --request-rate"),
+        ("--duration", cli.positive_float, 60.0, "seconds of a constant --request-rate"),
         ("--rates", _rates, None, "a rate sweep: a constant-rate schedule 'rate-R' for each"),
-        ("--rate-seconds", positive_float, 30.0, "each --rates schedule's seconds"),
-        ("--burstiness", positive_float, 1.0, "gamma shape of the gaps between arrivals "
+        ("--rate-seconds", cli.positive_float, 30.0, "each --rates schedule's seconds"),
+        ("--burstiness", cli.positive_float, 1.0, "gamma shape of the gaps between arrivals "
          "(sglang.bench_serving's): 1 is Poisson, lower is burstier"),
         ("--trace", Path, None, "replay a CSV or JSONL trace: Azure's, BurstGPT's or "
          "timestamp,input_tokens,output_tokens"),
-        ("--trace-speedup", positive_float, 1.0, "--trace: its times divided by this"),
-        ("--slo-ttft-ms", positive_float, 1000.0, "TTFT SLO"),
-        ("--slo-tpot-ms", positive_float, 50.0, "TPOT SLO"),
-        ("--window", positive_float, 10.0, "report window, seconds"),
-        ("--repeats", positive_int, 3, "runs of every target"),
+        ("--trace-speedup", cli.positive_float, 1.0, "--trace: its times divided by this"),
+        ("--slo-ttft-ms", cli.positive_float, 1000.0, "TTFT SLO"),
+        ("--slo-tpot-ms", cli.positive_float, 50.0, "TPOT SLO"),
+        ("--window", cli.positive_float, 10.0, "report window, seconds"),
+        ("--repeats", cli.positive_int, 3, "runs of every target"),
         ("--seed", int, 0, "arrivals of repeat r: seed + r"),
-        ("--drain", non_negative_float, 30.0, "wall seconds the open requests get after the "
+        ("--drain", cli.non_negative_float, 30.0, "wall seconds the open requests get after the "
          "last arrival; then they are cut"),
     ):  # fmt: skip
         p.add_argument(flag, type=kind, default=default, help=text)
-    add_request_timeout(p)
+    cli_common.add_request_timeout(p)
 
 
 def _schedules(args: argparse.Namespace) -> list[tuple[str, Schedule]]:
@@ -118,12 +100,12 @@ def _schedules(args: argparse.Namespace) -> list[tuple[str, Schedule]]:
         for rate in args.rates or []:
             out.append((f"rate-{rate:g}", arrivals.constant(rate, args.rate_seconds)))
     except ValueError as exc:
-        raise UsageError(f"--schedule: {exc}") from None
+        raise cli.UsageError(f"--schedule: {exc}") from None
     if not out and args.request_rate is not None:
         rate = args.request_rate
         out.append((f"rate-{rate:g}", arrivals.constant(rate, args.duration)))
     if len({n for n, _ in out}) < len(out):
-        raise UsageError("--schedule: two schedules share a name; name them NAME=TEXT")
+        raise cli.UsageError("--schedule: two schedules share a name; name them NAME=TEXT")
     return out
 
 
@@ -135,17 +117,17 @@ def _config(args: argparse.Namespace) -> TrafficConfig:
         try:
             trace = arrivals.read_trace(args.trace, speedup=args.trace_speedup)
         except (OSError, ValueError) as exc:
-            raise UsageError(f"--trace: {exc}") from None
+            raise cli.UsageError(f"--trace: {exc}") from None
     schedules = _schedules(args)
     if trace is not None and schedules:
-        raise UsageError(
+        raise cli.UsageError(
             "--trace: the trace is the load; not with --request-rate, --schedule or --rates"
         )
     if trace is not None:
         span = max(a.at for a in trace.arrivals) + 1e-3
         schedules = [("trace", arrivals.constant(len(trace.arrivals) / span, span))]
     if not schedules:
-        raise UsageError("no load: give --request-rate, --schedule, --rates or --trace")
+        raise cli.UsageError("no load: give --request-rate, --schedule, --rates or --trace")
     return traffic.TrafficConfig(
         schedules=tuple(schedules), burstiness=args.burstiness, input_len=args.input_len,
         output_len=args.output_len, range_ratio=args.range_ratio, trace=trace,
@@ -159,25 +141,25 @@ def run(args: argparse.Namespace) -> int:
     from dynspec.bench import traffic, traffic_report
 
     if args.from_jsonl is not None:
-        return rerender(args.from_jsonl, lambda _: traffic_report)
+        return cli_common.rerender(args.from_jsonl, lambda _: traffic_report)
     cfg = _config(args)
     if args.url:
         if args.simulate:
-            raise UsageError("--url and --simulate: choose one")
-        chosen = targets(args.url)
+            raise cli.UsageError("--url and --simulate: choose one")
+        chosen = cli_common.targets(args.url)
         labels = {t.label for t in chosen}
         watch = args.watch or (["routed"] if "routed" in labels else [])
         if set(watch) - labels:
-            raise UsageError(f"--watch: no --url labelled {sorted(set(watch) - labels)[0]!r}")
-        out = out_path(args, "traffic")
+            raise cli.UsageError(f"--watch: no --url labelled {sorted(set(watch) - labels)[0]!r}")
+        out = cli_common.out_path(args, "traffic")
         out.write_text("", encoding="utf-8")  # a rerun starts afresh, as envelope's does
         by = {t.label: t.base_url for t in chosen}
         live = partial(traffic.run_live, chosen, cfg, out, watch={w: by[w] for w in watch})
-        return run_then_report(live, out, "runs", traffic_report)
-    prof = sim_profile(args)
+        return cli_common.run_then_report(live, out, "runs", traffic_report)
+    prof = cli_common.sim_profile(args)
     names = [n for n in args.targets.replace(" ", "").split(",") if n]
     if not names or set(names) - set(traffic.TARGETS) or len(set(names)) < len(names):
-        raise UsageError(f"--targets: some of {','.join(traffic.TARGETS)}, each once")
+        raise cli.UsageError(f"--targets: some of {','.join(traffic.TARGETS)}, each once")
     settings = ["--threshold", args.threshold]
     if args.hysteresis is not None:
         settings += ["--hysteresis", str(args.hysteresis)]
@@ -194,8 +176,8 @@ def run(args: argparse.Namespace) -> int:
         startup_timeout=args.startup_timeout, router_log_level=args.router_log_level,
         speed=args.speed, seed=args.seed,
     )  # fmt: skip
-    out = out_path(args, f"traffic-{prof.name}")
+    out = cli_common.out_path(args, f"traffic-{prof.name}")
     out.write_text("", encoding="utf-8")
-    return run_then_report(
+    return cli_common.run_then_report(
         partial(traffic.run_simulated, cfg, sim, out), out, "runs", traffic_report
     )

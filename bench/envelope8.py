@@ -74,11 +74,7 @@ def plan_ways(cfg: EightGpusConfig) -> tuple[list[str], str | None, list[str]]:
 
 
 def _sweep_levels(
-    targets: Sequence[Target],
-    scfg: SweepConfig,
-    out: Path,
-    say: Say | None,
-    repeat: int = 1,
+    targets: Sequence[Target], scfg: SweepConfig, out: Path, say: Say | None, repeat: int = 1
 ) -> list[Record]:
     """``sweep`` one level at a time, so each level's records carry the machine's load then."""
     records: list[Record] = []
@@ -100,8 +96,7 @@ def run(cfg: EightGpusConfig, say: Say | None = None) -> list[Record]:
         logger.warning("not run: %s", note)
     extra: dict[str, Any] = {
         **harness.run_metadata(EXPERIMENT, cfg.profile, cfg.speed, cfg.command),
-        "requests_per_c": cfg.sweep.requests_per_c,
-        "min_requests": cfg.sweep.min_requests,
+        **{k: getattr(cfg.sweep, k) for k in ("requests_per_c", "min_requests")},
         "sharing": cfg.sharing,
         "not_run": notes,
         "repeats": cfg.repeats,
@@ -159,14 +154,10 @@ def _one_run(
         targets: list[Target] = []
         used: dict[str, dict[str, Any]] = {}
         for way in run_ways:
-            router = ways.way_router(
-                way,
-                sets[ways.server_set(way)],
-                threshold=thr,
-                hysteresis=hyst,
-                speed_profile=profile_path,
-                calibrated=cfg.calibrated,
-            )
+            servers = sets[ways.server_set(way)]
+            router = ways.way_router(way, servers, threshold=thr, hysteresis=hyst,
+                                     speed_profile=profile_path,
+                                     calibrated=cfg.calibrated)  # fmt: skip
             router = dataclasses.replace(router, log_level=cfg.router_log_level)
             url, _ = harness.start_router(procs, f"router-{way}", router, cfg.startup_timeout)
             targets.append(Target(way, url))

@@ -156,12 +156,6 @@ def _batch(profile: Profile, mode: str, c: int) -> int:
     return min(c, m.max_running_requests or DEFAULT_RUNNING_LIMIT[mode])
 
 
-def expected_tpot_ms(profile: Profile, mode: str, c: int) -> float:
-    """The p50 TPOT the profile predicts for one server at closed-loop concurrency ``c``."""
-    b = _batch(profile, mode, c)
-    return 1000.0 * b / profile.mode(mode).throughput_at(b)
-
-
 def expected_tput(profile: Profile, mode: str, c: int) -> float:
     """Output tok/s the profile predicts for one server with ``c`` clients (decode only)."""
     return profile.mode(mode).throughput_at(_batch(profile, mode, c))
@@ -190,7 +184,8 @@ def schedule_table(records: Sequence[Record], profile: Profile) -> str:
             mode, per = t[3:], max(1, math.ceil(c / 2))
         else:
             continue
-        want = expected_tpot_ms(profile, mode, per)
+        # The p50 TPOT the profile predicts for one server holding ``per``.
+        want = 1000.0 * _batch(profile, mode, per) / expected_tput(profile, mode, per)
         # Two servers with an odd C: one holds ceil(C/2), the other floor(C/2).
         tput = expected_tput(profile, mode, per) + (
             expected_tput(profile, mode, c - per) if c > per else 0.0
@@ -201,10 +196,6 @@ def schedule_table(records: Sequence[Record], profile: Profile) -> str:
                      f"{got:.1f}", f"{tput:.1f}", f"{got / tput:.3f}",
                      cell(r.get("concurrency"))])  # fmt: skip
     return "\n".join(table(head, body)) + "\n"
-
-
-def profile_text(profile: Profile) -> str:
-    return f"`{profile.name}`{' (ILLUSTRATIVE, not measured)' if profile.illustrative else ''}"
 
 
 def prompts_text(meta: Record) -> str:
@@ -237,19 +228,10 @@ def _tok(r: GoalRow, way: str) -> str:
 
 
 def goal_table(rows: Sequence[GoalRow]) -> str:
-    head = [
-        "C",
-        f"{SUBJECT} tok/s",
-        "best pair",
-        "best pair tok/s",
-        f"{SUBJECT} / best tok/s",
-        f"{SUBJECT} / best TPOT",
-        "split-threshold tok/s",
-        f"{SUBJECT} / split",
-        f">= {VS_BEST_TPUT}x best",
-        f"TPOT <= {VS_BEST_TPOT}x",
-        f">= {VS_SPLIT_GAIN}x split",
-    ]
+    head = ["C", f"{SUBJECT} tok/s", "best pair", "best pair tok/s", f"{SUBJECT} / best tok/s",
+            f"{SUBJECT} / best TPOT", "split-threshold tok/s", f"{SUBJECT} / split",
+            f">= {VS_BEST_TPUT}x best", f"TPOT <= {VS_BEST_TPOT}x",
+            f">= {VS_SPLIT_GAIN}x split"]  # fmt: skip
     body = [
         [str(r.c), _tok(r, SUBJECT), r.best_pair, _tok(r, r.best_pair), f"{r.vs_best_tput:.3f}",
          f"{r.vs_best_tpot:.3f}", cell(r.tput.get("split-threshold", math.nan)),
@@ -408,7 +390,7 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
         "**SIMULATED.** `dynspec-sim` servers (no GPU, no model; each stands for four GPUs, a "
         "`--pair` simulator for four GPUs holding an EAGLE and a baseline server that share them "
         f"by `{sharing}`) and real `dynspec-router` processes, on a CPU-only machine. Profile "
-        f"{profile_text(profile)}.",
+        f"`{profile.name}`{' (ILLUSTRATIVE, not measured)' if profile.illustrative else ''}.",
         "",
         f"Profile source: {profile.source}",
         "",

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from dynspec.bench.procs import Children, free_port
+from dynspec.bench.procs import Children, captured, free_port
 from dynspec.bench.ways import Router, Servers
 from dynspec.launcher import config as launch_config
 from dynspec.launcher import spec as launch_spec
@@ -56,10 +56,7 @@ def machine() -> dict[str, Any]:
 
 
 def _git(folder: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10, check=True
-    )
-    return done.stdout.strip()
+    return captured(["git", "-C", str(folder), *args], timeout=10, check=True).stdout.strip()
 
 
 def code_commit() -> str:
@@ -228,12 +225,10 @@ def wall_clock_profile(profile: Profile, speed: float) -> Profile:
         )
         for name, m in profile.modes.items()
     }
+    faster = f"time running {speed:g}x faster (dynspec-sim --speed {speed:g}): tok/s x {speed:g}"
+    source = f"{profile.name} with {faster}. {profile.source}"
     return dataclasses.replace(
-        profile,
-        name=f"{profile.name}-x{speed:g}",
-        source=f"{profile.name} with time running {speed:g}x faster (dynspec-sim --speed "
-        f"{speed:g}): tok/s x {speed:g}. {profile.source}",
-        modes=modes,
+        profile, name=f"{profile.name}-x{speed:g}", source=source, modes=modes
     )
 
 

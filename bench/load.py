@@ -335,9 +335,7 @@ async def run_level(
 async def fetch_text(session: aiohttp.ClientSession, url: str, timeout: float = 10.0) -> str | None:
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            if resp.status != 200:
-                return None
-            return await resp.text()
+            return await resp.text() if resp.status == 200 else None
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
         return None
 

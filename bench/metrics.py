@@ -157,31 +157,21 @@ def compute(
     itls = [x for t in ok for x in t.itl()]
     total_input = sum(t.prompt_tokens for t in ok)
     total_output = sum(t.output_tokens for t in ok)
-    dur = duration if duration > 0 else math.inf
+    if win is None or win.length <= 0:  # the measured requests' own, over ``duration``
+        win = Window(0.0, duration, total_output, total_input, len(ok), sum(latencies))
+    n = win.length if win.length > 0 else math.inf
     result: dict[str, float | int] = {
         "completed": len(ok),
         "failed": len(traces) - len(ok),
-        "duration": duration,
+        "duration": win.length,
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
-        "request_throughput": len(ok) / dur,
-        "input_throughput": total_input / dur,
-        "output_throughput": total_output / dur,
-        "total_throughput": (total_input + total_output) / dur,
-        "concurrency": sum(latencies) / dur,
+        "request_throughput": win.requests / n,
+        "input_throughput": win.input_tokens / n,
+        "output_throughput": win.output_tokens / n,
+        "total_throughput": (win.input_tokens + win.output_tokens) / n,
+        "concurrency": win.busy / n,
     }
-    if win is not None and win.length > 0:
-        n = win.length
-        result.update(
-            {
-                "duration": n,
-                "request_throughput": win.requests / n,
-                "input_throughput": win.input_tokens / n,
-                "output_throughput": win.output_tokens / n,
-                "total_throughput": (win.input_tokens + win.output_tokens) / n,
-                "concurrency": win.busy / n,
-            }
-        )
     result.update(_summary("ttft", ttfts))
     result.update(_summary("tpot", tpots))
     result.update(_summary("itl", itls, extra=(95,)))

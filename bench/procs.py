@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from dynspec.launcher.process import stat_fields
 
@@ -29,6 +29,19 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def captured(
+    argv: Sequence[str], *, check: bool = False, **kw: Any
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` run to its end, its output captured as text."""
+    return subprocess.run(list(argv), capture_output=True, text=True, check=check, **kw)
+
+
+def last_line(text: str) -> str:
+    """The last line of ``text`` that is not blank ("" where none is)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
 
 
 def http_status(url: str, timeout: float = 2.0) -> int | None:
@@ -132,14 +145,9 @@ class Children:
         if log is not None:
             out = open(log, "ab" if append else "wb")  # noqa: SIM115 - closed once the child has it
         try:
-            proc = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**base, **(env or {})},
-            )
+            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={**base, **(env or {})})  # fmt: skip
         finally:
             if not isinstance(out, int):
                 out.close()

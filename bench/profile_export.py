@@ -47,13 +47,10 @@ def mode_profile(
     prompt = float(first.get("total_input_tokens") or 0) / max(1, int(first["completed"]))
     return measured_mode(
         [(c, float(by_c[c]["output_throughput"])) for c in levels],
-        what=f"target {records[0].get('target')!r}",
-        accept_length=accept,
-        max_accept_length=max_accept,
-        max_running=max_running,
-        prefill_tokens_per_s=prefill_rate(ttft, tpot, prompt),
-        interpolate=interpolate,
-    )
+        what=f"target {records[0].get('target')!r}", accept_length=accept,
+        max_accept_length=max_accept, max_running=max_running,
+        prefill_tokens_per_s=prefill_rate(ttft, tpot, prompt), interpolate=interpolate,
+    )  # fmt: skip
 
 
 def build_profile(
@@ -71,7 +68,8 @@ def build_profile(
     # A simulated sweep ran at --speed: back to the simulator's model time.
     records = [model_time(r) for r in records]
     # A routed target mixes both pools; it says nothing about one server.
-    names = [n for n in targets(records) if not _routed(records, n)]
+    routed = {r.get("target") for r in records if "backend_share" in r}
+    names = [n for n in targets(records) if n not in routed]
     eagle_target = eagle_target or _guess(names, "eagle")
     baseline_target = baseline_target or _guess(names, "baseline")
     chosen = {"eagle": eagle_target, "baseline": baseline_target}
@@ -81,12 +79,9 @@ def build_profile(
             continue
         if target not in names:
             raise ValueError(f"no target {target!r} in the sweep (found: {', '.join(names)})")
-        modes[mode] = mode_profile(
-            [r for r in records if r.get("target") == target],
-            mode,
-            interpolate=interpolate,
-            max_running=(max_running or {}).get(mode),
-        )
+        mine = [r for r in records if r.get("target") == target]
+        limit = (max_running or {}).get(mode)
+        modes[mode] = mode_profile(mine, mode, interpolate=interpolate, max_running=limit)
     if not modes:
         raise ValueError(
             f"cannot tell which target is which (found: {', '.join(names) or 'none'}); "
@@ -119,14 +114,5 @@ def build_profile(
         + (f" {note}" if note else "")
     )
     models = {str(r["model"]) for r in records if r.get("model")}
-    return Profile(
-        name=name,
-        source=source,
-        modes=modes,
-        illustrative=False,
-        model=model or (models.pop() if len(models) == 1 else "simulated-model"),
-    )
-
-
-def _routed(records: Sequence[Record], name: str) -> bool:
-    return any(r.get("target") == name and "backend_share" in r for r in records)
+    model = model or (models.pop() if len(models) == 1 else "simulated-model")
+    return Profile(name=name, source=source, modes=modes, illustrative=False, model=model)

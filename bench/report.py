@@ -115,21 +115,15 @@ def _share(rec: Record) -> str:
     return " / ".join(f"{k} {100 * float(v):.0f}%" for k, v in sorted(share.items()))
 
 
+# The sweep table's columns: (the record's key, the header, digits).
 COLUMNS: Sequence[tuple[str, str, int]] = (
-    ("max_concurrency", "C", 0),
-    ("completed", "done", 0),
-    ("failed", "fail", 0),
-    ("concurrency", "achieved C", 1),
-    ("request_throughput", "req/s", 2),
-    ("output_throughput", "out tok/s", 1),
-    ("median_ttft_ms", "TTFT p50 ms", 1),
-    ("p99_ttft_ms", "TTFT p99 ms", 1),
-    ("median_tpot_ms", "TPOT p50 ms", 2),
-    ("p90_tpot_ms", "TPOT p90 ms", 2),
-    ("p99_tpot_ms", "TPOT p99 ms", 2),
-    ("median_itl_ms", "ITL p50 ms", 2),
-    ("median_e2e_latency_ms", "E2E p50 ms", 0),
-)
+    ("max_concurrency", "C", 0), ("completed", "done", 0), ("failed", "fail", 0),
+    ("concurrency", "achieved C", 1), ("request_throughput", "req/s", 2),
+    ("output_throughput", "out tok/s", 1), ("median_ttft_ms", "TTFT p50 ms", 1),
+    ("p99_ttft_ms", "TTFT p99 ms", 1), ("median_tpot_ms", "TPOT p50 ms", 2),
+    ("p90_tpot_ms", "TPOT p90 ms", 2), ("p99_tpot_ms", "TPOT p99 ms", 2),
+    ("median_itl_ms", "ITL p50 ms", 2), ("median_e2e_latency_ms", "E2E p50 ms", 0),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

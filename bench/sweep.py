@@ -49,14 +49,8 @@ class SweepConfig:
     prompt_pool: int = 0  # random prompts: 0, a new one every request; N, N reused in turn
 
     def level_requests(self, c: int) -> int:
-        return (
-            self.requests
-            if self.requests is not None
-            else max(self.min_requests, self.requests_per_c * c)
-        )
-
-    def level_warmup(self, c: int) -> int:
-        return self.warmup if self.warmup is not None else c
+        default = max(self.min_requests, self.requests_per_c * c)
+        return default if self.requests is None else self.requests
 
 
 Say = Callable[[str], None]  # one line per level (a console's); None: silent
@@ -84,9 +78,7 @@ def build_record(
         "num_prompts": len(run.traces),
         "warmup_requests": warmup,
         "dataset_name": "random",
-        "random_input_len": cfg.input_len,
-        "random_output_len": cfg.output_len,
-        "random_range_ratio": cfg.range_ratio,
+        **{f"random_{k}": getattr(cfg, k) for k in ("input_len", "output_len", "range_ratio")},
         "prompt_pool": cfg.prompt_pool,
     }
     per_chunk = metrics.tokens_per_chunk(run.traces)
@@ -227,7 +219,7 @@ async def sweep(
                     logger.info("%s C=%d #%d needs about %.0fs: past the deadline", label, c, rep,
                                 need)  # fmt: skip
                     break
-            n, w = cfg.level_requests(c), cfg.level_warmup(c)
+            n, w = cfg.level_requests(c), c if cfg.warmup is None else cfg.warmup
             before: list[int | None] = []  # the switches when measuring began
 
             async def snapshot(t: load.Target = target, box: list[int | None] = before) -> None:

@@ -29,6 +29,7 @@ from dynspec.launcher.sim.profile import load_profile
 logger = logging.getLogger(__name__)
 
 TARGETS = ("routed", "eagle", "baseline")
+LENGTHS = ("input_len", "output_len", "range_ratio")  # the random dataset's, as bench_serving's
 
 
 @dataclass(frozen=True)
@@ -54,34 +55,19 @@ class TrafficConfig:
     def arrivals_of(self, schedule: Schedule, repeat: int) -> list[Arrival]:
         if self.trace is not None:
             return list(self.trace.arrivals)
+        lengths = {k: getattr(self, k) for k in LENGTHS}
         return arrivals.synthetic(
-            schedule,
-            burstiness=self.burstiness,
-            input_len=self.input_len,
-            output_len=self.output_len,
-            range_ratio=self.range_ratio,
-            seed=self.seed + repeat,
+            schedule, burstiness=self.burstiness, seed=self.seed + repeat, **lengths
         )
 
     def meta(self) -> Record:
         """The fields every record carries: how the load was made and judged."""
-        out: Record = {
-            "experiment": "traffic",
-            "burstiness": self.burstiness,
-            "slo_ttft_ms": self.slo_ttft_ms,
-            "slo_tpot_ms": self.slo_tpot_ms,
-            "window_s": self.window_s,
-            "speed": self.speed,
-            "seed": self.seed,
-            "drain_s": self.drain_s,
-            "command": self.command,
-        }
+        names = "burstiness slo_ttft_ms slo_tpot_ms window_s speed seed drain_s command"
+        out: Record = {"experiment": "traffic", **{k: getattr(self, k) for k in names.split()}}
         if self.trace is not None:
             out["trace"], out["trace_skipped"] = self.trace.source, self.trace.skipped
         else:
-            out["random_input_len"] = self.input_len
-            out["random_output_len"] = self.output_len
-            out["random_range_ratio"] = self.range_ratio
+            out.update({f"random_{k}": getattr(self, k) for k in LENGTHS})
         return out
 
 
@@ -103,14 +89,11 @@ def plan(cfg: TrafficConfig, labels: Sequence[str]) -> list[Run]:
     return out
 
 
-def _run_records(out: Path) -> list[Record]:
-    return [r for r in load_jsonl(out) if r.get("scope") == "run"] if out.is_file() else []
-
-
 def runs_left(cfg: TrafficConfig, labels: Sequence[str], out: Path) -> list[Run]:
     """The plan's runs whose whole-run record ``out`` does not hold yet (a run appends its records
     as it ends: it is in ``out`` whole or not at all), in order."""
-    done = {(int(r["repeat"]), str(r["schedule"]), str(r["target"])) for r in _run_records(out)}
+    runs = [r for r in load_jsonl(out) if r.get("scope") == "run"] if out.is_file() else []
+    done = {(int(r["repeat"]), str(r["schedule"]), str(r["target"])) for r in runs}
     return [run for run in plan(cfg, labels) if run not in done]
 
 
@@ -159,14 +142,8 @@ def _each(
             **more,
             "timestamp": stamp,
         }
-        recs = slo.records(
-            result,
-            sched,
-            window_s=cfg.window_s,
-            slo_ttft_ms=cfg.slo_ttft_ms,
-            slo_tpot_ms=cfg.slo_tpot_ms,
-            head=head,
-        )
+        slos = {k: getattr(cfg, k) for k in ("window_s", "slo_ttft_ms", "slo_tpot_ms")}
+        recs = slo.records(result, sched, head=head, **slos)
         for rec in recs:
             append_jsonl(out, rec)
         records += recs

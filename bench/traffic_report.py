@@ -7,18 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from dynspec.bench.report import (
-    MARK,
-    Record,
-    cell,
-    code_lines,
-    errorbars,
-    figure,
-    machine_line,
-    run_time_line,
-    spread_of,
-    table,
-)
+from dynspec.bench import report
+from dynspec.bench.report import Record
 
 ROUTED = "routed"
 SINGLES = ("eagle", "baseline")
@@ -50,7 +40,7 @@ def windows(records: Sequence[Record], schedule: str, target: str) -> dict[int, 
 
 
 def _mid(recs: Sequence[Record], key: str) -> float | None:
-    m = spread_of(recs, key)
+    m = report.spread_of(recs, key)
     return m.median if m else None
 
 
@@ -131,30 +121,25 @@ def _rate_of(records: Sequence[Record], name: str) -> float | None:
 
 # ---- tables ------------------------------------------------------------------------------------
 
+# The run table's columns: (the record's key, the header, digits).
 RUN_COLUMNS: Sequence[tuple[str, str, int]] = (
-    ("goodput", "goodput req/s", 2),
-    ("slo_attainment", "SLO attained", 3),
-    ("output_throughput", "tok/s", 0),
-    ("median_tpot_ms", "TPOT p50 ms", 1),
-    ("p99_tpot_ms", "TPOT p99 ms", 1),
-    ("median_ttft_ms", "TTFT p50 ms", 0),
-    ("p99_ttft_ms", "TTFT p99 ms", 0),
-    ("eagle_share", "on EAGLE", 2),
-    ("switches_per_min", "switches/min", 1),
-    ("shed", "shed", 0),
-    ("failed", "failed", 0),
+    ("goodput", "goodput req/s", 2), ("slo_attainment", "SLO attained", 3),
+    ("output_throughput", "tok/s", 0), ("median_tpot_ms", "TPOT p50 ms", 1),
+    ("p99_tpot_ms", "TPOT p99 ms", 1), ("median_ttft_ms", "TTFT p50 ms", 0),
+    ("p99_ttft_ms", "TTFT p99 ms", 0), ("eagle_share", "on EAGLE", 2),
+    ("switches_per_min", "switches/min", 1), ("shed", "shed", 0), ("failed", "failed", 0),
     ("cut", "cut", 0),
-)
+)  # fmt: skip
 
 
 def run_table(records: Sequence[Record], name: str) -> list[str]:
     body = []
     for t in targets(records):
         if recs := runs(records, name, t):
-            spreads = [(spread_of(recs, k), d) for k, _, d in RUN_COLUMNS]
+            spreads = [(report.spread_of(recs, k), d) for k, _, d in RUN_COLUMNS]
             cells = [m.cell(d, same_once=True) if m else "-" for m, d in spreads]
             body.append([t, str(len(recs)), *cells])
-    return table(["target", "repeats", *(c[1] for c in RUN_COLUMNS)], body)
+    return report.table(["target", "repeats", *(c[1] for c in RUN_COLUMNS)], body)
 
 
 def window_table(records: Sequence[Record], name: str) -> list[str]:
@@ -181,7 +166,7 @@ def window_table(records: Sequence[Record], name: str) -> list[str]:
         row += [_med(w, "slo_attainment", 3) for w in per]
         row += [f"{_med(w, 'median_tpot_ms', 1)} / {_med(w, 'p99_tpot_ms', 1)}" for w in per]
         body.append(row)
-    return table(cols, body)
+    return report.table(cols, body)
 
 
 def _range(recs: Sequence[Record]) -> str:
@@ -196,7 +181,7 @@ def _range(recs: Sequence[Record]) -> str:
 
 def _med(recs: Sequence[Record], key: str, digits: int) -> str:
     """The median of the repeats, a number only (the tables of windows are wide already)."""
-    return cell(_mid(recs, key), digits, thousands=True)
+    return report.cell(_mid(recs, key), digits, thousands=True)
 
 
 def overload_lines(records: Sequence[Record]) -> list[str]:
@@ -214,8 +199,8 @@ def overload_lines(records: Sequence[Record]) -> list[str]:
             f"- {r['schedule']} #{r['repeat']} {r['target']}: {r['requests']} requests, statuses "
             f"{r.get('statuses')}, {r.get('shed_without_retry_after')} shed without Retry-After, "
             f"{r.get('cut')} cut, errors {r.get('errors')}; served TTFT p99 "
-            f"{cell(r.get('p99_ttft_ms'), 0, thousands=True)} ms, max "
-            f"{cell(r.get('max_ttft_ms'), 0, thousands=True)} ms; {mem}."
+            f"{report.cell(r.get('p99_ttft_ms'), 0, thousands=True)} ms, max "
+            f"{report.cell(r.get('max_ttft_ms'), 0, thousands=True)} ms; {mem}."
         )
     return lines
 
@@ -254,11 +239,11 @@ def header(records: Sequence[Record]) -> list[str]:
             f"- Time: model time; the simulators ran {r0.get('speed')}x wall-clock. Every run "
             "had simulators (and, routed, a router) started fresh for it alone."
         )
-        lines.append(machine_line(records, "the client, routers and simulators"))
+        lines.append(report.machine_line(records, "the client, routers and simulators"))
     else:
         lines.append(measured_line(records))
-    lines += code_lines(records)
-    lines += [x for x in (run_time_line(records),) if x]
+    lines += report.code_lines(records)
+    lines += [x for x in (report.run_time_line(records),) if x]
     return [*lines, ""]
 
 
@@ -296,7 +281,7 @@ def render(records: Sequence[Record]) -> str:
 
 def verdicts(records: Sequence[Record]) -> list[str]:
     """``PASS|MISS|-: goal: detail`` for every goal (``-``: not judged)."""
-    return [f"{MARK[ok]}: {goal}: {detail}" for goal, ok, detail in goals(records)]
+    return [f"{report.MARK[ok]}: {goal}: {detail}" for goal, ok, detail in goals(records)]
 
 
 def summary(records: Sequence[Record]) -> str:
@@ -322,7 +307,7 @@ def plot_series(records: Sequence[Record], name: str, path: Path) -> None:
     """Rate and the routed pool share on top; TPOT p50 and p99 of every target below, then
     every target's SLO attainment."""
     title = f"{_label(records)}: open-loop `{name}`, medians of repeats"
-    with figure(path, title, 3, 1, figsize=(10, 9), sharex=True) as (_, axes):
+    with report.figure(path, title, 3, 1, figsize=(10, 9), sharex=True) as (_, axes):
         top, bottom, slo = axes
         rate = _series(records, name, targets(records)[0], "scheduled_rate")
         top.plot(*rate, color="gray", label="scheduled rate")
@@ -356,19 +341,19 @@ def plot_sweep(records: Sequence[Record], path: Path) -> None:
     """Goodput and p99 TPOT against the request rate, one line per target with min-max bars."""
     names = [n for n in schedules(records) if is_sweep(n)]
     title = f"{_label(records)}: open-loop rate sweep, medians of repeats (min-max)"
-    with figure(path, title, 1, 2, figsize=(11, 4.5)) as (_, (left, right)):
+    with report.figure(path, title, 1, 2, figsize=(11, 4.5)) as (_, (left, right)):
         for t in targets(records):
             for ax, key in ((left, "goodput"), (right, "p99_tpot_ms")):
                 pts = []
                 for n in names:
-                    m = spread_of(runs(records, n, t), key)
+                    m = report.spread_of(runs(records, n, t), key)
                     rate = _rate_of(records, n)
                     if m is not None and rate is not None:
                         pts.append((rate, m))
                 if pts:
                     pts.sort(key=lambda p: (p[0], p[1].median))
                     xs, spreads = [x for x, _ in pts], [m for _, m in pts]
-                    errorbars(ax, xs, spreads, color=COLORS.get(t), label=t)
+                    report.errorbars(ax, xs, spreads, color=COLORS.get(t), label=t)
         left.set_xlabel("request rate (req/s)")
         left.set_ylabel("goodput (req/s meeting both SLOs)")
         right.set_xlabel("request rate (req/s)")

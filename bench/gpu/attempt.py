@@ -17,21 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from dynspec.bench.gpu import toolkit
 from dynspec.bench.gpu.launch import kept_session, session_file
 from dynspec.bench.gpu.leftovers import TAG_VAR, kill_tagged
-from dynspec.bench.gpu.toolkit import (
-    FIXED_ENV,
-    KEEP_RESERVE_S,
-    PROG,
-    RESERVE_S,
-    SGLANG_ARGS,
-    Run,
-    RunFailed,
-    Steady,
-    build_models,
-    probe_python,
-    site_paths,
-)
 
 
 @dataclass(frozen=True)
@@ -47,11 +35,11 @@ class Attempt:
     models: Path | None
     drafts: tuple[str, ...]
     commit: str
-    steady: Steady
+    steady: toolkit.Steady
     keep: bool = False  # keep the session (launcher) running when the plan is not finished
 
 
-Body = Callable[[Run, Path, "dict[str, Any] | None"], int]
+Body = Callable[[toolkit.Run, Path, "dict[str, Any] | None"], int]
 
 
 def attempt(a: Attempt, body: Body) -> NoReturn:
@@ -60,10 +48,10 @@ def attempt(a: Attempt, body: Body) -> NoReturn:
     kept) and whatever carries the run's tag killed, ``meta.json`` and the logs written and the
     results copied to ``--out``. A ``RunFailed`` is one line and exit 1."""
     env = dict(os.environ)
-    env.update(FIXED_ENV)
-    run = Run(out=a.out, work=a.work, deadline=time.monotonic() + a.budget, env=env)
+    env.update(toolkit.FIXED_ENV)
+    run = toolkit.Run(out=a.out, work=a.work, deadline=time.monotonic() + a.budget, env=env)
     run.ports, run.steady = a.ports, a.steady
-    run.reserve = KEEP_RESERVE_S if a.keep else RESERVE_S
+    run.reserve = toolkit.KEEP_RESERVE_S if a.keep else toolkit.RESERVE_S
     session = kept_session(run, a.plan)
     if session is None:
         shutil.rmtree(run.logs, ignore_errors=True)
@@ -83,21 +71,21 @@ def attempt(a: Attempt, body: Body) -> NoReturn:
     run.meta.setdefault("device_commands", []).append(command)
     code, failure = 1, None
     try:
-        extra = site_paths(run, a.bundle)
+        extra = toolkit.site_paths(run, a.bundle)
         here = env.get("PYTHONPATH", "")
         run.env["PYTHONPATH"] = os.pathsep.join([*([here] if here else []), *extra])
         models = a.models or a.work / "models"
         if session is None:
-            run.meta["versions"] = probe_python(run)
-            run.meta["sglang_args"] = SGLANG_ARGS
+            run.meta["versions"] = toolkit.probe_python(run)
+            run.meta["sglang_args"] = toolkit.SGLANG_ARGS
             run.say(f"versions: {run.meta['versions']}")
             if a.models is None and a.drafts:
-                build_models(run, models, a.drafts)
+                toolkit.build_models(run, models, a.drafts)
                 run.say("models built")
         else:
             run.say(f"resuming the session kept by the last command (tag {run.tag})")
         code = body(run, models, session)
-    except RunFailed as exc:
+    except toolkit.RunFailed as exc:
         failure = str(exc)
     except KeyboardInterrupt:
         failure = "interrupted"
@@ -115,7 +103,9 @@ def attempt(a: Attempt, body: Body) -> NoReturn:
             run.meta["failure"] = failure
         (run.results / "meta.json").write_text(json.dumps(run.meta, indent=1, default=str))
         with contextlib.suppress(OSError, tarfile.TarError):
-            pack_logs(run)
+            if run.logs.is_dir():
+                with tarfile.open(run.results / "logs.tar.gz", "w:gz") as t:
+                    t.add(run.logs, arcname="logs")
         a.out.mkdir(parents=True, exist_ok=True)
         for f in run.results.iterdir():
             if f.is_file():
@@ -126,12 +116,5 @@ def attempt(a: Attempt, body: Body) -> NoReturn:
 
 
 def fail(text: str) -> NoReturn:
-    print(f"{PROG}: error: {text}", file=sys.stderr)
+    print(f"{toolkit.PROG}: error: {text}", file=sys.stderr)
     sys.exit(1)
-
-
-def pack_logs(run: Run) -> None:
-    if not run.logs.is_dir():
-        return
-    with tarfile.open(run.results / "logs.tar.gz", "w:gz") as t:
-        t.add(run.logs, arcname="logs")

@@ -18,6 +18,7 @@ import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from dynspec.bench.procs import captured, last_line
 from dynspec.common.cli import UsageError
 
 PYTHON_VERSION = "3.12"
@@ -29,14 +30,14 @@ PLATFORMS = (
     "manylinux1_x86_64",
     "any",
 )
-# Paths (relative to the site folder) the triton backend never loads: FA3, Blackwell, FlashMLA,
-# InfLLM kernels, a static library, CUTLASS sources, console scripts.
+# Paths (relative to the site folder; files as glob patterns) the triton backend never loads:
+# FA3, Blackwell, FlashMLA, InfLLM kernels, a static library, CUTLASS sources, console scripts.
 TRIM_FILES = (
     "sgl_kernel/flash_ops.abi3.so",
     "sgl_kernel/flashmla_ops.abi3.so",
     "xgrammar/lib/libxgrammar.a",
+    "sgl_kernel/infllm_ops*.so",
 )
-TRIM_GLOBS = ("sgl_kernel/infllm_ops*.so",)
 TRIM_DIRS = (
     "sgl_kernel/sm100",
     "flashinfer/data/cutlass/examples",
@@ -74,23 +75,17 @@ def pins() -> list[str]:
 
 
 def _run(argv: Sequence[str], what: str) -> None:
-    done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+    done = captured(argv)
     if done.returncode != 0:
-        lines = [ln for ln in (done.stderr or done.stdout).splitlines() if ln.strip()]
-        last = lines[-1] if lines else f"exit {done.returncode}"
+        last = last_line(done.stderr or done.stdout) or f"exit {done.returncode}"
         raise RuntimeError(f"{what} failed: {last}")
 
 
 def trim(site: Path) -> None:
-    for rel in TRIM_FILES:
-        (site / rel).unlink(missing_ok=True)
-    for pattern in TRIM_GLOBS:
-        for path in site.glob(pattern):
-            path.unlink()
-    for rel in TRIM_DIRS:
-        shutil.rmtree(site / rel, ignore_errors=True)
-    for cache in list(site.rglob("__pycache__")):
-        shutil.rmtree(cache, ignore_errors=True)
+    for path in [p for pattern in TRIM_FILES for p in site.glob(pattern)]:
+        path.unlink()
+    for folder in [*(site / rel for rel in TRIM_DIRS), *site.rglob("__pycache__")]:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def write_stubs(site: Path) -> None:

@@ -11,17 +11,7 @@ from typing import NoReturn
 
 from dynspec.bench.cli_common import add_prompt_pool_flag, threshold_value
 from dynspec.bench.cli_common import levels as parse_levels
-from dynspec.common.cli import (
-    FlagParser,
-    UsageError,
-    add_log_level,
-    configure_logging,
-    non_negative_float,
-    port,
-    positive_float,
-    positive_int,
-    run_main,
-)
+from dynspec.common import cli
 
 PROG = "dynspec-bench gpu"
 COMMANDS = {
@@ -35,50 +25,48 @@ COMMANDS = {
 def cmd_bundle(argv: Sequence[str]) -> NoReturn:
     from dynspec.bench.gpu import bundle
 
-    p = FlagParser(prog=f"{PROG} bundle", description=bundle.__doc__.split("\n\n")[0])
+    p = cli.FlagParser(prog=f"{PROG} bundle", description=bundle.__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path(".gpu"), help="folder for sgl-site.tar.xz")
     p.add_argument("--python", default="python3.12", help="a Python 3.12 with pip (downloads)")
     p.add_argument("--wheels", type=Path, default=None, help="wheel cache (default: OUT/wheels)")
-    add_log_level(p)
+    cli.add_log_level(p)
     args = p.parse_layered(argv)
-    configure_logging(args.log_level)
+    cli.configure_logging(args.log_level)
 
     def body() -> int:
         archive = bundle.build_bundle(args.out, args.python, args.wheels or args.out / "wheels")
         print(f"{archive} ({archive.stat().st_size / 2**20:.1f} MiB)")
         return 0
 
-    run_main(PROG, body, args.log_level)
+    cli.run_main(PROG, body, args.log_level)
 
 
 def cmd_models(argv: Sequence[str]) -> NoReturn:
     from dynspec.bench.gpu import models
 
-    p = FlagParser(prog=f"{PROG} models", description=models.__doc__.split("\n\n")[0])
+    p = cli.FlagParser(prog=f"{PROG} models", description=models.__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="folder for llama8b/ and eagle3-*/")
-    p.add_argument(
-        "--drafts",
-        default=",".join(models.draft_specs()),
-        help="comma-separated drafts to build: " + ", ".join(models.draft_specs()),
-    )
-    add_log_level(p)
+    drafts = list(models.draft_specs())
+    text = "comma-separated drafts to build: " + ", ".join(drafts)
+    p.add_argument("--drafts", default=",".join(drafts), help=text)
+    cli.add_log_level(p)
     args = p.parse_layered(argv)
-    configure_logging(args.log_level)
+    cli.configure_logging(args.log_level)
 
     def body() -> int:
         names = [d for d in args.drafts.split(",") if d]
-        unknown = [d for d in names if d not in models.draft_specs()]
+        unknown = [d for d in names if d not in drafts]
         if unknown:
-            raise UsageError(f"--drafts: unknown draft {unknown[0]!r}")
+            raise cli.UsageError(f"--drafts: unknown draft {unknown[0]!r}")
         try:
             import torch  # noqa: F401
         except ImportError:
-            raise UsageError("building the models needs torch and safetensors") from None
+            raise cli.UsageError("building the models needs torch and safetensors") from None
         for name, path in models.build_models(args.out, names).items():
             print(f"{name}: {path}")
         return 0
 
-    run_main(PROG, body, args.log_level)
+    cli.run_main(PROG, body, args.log_level)
 
 
 def cmd_run(argv: Sequence[str]) -> NoReturn:
@@ -121,9 +109,7 @@ pair-a's with --traffic-mps off). The plans and every flag: docs/benchmarks.md, 
 
 def drafts(args: argparse.Namespace) -> tuple[str, ...]:
     """The EAGLE drafts the plan's servers load (built unless --models is given)."""
-    if args.plan == "traffic":
-        return (args.draft,)
-    return ("hi",)
+    return (args.draft,) if args.plan == "traffic" else ("hi",)
 
 
 def _baseline_args(text: str) -> str:
@@ -137,36 +123,36 @@ def _baseline_args(text: str) -> str:
 
 
 def _ports(text: str) -> tuple[int, int, int]:
-    values = tuple(port(x) for x in text.split(","))
+    values = tuple(cli.port(x) for x in text.split(","))
     if len(values) != 3 or len(set(values)) != 3:
         raise ValueError("want three different ports: router,EAGLE,baseline")
     return values
 
 
-def run_parser() -> FlagParser:
+def run_parser() -> cli.FlagParser:
     from dynspec.bench.gpu.toolkit import PAIR_LEVELS, Steady
     from dynspec.bench.gpu.toolkit import PROG as RUN_PROG
     from dynspec.bench.gpu.trafficplan import add_flags
 
     st = Steady()  # the plans' defaults are the flags' defaults: one record of them
 
-    p = FlagParser(prog=RUN_PROG, description=RUN_HELP)
+    p = cli.FlagParser(prog=RUN_PROG, description=RUN_HELP)
     p.add_argument("--plan", choices=PLANS, required=True, help="what to run")
     p.add_argument("--out", type=Path, required=True, help="results folder")
     for flag, kind, default, text in (
         ("--bundle", Path, None, "sgl-site.tar.xz (default: the installed SGLang)"),
         ("--work", Path, Path("/tmp/dynspec-gpu"), "models, site"),
-        ("--budget", positive_float, 540.0, "seconds for it all"),
+        ("--budget", cli.positive_float, 540.0, "seconds for it all"),
         ("--levels", parse_levels, None, f"default {PAIR_LEVELS}"),
         ("--threshold", threshold_value, None, "the router's: N or auto (the default)"),
-        ("--repeats", positive_int, st.repeats, "runs of each point"),
-        ("--min-seconds", non_negative_float, st.min_seconds, "a level, at least"),
-        ("--requests-per-c", positive_int, st.per_c, "a level, at least x C"),
-        ("--output-len", positive_int, st.output_len, "tokens out"),
-        ("--sweep-seconds", non_negative_float, None, "start no level (run) after this"),
-        ("--baseline-limit", positive_int, None, "baseline --max-running-requests"),
+        ("--repeats", cli.positive_int, st.repeats, "runs of each point"),
+        ("--min-seconds", cli.non_negative_float, st.min_seconds, "a level, at least"),
+        ("--requests-per-c", cli.positive_int, st.per_c, "a level, at least x C"),
+        ("--output-len", cli.positive_int, st.output_len, "tokens out"),
+        ("--sweep-seconds", cli.non_negative_float, None, "start no level (run) after this"),
+        ("--baseline-limit", cli.positive_int, None, "baseline --max-running-requests"),
         ("--baseline-args", _baseline_args, None, "more baseline SGLang flags"),
-        ("--baseline-from", positive_int, None, "pair-*: baseline alone from C"),
+        ("--baseline-from", cli.positive_int, None, "pair-*: baseline alone from C"),
         ("--commit", str, None, "the code's commit, for meta.json (the device has no .git)"),
         ("--models", Path, None, "prebuilt models (default: build into --work)"),
         ("--ports", _ports, "8000,30001,30002", "router, EAGLE, baseline"),
@@ -187,25 +173,25 @@ def run_parser() -> FlagParser:
 def cmd_report(argv: Sequence[str]) -> NoReturn:
     from dynspec.bench.gpu import steadyreport
 
-    p = FlagParser(prog=f"{PROG} report", description=COMMANDS["report"])
+    p = cli.FlagParser(prog=f"{PROG} report", description=COMMANDS["report"])
     p.add_argument("sweeps", type=Path, nargs="+", help="sweep-pair-a.jsonl, sweep-pair-b.jsonl")
     p.add_argument("--write", action="store_true", help="also write STEM.md, .png, -summary.json")
     p.add_argument("--title", default="", help="--write: the plot's title")
-    add_log_level(p)
+    cli.add_log_level(p)
     args = p.parse_layered(argv)
-    configure_logging(args.log_level)
+    cli.configure_logging(args.log_level)
 
     def body() -> int:
         missing = [s for s in args.sweeps if not s.exists()]
         if missing:
-            raise UsageError(f"{missing[0]}: no such file")
+            raise cli.UsageError(f"{missing[0]}: no such file")
         rows = steadyreport.read(args.sweeps)
         if args.write:
             steadyreport.write_rows(args.sweeps[0], rows, args.title)
         print(steadyreport.markdown(rows), end="")
         return 0
 
-    run_main(PROG, body, args.log_level)
+    cli.run_main(PROG, body, args.log_level)
 
 
 HANDLERS = {"bundle": cmd_bundle, "models": cmd_models, "run": cmd_run, "report": cmd_report}

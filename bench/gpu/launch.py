@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from dynspec.bench.gpu.leftovers import compute_apps
-from dynspec.bench.gpu.toolkit import SGLANG_ARGS, Run, RunFailed, last_line_of
-from dynspec.bench.procs import alive, proc_stat
+from dynspec.bench.gpu.toolkit import SGLANG_ARGS, Run, RunFailed
+from dynspec.bench.procs import alive, captured, last_line, proc_stat
 from dynspec.launcher.process import tail
 
 EAGLE_STEPS = (
@@ -89,16 +89,9 @@ def start_launcher(run: Run, launch: Sequence[str]) -> subprocess.Popen[bytes]:
     """``dynspec-launch``: its ``--dry-run`` first (a bad flag is one line, nothing started; its
     command lines, not its ``#`` notes, go to the meta), then the launcher itself, until its ready
     banner."""
-    dry = subprocess.run(
-        [*launch, "--dry-run"],
-        env=run.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    dry = captured([*launch, "--dry-run"], env=run.env, timeout=120)
     if dry.returncode != 0:
-        raise RunFailed(f"dynspec-launch --dry-run: {last_line_of(dry.stderr)}")
+        raise RunFailed(f"dynspec-launch --dry-run: {last_line(dry.stderr)}")
     commands = [ln for ln in dry.stdout.strip().splitlines() if not ln.startswith("#")]
     run.meta.update(launch_argv=list(launch[1:]), commands=commands)
     run.say("launch: " + shlex.join(launch[3:]))
@@ -136,7 +129,11 @@ def start_launch(run: Run, launch: Sequence[str]) -> subprocess.Popen[bytes]:
     """``start_launcher``, then what the GPU runs and the launch's calibration, for the results."""
     proc = start_launcher(run, launch)
     run.meta["compute_apps"] = compute_apps()[1]
-    copy_calibration(run)
+    # The launcher's calibration profile(s), into the results (what the router started from).
+    folder = run.logs / "calibration"
+    for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        (run.results / f"calibration-{f.name}").write_bytes(f.read_bytes())
+        run.meta.setdefault("calibration", []).append(f.name)
     return proc
 
 
@@ -178,14 +175,6 @@ def stop_all(
         # Not this command's child: its exit code is its parent's to read, not ours.
         run.meta["launcher_exit"] = "running" if alive(int(pid), int(start)) else "stopped"
     run.meta["compute_apps_after"] = compute_apps(header=False)[1]
-
-
-def copy_calibration(run: Run) -> None:
-    """The launcher's calibration profile(s), into the results (what the router started from)."""
-    folder = run.logs / "calibration"
-    for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        (run.results / f"calibration-{f.name}").write_bytes(f.read_bytes())
-        run.meta.setdefault("calibration", []).append(f.name)
 
 
 def session_file(run: Run) -> Path:

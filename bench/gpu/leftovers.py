@@ -10,6 +10,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+from dynspec.bench.procs import captured
+
 TAG_VAR = "GPU_RUN_TAG"
 
 
@@ -44,13 +46,8 @@ def compute_apps(*, header: bool = True) -> tuple[bool, str]:
     it answered, and its text (else the reason it did not)."""
     fmt = "csv" if header else "csv,noheader"
     try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", f"--format={fmt}"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
+        query = ["--query-compute-apps=pid,process_name,used_memory", f"--format={fmt}"]
+        done = captured(["nvidia-smi", *query], timeout=20)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"nvidia-smi: {exc}"
     if done.returncode != 0:

@@ -71,16 +71,9 @@ def target_config() -> dict[str, Any]:
 
 def draft_config(draft_vocab: int = VOCAB) -> dict[str, Any]:
     cfg = target_config()
-    cfg.update(
-        architectures=["LlamaForCausalLMEagle3"],
-        num_hidden_layers=1,
-        draft_vocab_size=draft_vocab,
-        target_hidden_size=HIDDEN,
-        eagle_config={
-            "eagle_aux_hidden_state_layer_ids": list(AUX_LAYERS),
-            "use_aux_hidden_state": True,
-        },
-    )
+    eagle = {"eagle_aux_hidden_state_layer_ids": list(AUX_LAYERS), "use_aux_hidden_state": True}
+    cfg.update(architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1)
+    cfg.update(draft_vocab_size=draft_vocab, target_hidden_size=HIDDEN, eagle_config=eagle)
     return cfg
 
 
@@ -162,13 +155,8 @@ def _write_tokenizer(dest: Path) -> None:
 
     tok = Tokenizer(models.WordLevel(vocab=tokenizer_vocab(), unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        unk_token="<unk>",
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-    )
+    specials = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, **specials)
     hf.chat_template = CHAT_TEMPLATE
     hf.save_pretrained(str(dest))
 

@@ -17,18 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from dynspec.bench.cli_common import levels as parse_levels
+from dynspec.bench.gpu import toolkit
 from dynspec.bench.gpu.attempt import Body
 from dynspec.bench.gpu.launch import drop_flag, finish, launch_argv, start_launch
-from dynspec.bench.gpu.toolkit import (
-    PAIR_LEVELS,
-    Run,
-    RunFailed,
-    check_models,
-    gauge,
-    pair_urls,
-    sweep,
-    warm,
-)
 from dynspec.bench.metrics import samples
 from dynspec.bench.procs import cmdline, cpu_seconds, descendants, fetch, free_port, wait_http
 
@@ -58,16 +49,12 @@ class Study:
 ROUTED = Target("routed", "routed")
 EAGLE = Target("eagle", "eagle")
 BASELINE = Target("baseline", "baseline")
+ROUTED_EAGLE = Target("routed_eagle", "routed")
 STUDIES = {
     "pair-a": Study("pair-a", "auto", False, (ROUTED, EAGLE, BASELINE)),
     "pair-b": Study("pair-b", "auto", True, (ROUTED, EAGLE, BASELINE)),
     # The launcher's own router with a threshold above any load against EAGLE's own port.
-    "router-cost": Study(
-        "router-cost",
-        str(ABOVE_ANY_LOAD),
-        False,
-        (Target("routed_eagle", "routed"), Target("eagle", "eagle")),
-    ),
+    "router-cost": Study("router-cost", str(ABOVE_ANY_LOAD), False, (ROUTED_EAGLE, EAGLE)),
 }
 
 
@@ -92,16 +79,13 @@ def study_of(args: argparse.Namespace) -> tuple[Study, list[int]]:
     elif args.plan == "router-cost":
         levels = list(COST_LEVELS)
     else:
-        levels = parse_levels(PAIR_LEVELS)
+        levels = parse_levels(toolkit.PAIR_LEVELS)
     if args.router_cost:
         study = with_router_cost(study, levels)
     if args.baseline_from is not None:
         study = baseline_from(study, levels, args.baseline_from)
-    if args.baseline_limit is not None:
-        study = replace(study, baseline_limit=args.baseline_limit)
-    if args.baseline_args is not None:
-        study = replace(study, baseline_args=args.baseline_args)
-    return study, levels
+    given = {k: getattr(args, k) for k in ("baseline_limit", "baseline_args")}
+    return replace(study, **{k: v for k, v in given.items() if v is not None}), levels
 
 
 def body_of(args: argparse.Namespace) -> Body:
@@ -135,7 +119,7 @@ def cost_router_argv(commands: Sequence[str], port: int) -> list[str]:
     above any load and no speed profile: the same router, every request on EAGLE."""
     lines = [c for c in commands if " -m dynspec.router " in f" {c} "]
     if not lines:
-        raise RunFailed("the launcher's --dry-run printed no router command")
+        raise toolkit.RunFailed("the launcher's --dry-run printed no router command")
     argv = [a for a in shlex.split(lines[-1]) if "=" not in a or a.startswith("-")]
     argv = drop_flag(drop_flag(drop_flag(argv, "--port"), "--threshold"), "--speed-profile")
     return [*argv, "--port", str(port), "--threshold", str(ABOVE_ANY_LOAD)]
@@ -220,10 +204,7 @@ class Levels:
     """``on_record``: what the router and the servers say about each level."""
 
     def __init__(
-        self,
-        targets: Sequence[Target],
-        urls: Mapping[str, str],
-        routers: Mapping[str, int],
+        self, targets: Sequence[Target], urls: Mapping[str, str], routers: Mapping[str, int]
     ) -> None:
         self.what = {t.label: t.what for t in targets}
         self.urls, self.routers = urls, routers  # routers: what -> pid
@@ -249,11 +230,11 @@ class Levels:
                 rec["router"] = learned(json.loads(fetch(f"{self.urls[what]}/status")))
             elif what == "eagle":
                 text = fetch(f"{self.urls['eagle']}/metrics")
-                rec["spec_accept_length"] = gauge(text, "sglang:spec_accept_length")
+                rec["spec_accept_length"] = toolkit.gauge(text, "sglang:spec_accept_length")
 
 
 def plan_steady(
-    run: Run,
+    run: toolkit.Run,
     models: Path,
     session: dict[str, Any] | None,
     *,
@@ -264,9 +245,9 @@ def plan_steady(
 ) -> int:
     from dynspec.bench import load
 
-    check_models(models, "hi")
+    toolkit.check_models(models, "hi")
     cost_port = int(session["cost_port"]) if session and "cost_port" in session else free_port()
-    urls = {**pair_urls(run.ports), "cost": f"http://127.0.0.1:{cost_port}"}
+    urls = {**toolkit.pair_urls(run.ports), "cost": f"http://127.0.0.1:{cost_port}"}
     wanted = sorted(set(levels) | {c for t in study.targets for c in t.levels or ()})
     targets = [
         load.Target(t.label, urls[t.what], levels=frozenset(t.levels) if t.levels else None)
@@ -286,11 +267,11 @@ def plan_steady(
             try:
                 wait_http(urls["cost"] + "/health", 60.0, proc=procs["cost_router"])
             except (RuntimeError, TimeoutError):
-                raise RunFailed(
+                raise toolkit.RunFailed(
                     f"the cost router did not come up; see {run.logs}/cost-router.log"
                 ) from None
         servers = {t.what: urls[t.what] for t in study.targets if t.what in ("eagle", "baseline")}
-        warm(run, servers, wanted)
+        toolkit.warm(run, servers, wanted)
         pids = {name: proc.pid for name, proc in procs.items()}
     else:
         pids = {name: int(pid) for name, (pid, _start) in session["procs"].items()}
@@ -301,6 +282,6 @@ def plan_steady(
     hook = Levels(study.targets, urls, live)
     run.say(f"sweep {', '.join(t.label for t in study.targets)} at C={wanted}")
     title = f"MEASURED: {TITLE}, code at {run.meta.get('commit', '?')}, medians (min-max)"
-    done = sweep(run, targets, jsonl, levels=wanted, limit=sweep_seconds, on_record=hook,
+    done = toolkit.sweep(run, targets, jsonl, levels=wanted, limit=sweep_seconds, on_record=hook,
                  on_start=hook.start, title=title)  # fmt: skip
     return finish(run, procs, session, keep=keep and not done, cost_port=cost_port)

@@ -173,19 +173,10 @@ def added_ms(row: Mapping[str, Any]) -> float:
 
 
 def cost_cells(c: int, row: Mapping[str, Any]) -> list[str]:
-    def cell(key: str, digits: int) -> str:
-        return row[key].cell(digits) if row[key] is not None else "-"
-
-    return [
-        str(c),
-        f"{row['ratio']:.3f}",
-        cell("per_repeat", 3),
-        cell("ttft_added_ms", 1),
-        cell("router_cpu", 2),
-        cell("client_cpu", 2),
-        cell("client_cpu_direct", 2),
-        cell("router_delay_ms", 2),
-    ]
+    keys = (("per_repeat", 3), ("ttft_added_ms", 1), ("router_cpu", 2), ("client_cpu", 2),
+            ("client_cpu_direct", 2), ("router_delay_ms", 2))  # fmt: skip
+    cells = [row[k].cell(d) if row[k] is not None else "-" for k, d in keys]
+    return [str(c), f"{row['ratio']:.3f}", *cells]
 
 
 def share_cells(rows: Sequence[Record], label: str) -> dict[int, str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dynspec.bench.metrics import samples
-from dynspec.bench.procs import Children, stop_group
+from dynspec.bench.procs import Children, captured, last_line, stop_group
 from dynspec.launcher.process import tail
 
 PROG = "dynspec-bench gpu run"
@@ -161,16 +161,9 @@ def probe_python(run: Run) -> dict[str, str]:
         "'transformers': transformers.__version__, "
         "'gpu': torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}))"
     )
-    done = subprocess.run(
-        [run.python, "-c", code],
-        env=run.env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = captured([run.python, "-c", code], env=run.env, timeout=300)
     if done.returncode != 0:
-        tail = last_line_of(done.stderr) or f"exit {done.returncode}"
+        tail = last_line(done.stderr) or f"exit {done.returncode}"
         raise RunFailed(f"SGLang does not import: {tail}")
     versions: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
     return versions
@@ -300,8 +293,3 @@ def sweep(
 def console(line: str) -> None:
     """A level's line on the command's console (``console-N.txt``)."""
     print(line, flush=True)
-
-
-def last_line_of(text: str) -> str:
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if lines else ""

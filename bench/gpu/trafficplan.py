@@ -19,16 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dynspec.bench import arrivals
+from dynspec.bench.gpu import toolkit
 from dynspec.bench.gpu.launch import finish, launch_argv, start_launch
-from dynspec.bench.gpu.toolkit import (
-    KEEP_RESERVE_S,
-    Run,
-    RunFailed,
-    Steady,
-    check_models,
-    pair_urls,
-    warm,
-)
 from dynspec.common.cli import fraction, non_negative_float, positive_float
 from dynspec.launcher.sim.profile import Profile, ProfileError, load_profile
 
@@ -123,29 +115,30 @@ def capacity(profile: Profile, output_len: int) -> Capacity:
     try:
         top = {m: max(t for _, t in profile.mode(m).throughput) for m in ("eagle", "baseline")}
     except ProfileError as exc:
-        raise RunFailed(f"the calibration: {exc}") from None
+        raise toolkit.RunFailed(f"the calibration: {exc}") from None
     eagle = top["eagle"] * EAGLE_SCALE / output_len
     baseline = top["baseline"] * BASELINE_SCALE / output_len
     peak = max(math.sqrt(eagle * baseline), eagle * EAGLE_OVERLOAD)
     return Capacity(round(eagle, 1), round(baseline, 1), round(peak, 1))
 
 
-def read_profile(folder: Path) -> Profile:
-    """The one calibration profile (``*.json``) in ``folder``, read by the launcher's reader."""
-    found = sorted(folder.glob("*.json")) if folder.is_dir() else []
+def read_profile(folder: Path, pattern: str = "*.json") -> Profile:
+    """The calibration profile (the last ``pattern`` file) in ``folder``, read by the launcher's
+    reader."""
+    found = sorted(folder.glob(pattern)) if folder.is_dir() else []
     if not found:
-        raise RunFailed(f"no calibration profile in {folder}: give --traffic-peak")
+        raise toolkit.RunFailed(f"no calibration profile in {folder}: give --traffic-peak")
     try:
         return load_profile(str(found[-1]))
     except ProfileError as exc:
-        raise RunFailed(f"calibration {found[-1]}: {exc}") from None
+        raise toolkit.RunFailed(f"calibration {found[-1]}: {exc}") from None
 
 
 def build_targets(ports: Sequence[int]) -> list[Target]:
     """``load.Target`` of the router and of each server alone, in ``TARGETS``' order."""
     from dynspec.bench import load
 
-    return [load.Target(label, url) for label, url in pair_urls(ports).items()]
+    return [load.Target(label, url) for label, url in toolkit.pair_urls(ports).items()]
 
 
 # ``dynspec.bench.traffic.run_live``'s signature (a test's stand-in has it too).
@@ -158,7 +151,7 @@ def schedules(plan: TrafficPlan, peak: float) -> tuple[tuple[str, arrivals.Sched
     return (("day", day), *rates)
 
 
-def settle_peak(run: Run, plan: TrafficPlan) -> float:
+def settle_peak(run: toolkit.Run, plan: TrafficPlan) -> float:
     """The peak of this run: the one an earlier command of it chose (``meta.json``), else the
     flag's, else the calibration's (``capacity``); refused when the earlier command's plan was
     another (its arrivals would not be this one's)."""
@@ -172,7 +165,9 @@ def settle_peak(run: Run, plan: TrafficPlan) -> float:
         if plan.peak is not None and plan.peak != chosen:
             differ.append(f"peak {chosen:g} there, {plan.peak:g} here")
         if differ:
-            raise RunFailed(f"the earlier command ran another traffic plan ({'; '.join(differ)})")
+            raise toolkit.RunFailed(
+                f"the earlier command ran another traffic plan ({'; '.join(differ)})"
+            )
         return chosen
     record: dict[str, Any] = {"settings": mine}
     if plan.peak is not None:
@@ -185,7 +180,7 @@ def settle_peak(run: Run, plan: TrafficPlan) -> float:
     return float(record["peak_rps"])
 
 
-def plan_launch(run: Run, models: Path, plan: TrafficPlan) -> list[str]:
+def plan_launch(run: toolkit.Run, models: Path, plan: TrafficPlan) -> list[str]:
     """The plan's ``dynspec-launch`` command line (``launch_argv`` with the plan's settings)."""
     router = ["--return-delay", f"{plan.return_delay:g}"] if plan.return_delay else []
     router += ["--switch-margin", f"{plan.switch_margin:g}"] if plan.switch_margin else []
@@ -195,7 +190,7 @@ def plan_launch(run: Run, models: Path, plan: TrafficPlan) -> list[str]:
 
 
 def plan_traffic(
-    run: Run,
+    run: toolkit.Run,
     models: Path,
     session: dict[str, Any] | None,
     *,
@@ -210,14 +205,14 @@ def plan_traffic(
     launch for the next command (``keep``) or stop it."""
     from dynspec.bench import traffic  # aiohttp and the runner: only when a run needs them
 
-    check_models(models, plan.draft)
+    toolkit.check_models(models, plan.draft)
     out = run.results / RESULTS
-    served = pair_urls(run.ports)
+    served = toolkit.pair_urls(run.ports)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     if session is None:
         procs["launcher"] = start_launch(run, plan_launch(run, models, plan))
         peak = settle_peak(run, plan)
-        warm(run, {"eagle": served["eagle"], "baseline": served["baseline"]}, WARM_LEVELS)
+        toolkit.warm(run, {"eagle": served["eagle"], "baseline": served["baseline"]}, WARM_LEVELS)
     else:
         peak = settle_peak(run, plan)
     cfg = traffic.TrafficConfig(
@@ -252,14 +247,14 @@ def commands_needed(
     whole drain and ``RUN_MARGIN_S`` fit before the deadline): the first command also sets up,
     launches and warms, the last stops the launch."""
     lengths = [s for _, s in plan.schedule_seconds()] * repeats * len(TARGETS)
-    if any(s + plan.drain_s + RUN_MARGIN_S > budget - KEEP_RESERVE_S for s in lengths):
-        raise RunFailed("a run is longer than one command's budget")
+    if any(s + plan.drain_s + RUN_MARGIN_S > budget - toolkit.KEEP_RESERVE_S for s in lengths):
+        raise toolkit.RunFailed("a run is longer than one command's budget")
     out: list[tuple[int, float]] = []
     t = SETUP_S + LAUNCH_MPS_S + WARM_S
     runs = 0
     while lengths:
         s = lengths[0]
-        if t + s + plan.drain_s + RUN_MARGIN_S <= budget - KEEP_RESERVE_S:
+        if t + s + plan.drain_s + RUN_MARGIN_S <= budget - toolkit.KEEP_RESERVE_S:
             t += s + drain
             runs += 1
             lengths.pop(0)
@@ -287,20 +282,18 @@ def estimate_lines(plan: TrafficPlan, repeats: int, budget: float) -> list[str]:
 def example_capacity(output_len: int) -> Capacity | None:
     """``capacity`` of the H200's last MPS calibration committed (the dry run's example)."""
     folder = Path(__file__).resolve().parents[1] / EXAMPLE_CALIBRATION
-    found = sorted(folder.glob("calibration-*.json"))
     try:
-        return capacity(load_profile(str(found[-1])), output_len) if found else None
-    except (ProfileError, RunFailed):
+        return capacity(read_profile(folder, "calibration-*.json"), output_len)
+    except toolkit.RunFailed:
         return None
 
 
 def dry_run(args: argparse.Namespace) -> str:
     """The launch's command line, the schedules, the peak's rule and the commands it takes."""
     budget = min(args.budget, 600.0)
-    run = Run(out=args.out, work=args.work, deadline=time.monotonic() + args.budget, env={})
+    run = toolkit.Run(out=args.out, work=args.work, deadline=time.monotonic() + args.budget, env={})
     run.ports, run.python = args.ports, "python3"
-    run.steady = Steady(repeats=args.repeats, output_len=args.output_len)
-    st = run.steady
+    st = run.steady = toolkit.Steady(repeats=args.repeats, output_len=args.output_len)
     plan = plan_of(args)
     launch = plan_launch(run, args.models or args.work / "models", plan)
     ex = example_capacity(st.output_len)
@@ -378,47 +371,35 @@ def check_flags(args: argparse.Namespace) -> str | None:
         return None
     if args.traffic_rate_seconds is not None and not args.traffic_rates:
         return "--traffic-rate-seconds: only with --traffic-rates"
-    wrong = [flag for flag, value in (("--levels", args.levels), ("--baseline-from",
-             args.baseline_from)) if value is not None]  # fmt: skip
-    if args.router_cost:
-        wrong.append("--router-cost")
+    steady = (("--levels", args.levels), ("--baseline-from", args.baseline_from),
+              ("--router-cost", args.router_cost or None))  # fmt: skip
+    wrong = [flag for flag, value in steady if value is not None]
     if wrong:
         return f"{', '.join(wrong)}: not for the traffic plan (it runs schedules, not levels)"
     budget = min(args.budget, 600.0)
     plan = plan_of(args)
     longest = max(s for _, s in plan.schedule_seconds()) + plan.drain_s + RUN_MARGIN_S
-    if longest > budget - KEEP_RESERVE_S:
+    if longest > budget - toolkit.KEEP_RESERVE_S:
         return f"a run takes up to {longest:g} s, more than --budget {args.budget:g} holds"
     return None
 
 
 def plan_of(args: argparse.Namespace) -> TrafficPlan:
-    d = TrafficPlan()
+    # Each --traffic-NAME where given (and not 0), else the plan's default.
+    names = ("day_seconds", "rate_seconds", "return_delay", "switch_margin", "log_level")
+    given = {k: v for k in names if (v := getattr(args, f"traffic_{k}"))}
+    limit = BASELINE_LIMIT if args.baseline_limit is None else args.baseline_limit
     return TrafficPlan(
-        day_seconds=args.traffic_day_seconds or d.day_seconds,
-        peak=args.traffic_peak,
-        rates=args.traffic_rates or (),
-        rate_seconds=args.traffic_rate_seconds or d.rate_seconds,
-        draft=args.draft,
-        threshold=args.threshold or "auto",
-        baseline_limit=BASELINE_LIMIT if args.baseline_limit is None else args.baseline_limit,
-        baseline_args=args.baseline_args or "",
-        return_delay=args.traffic_return_delay or d.return_delay,
-        switch_margin=args.traffic_switch_margin or d.switch_margin,
-        log_level=args.traffic_log_level or d.log_level,
-        mps=args.traffic_mps != "off",
-    )
+        **given, peak=args.traffic_peak, rates=args.traffic_rates or (), draft=args.draft,
+        threshold=args.threshold or "auto", baseline_limit=limit,
+        baseline_args=args.baseline_args or "", mps=args.traffic_mps != "off",
+    )  # fmt: skip
 
 
 def body_of(args: argparse.Namespace) -> Body:
     """The plan's part of the attempt, from its flags."""
-    return partial(
-        plan_traffic,
-        plan=plan_of(args),
-        keep=args.keep,
-        seconds=args.sweep_seconds,
-        command=command_line(),
-    )
+    return partial(plan_traffic, plan=plan_of(args), keep=args.keep, seconds=args.sweep_seconds,
+                   command=command_line())  # fmt: skip
 
 
 def command_line() -> str:

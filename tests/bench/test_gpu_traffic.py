@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from utils import free_port, running
 
-from dynspec.bench.gpu import cli, trafficplan
+from dynspec.bench.gpu import cli, toolkit, trafficplan
 from dynspec.bench.gpu import launch as launching
 from dynspec.bench.gpu.launch import kept_session
 from dynspec.bench.gpu.toolkit import Run, RunFailed, Steady
@@ -266,7 +266,7 @@ def fake_launch(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     def warm(run: Run, urls: Mapping[str, str], levels: Sequence[int]) -> None:
         seen.append(("warm", dict(urls), tuple(levels)))
 
-    monkeypatch.setattr(trafficplan, "warm", warm)
+    monkeypatch.setattr(toolkit, "warm", warm)
     monkeypatch.setattr(launching, "compute_apps", lambda **kw: (True, ""))
     return seen
 
