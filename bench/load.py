@@ -164,12 +164,10 @@ async def send_request(
     prompt: Prompt,
     headers: dict[str, str],
     *,
-    trace: RequestTrace | None = None,
+    trace: RequestTrace,
 ) -> RequestTrace:
     """One streamed request; never raises (failures are in the trace). ``trace`` is filled in
     place as chunks arrive, so a caller that cancels the request still sees what arrived."""
-    if trace is None:
-        trace = RequestTrace(send=0.0)
     trace.send = time.perf_counter()
     trace.prompt_tokens = prompt.prompt_tokens
     content_key = _CONTENT[target.endpoint]

@@ -47,11 +47,10 @@ _TIME_KEYS = ("duration",)
 _RATE_KEYS = ("request_throughput", "input_throughput", "output_throughput", "total_throughput")
 
 
-def model_time(rec: Record, speed: float | None = None) -> Record:
+def model_time(rec: Record) -> Record:
     """A copy of a level record in a simulator's model time: durations x speed, rates / speed
-    (``speed``: the record's own, else 1)."""
-    if speed is None:
-        speed = float(rec.get("speed") or 1.0)
+    (the record's ``speed``, else 1)."""
+    speed = float(rec.get("speed") or 1.0)
     if speed == 1.0:
         return dict(rec)
     out = dict(rec)
