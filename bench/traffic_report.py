@@ -243,7 +243,7 @@ def header(records: Sequence[Record]) -> list[str]:
     else:
         lines.append(measured_line(records))
     lines += report.code_lines(records)
-    lines += [x for x in (report.run_time_line(records),) if x]
+    lines += report.run_time_lines(records)
     return [*lines, ""]
 
 
