@@ -63,8 +63,7 @@ def parse_target(text: str, endpoint: str = "chat") -> Target:
     for name, path in ENDPOINTS.items():
         if url.endswith(path):
             url, endpoint = url[: -len(path)], name
-    if url.endswith("/v1"):
-        url = url[:-3]
+    url = url.removesuffix("/v1")
     return Target(label or url.split("://", 1)[1], url, endpoint)
 
 
