@@ -10,6 +10,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 from dynspec.common.cli import FlagParser, add_log_level, configure_logging, run_main, write_stdout
 
@@ -49,7 +50,7 @@ def _usage() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _error(text: str, code: int) -> None:
+def _error(text: str, code: int) -> NoReturn:
     sys.stderr.write(f"{PROG}: error: {text}\n")
     sys.exit(code)
 
@@ -67,7 +68,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     command = COMMANDS.get(name)
     if command is None:
         _error(f"unknown command {name!r} (choose from {', '.join(COMMANDS)})", 2)
-        return
     if command.needs_extra:
         missing = [m for m in EXTRA_MODULES if not _importable(m)]
         if missing:

@@ -302,14 +302,14 @@ def _threshold_line(records: Sequence[Record]) -> str:
     )
 
 
-def _judged(records: Sequence[Record]) -> tuple[list[Record], list[str], list[GoalRow]]:
-    """The model-time records the goals judge, the notes on ways absent, the goal rows."""
+def _judged(records: Sequence[Record]) -> tuple[list[Record], list[str], list[GoalRow], Profile]:
+    """The model-time records judged, the notes on ways absent, the goal rows, the profile."""
     profile = load_profile(str(records[0].get("profile", "demo")))
     model, notes = comparable([model_time(r) for r in records], profile)
     thr_rec = _threshold_record(model)
     thr = int(thr_rec["threshold"]) if thr_rec is not None else 0
     cross = thr_rec.get("crossover") if thr_rec is not None else None
-    return model, notes, evaluate(model, thr, None if cross is None else float(cross))
+    return model, notes, evaluate(model, thr, cross), profile
 
 
 def _servers_lines(records: Sequence[Record], ran: Sequence[str]) -> list[str]:
@@ -330,7 +330,6 @@ def _header(records: Sequence[Record], ran: Sequence[str], notes: Sequence[str])
     meta = records[0]
     speed = float(meta.get("speed", 1.0))
     levels = sorted({int(r["max_concurrency"]) for r in records})
-    run_time = report.run_time_line(records)
     adaptive = meta.get("adaptive_profile") if "2x-adaptive" in ran else None
     return [
         f"Command: `{meta.get('command') or 'dynspec-bench envelope --eight-gpus --simulate'}`",
@@ -353,7 +352,7 @@ def _header(records: Sequence[Record], ran: Sequence[str], notes: Sequence[str])
         *_repeats_lines(records),
         _threshold_line(records),
         *[f"- {n}." for n in notes],
-        *([run_time] if run_time else []),
+        *report.run_time_lines(records),
         "",
     ]
 
@@ -364,8 +363,7 @@ def write_report(out: Path, records: Sequence[Record]) -> tuple[Path, Path]:
         raise ValueError(f"{out}: no levels")
     meta = records[0]
     speed = float(meta.get("speed", 1.0))
-    profile = load_profile(str(meta.get("profile", "demo")))
-    model, notes, rows = _judged(records)
+    model, notes, rows, profile = _judged(records)
     routed = [r for r in model if r.get("target") in EIGHT_WAYS]
     ran = [w for w in EIGHT_WAYS if any(r["target"] == w for r in routed)]
     # The ways absent get their column too, and the line that says why under the table.
@@ -427,7 +425,7 @@ def summary(records: Sequence[Record]) -> str:
     """The goal table in model time and the PASS/MISS lines, for the terminal."""
     if not records:
         return "no levels\n"
-    _, notes, rows = _judged(records)
+    _, notes, rows, _ = _judged(records)
     if not rows:
         return f"SIMULATED: {SUBJECT} or every homogeneous pair missing at every level: no goal\n"
     lines = [*verdict_lines(rows), *[f"- {n}." for n in notes]]

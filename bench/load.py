@@ -63,8 +63,7 @@ def parse_target(text: str, endpoint: str = "chat") -> Target:
     for name, path in ENDPOINTS.items():
         if url.endswith(path):
             url, endpoint = url[: -len(path)], name
-    if url.endswith("/v1"):
-        url = url[:-3]
+    url = url.removesuffix("/v1")
     return Target(label or url.split("://", 1)[1], url, endpoint)
 
 
@@ -164,12 +163,10 @@ async def send_request(
     prompt: Prompt,
     headers: dict[str, str],
     *,
-    trace: RequestTrace | None = None,
+    trace: RequestTrace,
 ) -> RequestTrace:
     """One streamed request; never raises (failures are in the trace). ``trace`` is filled in
     place as chunks arrive, so a caller that cancels the request still sees what arrived."""
-    if trace is None:
-        trace = RequestTrace(send=0.0)
     trace.send = time.perf_counter()
     trace.prompt_tokens = prompt.prompt_tokens
     content_key = _CONTENT[target.endpoint]

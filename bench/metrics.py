@@ -84,16 +84,14 @@ def std(values: Sequence[float]) -> float:
 
 def _summary(prefix: str, values: Sequence[float], extra: Iterable[int] = ()) -> dict[str, float]:
     ms = [v * 1000.0 for v in values]
-    out = {
+    return {
         f"mean_{prefix}_ms": mean(ms),
         f"median_{prefix}_ms": percentile(ms, 50),
         f"std_{prefix}_ms": std(ms),
         f"p90_{prefix}_ms": percentile(ms, 90),
         f"p99_{prefix}_ms": percentile(ms, 99),
+        **{f"p{p}_{prefix}_ms": percentile(ms, p) for p in extra},
     }
-    for p in extra:
-        out[f"p{p}_{prefix}_ms"] = percentile(ms, p)
-    return out
 
 
 @dataclass(frozen=True)

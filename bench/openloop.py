@@ -55,15 +55,13 @@ def prompt_of(arrival: Arrival, key: str) -> Prompt:
     return Prompt(words, arrival.input_tokens, arrival.output_tokens)
 
 
-async def _sample(
-    probe: Probe | None, session: aiohttp.ClientSession, every: float, into: list[Sample]
-) -> None:
+async def _sample(probe: Probe | None, session: aiohttp.ClientSession, into: list[Sample]) -> None:
     while probe is not None:
         try:
             into.append((time.perf_counter(), await probe(session)))
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
             logger.debug("sample failed: %s", exc)
-        await asyncio.sleep(every)
+        await asyncio.sleep(1.0)  # a sample a second
 
 
 async def replay(
@@ -76,7 +74,6 @@ async def replay(
     drain_s: float,
     speed: float = 1.0,
     probe: Probe | None = None,
-    sample_s: float = 1.0,
 ) -> OpenLoopRun:
     """Send every arrival at wall second ``at / speed``; ``drain_s`` after the last, cut the
     requests still open. A failed request's trace says what happened; nothing raises."""
@@ -85,7 +82,7 @@ async def replay(
     inflight: dict[asyncio.Task[RequestTrace], int] = {}
     samples: list[Sample] = []
     start = time.perf_counter()
-    sampler = asyncio.create_task(_sample(probe, session, sample_s, samples))
+    sampler = asyncio.create_task(_sample(probe, session, samples))
     try:
         for i, a in enumerate(arrivals):
             delay = start + a.at / speed - time.perf_counter()

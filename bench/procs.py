@@ -76,7 +76,6 @@ def wait_http(
     who = name or url
     where = f" (log: {log})" if log else ""
     deadline = time.monotonic() + timeout
-    last: int | None = None
     while True:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{who} exited with {proc.returncode} before ready{where}")
@@ -136,11 +135,7 @@ class Children:
     ) -> subprocess.Popen[bytes]:
         if log is None and self.log_dir is not None:
             log = self.log_dir / f"{name}.log"
-        base = {
-            k: v
-            for k, v in os.environ.items()
-            if not (self.drop_env and k.startswith(self.drop_env))
-        }
+        base = {k: v for k, v in os.environ.items() if not k.startswith(self.drop_env)}
         out: IO[bytes] | int = subprocess.DEVNULL
         if log is not None:
             out = open(log, "ab" if append else "wb")  # noqa: SIM115 - closed once the child has it
@@ -163,9 +158,8 @@ class Children:
         timeout: float = 30.0,
         *,
         name: str = "",
-        status: int = 200,
     ) -> None:
-        wait_http(url, timeout, status, proc=proc, name=name, log=self.logs.get(proc.pid))
+        wait_http(url, timeout, proc=proc, name=name, log=self.logs.get(proc.pid))
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):

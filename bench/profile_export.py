@@ -70,9 +70,8 @@ def build_profile(
     # A routed target mixes both pools; it says nothing about one server.
     routed = {r.get("target") for r in records if "backend_share" in r}
     names = [n for n in targets(records) if n not in routed]
-    eagle_target = eagle_target or _guess(names, "eagle")
-    baseline_target = baseline_target or _guess(names, "baseline")
-    chosen = {"eagle": eagle_target, "baseline": baseline_target}
+    given = {"eagle": eagle_target, "baseline": baseline_target}
+    chosen = {mode: target or _guess(names, mode) for mode, target in given.items()}
     modes: dict[str, ModeProfile] = {}
     for mode, target in chosen.items():
         if target is None:

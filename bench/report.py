@@ -47,11 +47,10 @@ _TIME_KEYS = ("duration",)
 _RATE_KEYS = ("request_throughput", "input_throughput", "output_throughput", "total_throughput")
 
 
-def model_time(rec: Record, speed: float | None = None) -> Record:
+def model_time(rec: Record) -> Record:
     """A copy of a level record in a simulator's model time: durations x speed, rates / speed
-    (``speed``: the record's own, else 1)."""
-    if speed is None:
-        speed = float(rec.get("speed") or 1.0)
+    (the record's ``speed``, else 1)."""
+    speed = float(rec.get("speed") or 1.0)
     if speed == 1.0:
         return dict(rec)
     out = dict(rec)
@@ -65,17 +64,17 @@ def model_time(rec: Record, speed: float | None = None) -> Record:
     return out
 
 
-def run_time_line(records: Sequence[Record]) -> str:
+def run_time_lines(records: Sequence[Record]) -> list[str]:
     """``- Run time N min wall-clock.``: from the first record's ``run_started`` to the last
-    ``timestamp``; empty without them."""
+    ``timestamp``; none without them."""
     stamps = [str(r["timestamp"]) for r in records if r.get("timestamp")]
     started = records[0].get("run_started") if records else None
     if not started or not stamps:
-        return ""
+        return []
     secs = (
         dt.datetime.fromisoformat(max(stamps)) - dt.datetime.fromisoformat(str(started))
     ).total_seconds()
-    return f"- Run time {secs / 60:.1f} min wall-clock."
+    return [f"- Run time {secs / 60:.1f} min wall-clock."]
 
 
 def machine_line(records: Sequence[Record], who: str, when: str = "") -> str:

@@ -107,7 +107,6 @@ def suggest(eagle: Sequence[Record], baseline: Sequence[Record]) -> Suggestion:
     the baseline's at a lower C, that crossing is used: EAGLE's requests then queue (SGLang caps
     an EAGLE server at 48 running), so its TPOT looks good while the queued ones wait."""
     e, b = _by_level(eagle), _by_level(baseline)
-    msg: str
     common = sorted(set(e) & set(b))
     if not common:
         raise ValueError("the two sweeps share no concurrency level with completed requests")

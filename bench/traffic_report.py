@@ -243,7 +243,7 @@ def header(records: Sequence[Record]) -> list[str]:
     else:
         lines.append(measured_line(records))
     lines += report.code_lines(records)
-    lines += [x for x in (report.run_time_line(records),) if x]
+    lines += report.run_time_lines(records)
     return [*lines, ""]
 
 
@@ -251,10 +251,9 @@ def measured_line(records: Sequence[Record]) -> str:
     """What a real run ran on: the GPU plan's fields where it wrote them."""
     r0 = records[0]
     facts = [f"GPU {r0['gpu']}" if r0.get("gpu") else "GPU not recorded"]
-    if r0.get("plan"):
-        facts.append(f"`dynspec-bench gpu run --plan {r0['plan']}`")
-    if r0.get("draft"):
-        facts.append(f"EAGLE draft `{r0['draft']}`")
+    for key, text in (("plan", "`dynspec-bench gpu run --plan {}`"), ("draft", "EAGLE draft `{}`")):
+        if r0.get(key):
+            facts.append(text.format(r0[key]))
     if r0.get("mps") is not None:
         facts.append("under MPS" if r0["mps"] else "without MPS")
     if r0.get("peak_rps"):

@@ -47,8 +47,7 @@ def attempt(a: Attempt, body: Body) -> NoReturn:
     (skipped in a kept session), the plan, then whatever happened every child stopped (unless
     kept) and whatever carries the run's tag killed, ``meta.json`` and the logs written and the
     results copied to ``--out``. A ``RunFailed`` is one line and exit 1."""
-    env = dict(os.environ)
-    env.update(toolkit.FIXED_ENV)
+    env = {**os.environ, **toolkit.FIXED_ENV}
     run = toolkit.Run(out=a.out, work=a.work, deadline=time.monotonic() + a.budget, env=env)
     run.ports, run.steady = a.ports, a.steady
     run.reserve = toolkit.KEEP_RESERVE_S if a.keep else toolkit.RESERVE_S

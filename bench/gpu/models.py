@@ -177,20 +177,16 @@ def build_models(root: Path, drafts: Sequence[str] | None = None, seed: int = 0)
         t = torch.randn(*shape, device=device, generator=gen, dtype=torch.bfloat16)
         return (t * INIT_STD).cpu()
 
-    def ones(n: int) -> Any:
-        return torch.ones(n, dtype=torch.bfloat16)
-
-    def zeros(n: int) -> Any:
-        return torch.zeros(n, dtype=torch.bfloat16)
+    def norm(value: float) -> Any:  # a norm's weights: 1 (the identity) or 0 (all-zero output)
+        return torch.full((HIDDEN,), value, dtype=torch.bfloat16)
 
     def layer(prefix: str, attn_in: int, norms: Sequence[str]) -> dict[str, Any]:
-        w = {f"{prefix}{norm}.weight": ones(HIDDEN) for norm in norms}
+        w = {f"{prefix}{n}.weight": norm(1.0) for n in norms}
         w.update({prefix + name: rnd(*shape) for name, shape in layer_shapes(attn_in).items()})
         return w
 
-    out: dict[str, Path] = {}
     target = root / "llama8b"
-    out["target"] = target
+    out = {"target": target}
     if not (target / ".done").exists():
         target.mkdir(parents=True, exist_ok=True)
         (target / "config.json").write_text(json.dumps(target_config(), indent=1))
@@ -213,7 +209,7 @@ def build_models(root: Path, drafts: Sequence[str] | None = None, seed: int = 0)
             if i % 8 == 7:
                 flush()
         # Zero final norm: all-zero logits, greedy always emits token 0.
-        shard["model.norm.weight"] = zeros(HIDDEN)
+        shard["model.norm.weight"] = norm(0.0)
         shard["lm_head.weight"] = rnd(VOCAB, HIDDEN)
         flush()
         index_doc = {"metadata": {}, "weight_map": index}
@@ -230,7 +226,7 @@ def build_models(root: Path, drafts: Sequence[str] | None = None, seed: int = 0)
         (d / "config.json").write_text(json.dumps(draft_config(vocab), indent=1))
         w = {
             "fc.weight": rnd(HIDDEN, 3 * HIDDEN),
-            "norm.weight": zeros(HIDDEN) if zero_norm else ones(HIDDEN),
+            "norm.weight": norm(0.0 if zero_norm else 1.0),
             "lm_head.weight": rnd(vocab, HIDDEN),
             **layer("midlayer.", 2 * HIDDEN, DRAFT_NORMS),
             "d2t": torch.tensor(draft_d2t(name), dtype=torch.int64),

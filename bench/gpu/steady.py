@@ -139,22 +139,18 @@ def learned(status: Mapping[str, Any]) -> dict[str, Any]:
     server's learned speed curve (so a threshold can be traced to what was learned)."""
     keys = ("policy", "threshold", "threshold_auto", "hysteresis", "mode")
     found = {k: status[k] for k in keys if k in status}
-    pairs = status.get("pairs")
-    if isinstance(pairs, list):
-        found["pairs"] = [
-            {k: p.get(k) for k in ("threshold", "mode", "load", "learned_floor") if k in p}
-            for p in pairs
-            if isinstance(p, Mapping)
-        ]
-    servers = status.get("servers")
-    if isinstance(servers, list):
-        # What the learner believes at the level's end: the curves the threshold is derived from.
-        found["servers"] = [
-            {k: s[k] for k in _LEARNED if k in s} for s in servers if isinstance(s, Mapping)
-        ]
+    # Each pair's state, and what each server's learner believes at the level's end: the curves
+    # the threshold is derived from.
+    for name, fields in (("pairs", _PAIRED), ("servers", _LEARNED)):
+        items = status.get(name)
+        if isinstance(items, list):
+            found[name] = [
+                {k: x[k] for k in fields if k in x} for x in items if isinstance(x, Mapping)
+            ]
     return found
 
 
+_PAIRED = ("threshold", "mode", "load", "learned_floor")
 _LEARNED = ("pool", "curve", "running_limit", "learned_floor", "learned_reach",
             "spec_accept_length")  # fmt: skip
 

@@ -21,10 +21,7 @@ COST = ("routed_eagle", "eagle")
 
 
 def read(paths: Iterable[Path]) -> list[Record]:
-    rows: list[Record] = []
-    for path in paths:
-        rows += load_jsonl(path)
-    return rows
+    return [r for path in paths for r in load_jsonl(path)]
 
 
 def pair_ratios(rows: Sequence[Record]) -> dict[int, dict[str, Any]]:

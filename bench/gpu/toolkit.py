@@ -179,13 +179,11 @@ def build_models(run: Run, models: Path, drafts: Sequence[str]) -> None:
     wait_done(run, proc, "building the test models", log)
 
 
-def wait_done(
-    run: Run, proc: subprocess.Popen[bytes], what: str, log: Path, spare: float = 0.0
-) -> None:
-    """Until ``proc`` (a step that ends by itself) exits, at most until ``spare`` seconds of the
-    budget are left; stopped either way; a timeout or a non-zero exit is one line naming its log."""
+def wait_done(run: Run, proc: subprocess.Popen[bytes], what: str, log: Path) -> None:
+    """Until ``proc`` (a step that ends by itself) exits, at most until the budget ends; stopped
+    either way; a timeout or a non-zero exit is one line naming its log."""
     try:
-        code = proc.wait(max(1.0, run.left() - spare))
+        code = proc.wait(max(1.0, run.left()))
     except subprocess.TimeoutExpired:
         raise RunFailed(f"{what} ran out of time; see {log}") from None
     finally:

@@ -246,21 +246,19 @@ def commands_needed(
     run lasting its schedule plus ``drain`` (the runner starts a run only if its schedule, the
     whole drain and ``RUN_MARGIN_S`` fit before the deadline): the first command also sets up,
     launches and warms, the last stops the launch."""
+    room = budget - toolkit.KEEP_RESERVE_S
     lengths = [s for _, s in plan.schedule_seconds()] * repeats * len(TARGETS)
-    if any(s + plan.drain_s + RUN_MARGIN_S > budget - toolkit.KEEP_RESERVE_S for s in lengths):
+    if any(s + plan.drain_s + RUN_MARGIN_S > room for s in lengths):
         raise toolkit.RunFailed("a run is longer than one command's budget")
     out: list[tuple[int, float]] = []
     t = SETUP_S + LAUNCH_MPS_S + WARM_S
     runs = 0
-    while lengths:
-        s = lengths[0]
-        if t + s + plan.drain_s + RUN_MARGIN_S <= budget - toolkit.KEEP_RESERVE_S:
-            t += s + drain
-            runs += 1
-            lengths.pop(0)
-            continue
-        out.append((runs, t))
-        t, runs = 0.0, 0
+    for s in lengths:
+        if t + s + plan.drain_s + RUN_MARGIN_S > room:  # the next command runs it
+            out.append((runs, t))
+            t, runs = 0.0, 0
+        t += s + drain
+        runs += 1
     out.append((runs, t + STOP_S))
     return out
 
@@ -324,11 +322,6 @@ def dry_run(args: argparse.Namespace) -> str:
 
 # -- flags ---------------------------------------------------------------------------------------
 
-TRAFFIC_FLAGS = (
-    "traffic_day_seconds", "traffic_peak", "traffic_rates", "traffic_rate_seconds",
-    "traffic_return_delay", "traffic_switch_margin", "traffic_log_level", "traffic_mps",
-)  # fmt: skip
-
 
 def _peak(text: str) -> float | None:
     if text == "auto":
@@ -364,7 +357,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 def check_flags(args: argparse.Namespace) -> str | None:
     """A usage error of the traffic flags, or None."""
-    given = [f"--{n.replace('_', '-')}" for n in TRAFFIC_FLAGS if getattr(args, n) is not None]
+    traffic = {n: v for n, v in vars(args).items() if n.startswith("traffic_")}  # add_flags'
+    given = [f"--{n.replace('_', '-')}" for n, v in traffic.items() if v is not None]
     if given and args.plan != "traffic":
         return f"{', '.join(given)}: only the traffic plan"
     if args.plan != "traffic":
