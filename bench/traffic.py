@@ -55,10 +55,10 @@ class TrafficConfig:
     def arrivals_of(self, schedule: Schedule, repeat: int) -> list[Arrival]:
         if self.trace is not None:
             return list(self.trace.arrivals)
-        lengths = {k: getattr(self, k) for k in LENGTHS}
         return arrivals.synthetic(
-            schedule, burstiness=self.burstiness, seed=self.seed + repeat, **lengths
-        )
+            schedule, burstiness=self.burstiness, input_len=self.input_len,
+            output_len=self.output_len, range_ratio=self.range_ratio, seed=self.seed + repeat,
+        )  # fmt: skip
 
     def meta(self) -> Record:
         """The fields every record carries: how the load was made and judged."""
