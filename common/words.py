@@ -3,7 +3,7 @@ GPU plans' test tokenizer all draw on this one list. Pure data, no imports, so a
 the launcher's HTTP stack (the GPU bench's own process) can read it."""
 
 # About one token each for most tokenizers.
-WORDS = [
+WORDS = (
     "the",
     "of",
     "and",
@@ -68,4 +68,4 @@ WORDS = [
     "these",
     "may",
     "do",
-]
+)
