@@ -65,6 +65,7 @@ def add_arguments(p: cli.FlagParser) -> None:
         ("--hysteresis", cli.positive_int, None, "its --hysteresis"),
         ("--return-delay", cli.non_negative_float, None, "its --return-delay, model seconds"),
         ("--switch-margin", cli.fraction, None, "its --switch-margin"),
+        ("--switch-lead", cli.non_negative_float, None, "its --switch-lead"),
         ("--max-concurrency", cli.positive_int, None, "its --max-concurrency (past it: 503)"),
         ("--request-rate", cli.positive_float, None, "requests a second for --duration, or the "
          "peak of --schedule day"),
@@ -168,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
         settings += ["--return-delay", repr(args.return_delay / args.speed)]
     if args.switch_margin is not None:
         settings += ["--switch-margin", f"{args.switch_margin:g}"]
+    if args.switch_lead is not None:
+        settings += ["--switch-lead", f"{args.switch_lead:g}"]
     if args.max_concurrency is not None:
         settings += ["--max-concurrency", str(args.max_concurrency)]
     sim = traffic.SimTraffic(

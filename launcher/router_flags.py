@@ -57,6 +57,13 @@ ROUTER_SETTINGS = (
         "this share faster a token (0: where it is no slower)",
     ),
     RouterSetting(
+        "--switch-lead",
+        non_negative_float,
+        0.0,
+        "leave EAGLE when a rising load is predicted to pass the threshold within this many "
+        "EAGLE stays (0: off)",
+    ),
+    RouterSetting(
         "--max-concurrency",
         non_negative_int,
         0,

@@ -110,6 +110,7 @@ def create_app(
         max_concurrency=config.max_concurrency,
         return_delay=config.return_delay,
         switch_margin=config.switch_margin,
+        switch_lead=config.switch_lead,
         pairs=config.pairs,
         auto=config.threshold_auto,
         signal=load_signal(config, registry),

@@ -46,6 +46,8 @@ class RouterConfig:
     # --switch-margin: in a pair, EAGLE keeps a load only where it is predicted this much faster
     # a token (--threshold auto).
     switch_margin: float = 0.0
+    # --switch-lead: a rising load is judged this many EAGLE stays ahead (``trend``; 0: off).
+    switch_lead: float = 0.0
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
@@ -126,6 +128,7 @@ class RouterConfig:
             f"RouterConfig(eagle_urls={self.eagle_urls!r}, baseline_urls={self.baseline_urls!r}, "
             f"policy={self.policy!r}, threshold={self.threshold}, hysteresis={self.hysteresis}, "
             f"return_delay={self.return_delay}, switch_margin={self.switch_margin}, "
+            f"switch_lead={self.switch_lead}, "
             f"host={self.host!r}, port={self.port}, "
             f"api_key={mask(self.api_key)}, "
             f"backend_api_key={mask(self.backend_api_key)}, "
@@ -325,6 +328,15 @@ def build_parser() -> FlagParser:
         "where it is predicted at least this share faster a token (0.1: 10%%), so a rising load "
         "leaves it with fewer of its requests to drain beside the baseline; 0: where it is no "
         "slower",
+    )
+    p.add_argument(
+        "--switch-lead",
+        type=non_negative_float,
+        default=0.0,
+        help="under a rising load, leave EAGLE (and stay off it) when the load is predicted to "
+        "pass the threshold within this many EAGLE stays (the mean time a request of the group "
+        "stays on EAGLE), so fewer of its requests are left to drain beside the baseline; 0: "
+        "off, the load now alone",
     )
     p.add_argument(
         "--host",
@@ -529,6 +541,7 @@ def config_from_args(ns: argparse.Namespace) -> RouterConfig:
             else (PAIR_RETURN_DELAY_S if pairs else 0.0)
         ),
         switch_margin=ns.switch_margin,
+        switch_lead=ns.switch_lead,
         host=ns.host,
         port=ns.port,
         api_key=_key(ns.api_key),

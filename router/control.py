@@ -187,6 +187,7 @@ def status_of(pools: Pools, learner: SpeedLearner | None = None) -> dict[str, An
         "hysteresis": settings.hysteresis,
         "return_delay": pools.return_delay,
         "switch_margin": pools.switch_margin,
+        "switch_lead": pools.switch_lead,
         "threshold_auto": pools.auto,
         "mode": pools.mode,
         "active_pool": active,

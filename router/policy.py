@@ -55,6 +55,9 @@ class Snapshot:
     # Whether a group in baseline mode may go back to EAGLE now: its load has stayed low for the
     # router's --return-delay (``pool.Pools`` keeps the clock; always True without a delay).
     may_return: bool = True
+    # What the load is predicted to gain before a request admitted now ends (``trend``,
+    # --switch-lead; 0 without it): a rising load switches away from EAGLE before it arrives.
+    ahead: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +118,8 @@ class ThresholdPolicy(Policy):
     ``baseline`` mode a request whose load is at or below ``threshold - hysteresis`` switches back,
     once the snapshot says it may (``may_return``: the load has stayed that low for the router's
     ``--return-delay``). Leaving EAGLE is never delayed: a rising load is what overloads it.
+    Both compare the load plus ``ahead``, the gain predicted under a rising load (0 unless the
+    router has ``--switch-lead``), so such a load leaves EAGLE early and does not come back yet.
     The request goes to the least in-flight server of the mode's pool; a pool with no server that
     can take it is skipped, whatever the load. At light load (``probe_load``) a stale server of
     the other pool (``ServerView.stale``) gets the request instead, reason ``probe``.
@@ -125,11 +130,12 @@ class ThresholdPolicy(Policy):
 
     def choose(self, snapshot: Snapshot, exclude: frozenset[str] = frozenset()) -> Choice:
         mode = snapshot.mode
-        if mode == "eagle" and snapshot.load > snapshot.threshold:
+        heading = snapshot.load + snapshot.ahead
+        if mode == "eagle" and heading > snapshot.threshold:
             mode = "baseline"
         elif (
             mode == "baseline"
-            and snapshot.load <= snapshot.threshold - snapshot.hysteresis
+            and heading <= snapshot.threshold - snapshot.hysteresis
             and snapshot.may_return
         ):
             mode = "eagle"

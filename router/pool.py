@@ -33,6 +33,7 @@ from dynspec.router.loadsignal import LoadSignal
 from dynspec.router.policy import POOLS, Policy, PoolName, ServerView, Snapshot, least_loaded
 from dynspec.router.server import Group, Server, layout
 from dynspec.router.thresholds import Thresholds, validate_settings
+from dynspec.router.trend import LoadTrend
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ class Pools:
         signal: LoadSignal | None = None,
         return_delay: float = 0.0,
         switch_margin: float = 0.0,
+        switch_lead: float = 0.0,
     ) -> None:
         now = clock()
         self.servers: tuple[Server, ...] = tuple(Server(url, pool, now) for url, pool in servers)
@@ -123,6 +125,8 @@ class Pools:
         # --switch-margin: in a pair, EAGLE keeps a load only where it is predicted this much
         # faster (``autothreshold.relearn``).
         self.switch_margin = switch_margin
+        # --switch-lead: how many EAGLE stays ahead a group's rising load is judged (0: off).
+        self.switch_lead = switch_lead
         self.load = 0
         self.drained: set[PoolName] = set()
         self.on_switch = on_switch
@@ -136,6 +140,8 @@ class Pools:
         self._whole = self.groups[0] if self.groups[0].label is None else None
         # Requests routed so far (each acquire, retries included): the policy's exploration count.
         self.seq = 0
+        # Each group's load over time (--switch-lead), by group index; empty without it.
+        self.trends = {g.index: LoadTrend(now) for g in self.groups} if switch_lead else {}
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -162,11 +168,12 @@ class Pools:
         if choice.mode != group.mode:
             if self.policy.switches_modes:
                 logger.info(
-                    "%s: mode %s -> %s at load %d (threshold %d, hysteresis %d)",
+                    "%s: mode %s -> %s at load %d%s (threshold %d, hysteresis %d)",
                     group.name,
                     group.mode,
                     choice.mode,
                     snapshot.load,
+                    f" heading {snapshot.load + snapshot.ahead:.1f}" if self.trends else "",
                     snapshot.threshold,
                     snapshot.hysteresis,
                 )
@@ -188,6 +195,9 @@ class Pools:
         self.load += 1
         if self.signal is not None:
             self.signal.admitted(url)
+        trend = self.trends.get(group.index)
+        if trend is not None:
+            trend.observe(now, self.group_load(group))
         return Lease(self, server, now, group, probe)
 
     def _release(self, lease: Lease) -> float:
@@ -198,6 +208,11 @@ class Pools:
             self.signal.finished(lease.server.url)
         if lease.probe:
             lease.group.probing = False
+        trend = self.trends.get(lease.group.index)
+        if trend is not None:
+            if lease.pool == "eagle":
+                trend.stayed(now - lease._since)
+            trend.observe(now, self.group_load(lease.group))
         # The return delay counts from when the load fell, not from the next request: after a
         # busy spell ends with no arrival, a quiet start's first requests went to the baseline
         # for the whole delay (one H100, p54 day at 1a53ba8: 0.51 of the night window on EAGLE
@@ -225,7 +240,12 @@ class Pools:
             hysteresis=settings.hysteresis,
             seq=self.seq,
             may_return=self._may_return(group, now),
+            ahead=self._ahead(group, now),
         )
+
+    def _ahead(self, group: Group, now: float) -> float:
+        trend = self.trends.get(group.index)
+        return 0.0 if trend is None else trend.ahead(now, self.switch_lead)
 
     def _calm(self, group: Group, now: float) -> None:
         """Start or stop the clock of a group in baseline mode whose load (a request routed now

@@ -70,6 +70,7 @@ class TrafficPlan:
     # so a run's learned threshold can be replayed from its log).
     return_delay: float = 0.0
     switch_margin: float = 0.0  # the router's --switch-margin (0: its default)
+    switch_lead: float = 0.0  # the router's --switch-lead (0: its default, off)
     log_level: str = "info"
     mps: bool = True  # pair-b's launch; False: pair-a's, the two servers time-slicing the GPU
 
@@ -184,6 +185,7 @@ def plan_launch(run: toolkit.Run, models: Path, plan: TrafficPlan) -> list[str]:
     """The plan's ``dynspec-launch`` command line (``launch_argv`` with the plan's settings)."""
     router = ["--return-delay", f"{plan.return_delay:g}"] if plan.return_delay else []
     router += ["--switch-margin", f"{plan.switch_margin:g}"] if plan.switch_margin else []
+    router += ["--switch-lead", f"{plan.switch_lead:g}"] if plan.switch_lead else []
     return launch_argv(run, models, threshold=plan.threshold, mps=plan.mps, draft=plan.draft,
                        baseline_limit=plan.baseline_limit, baseline_args=plan.baseline_args,
                        more=[*router, "--log-level", plan.log_level])  # fmt: skip
@@ -306,6 +308,7 @@ def dry_run(args: argparse.Namespace) -> str:
         f"# traffic plan: one launch ({'MPS' if plan.mps else 'no MPS'}, draft {plan.draft}, "
         f"threshold {plan.threshold}, return delay {plan.return_delay:g} s, "
         + (f"switch margin {plan.switch_margin:g}, " if plan.switch_margin else "")
+        + (f"switch lead {plan.switch_lead:g}, " if plan.switch_lead else "")
         + "log level "
         f"{plan.log_level}), a warm pass at C={','.join(map(str, WARM_LEVELS))}, then "
         f"{st.repeats} repeats x each schedule x {', '.join(TARGETS)} (order rotated each "
@@ -351,6 +354,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "--traffic-return-delay", type=non_negative_float, help="the router's (default 0: off)"
     )
     p.add_argument("--traffic-switch-margin", type=fraction, help="the router's (default 0)")
+    p.add_argument(
+        "--traffic-switch-lead", type=non_negative_float, help="the router's (default 0: off)"
+    )
     p.add_argument("--traffic-log-level", choices=("info", "debug"), help="the launch's (info)")
     p.add_argument("--traffic-mps", choices=("on", "off"), help="the launch's --mps (on)")
 
@@ -380,7 +386,8 @@ def check_flags(args: argparse.Namespace) -> str | None:
 
 def plan_of(args: argparse.Namespace) -> TrafficPlan:
     # Each --traffic-NAME where given (and not 0), else the plan's default.
-    names = ("day_seconds", "rate_seconds", "return_delay", "switch_margin", "log_level")
+    names = ("day_seconds", "rate_seconds", "return_delay", "switch_margin", "switch_lead",
+             "log_level")  # fmt: skip
     given = {k: v for k in names if (v := getattr(args, f"traffic_{k}"))}
     limit = BASELINE_LIMIT if args.baseline_limit is None else args.baseline_limit
     return TrafficPlan(

@@ -70,6 +70,8 @@ def test_semantic_usage_errors(argv: list[str]) -> None:
         ["--eagle-url", "http://e:1", "--switch-margin", "1"],
         ["--eagle-url", "http://e:1", "--switch-margin", "-0.1"],
         ["--eagle-url", "http://e:1", "--switch-margin", "nan"],
+        ["--eagle-url", "http://e:1", "--switch-lead", "-1"],
+        ["--eagle-url", "http://e:1", "--switch-lead", "inf"],
     ],
 )
 def test_cli_usage_error_is_one_line_exit_2(argv: list[str]) -> None:
@@ -199,6 +201,14 @@ def test_switch_margin_from_flags_and_environment() -> None:
     assert parse_config(["--eagle-url", "http://e:1"], env).switch_margin == 0.1
     cfg = parse_config(["--eagle-url", "http://e:1", "--switch-margin", "0.25"], env)
     assert cfg.switch_margin == 0.25 and "switch_margin=0.25" in repr(cfg)
+
+
+def test_switch_lead_from_flags_and_environment() -> None:
+    assert parse_config(["--eagle-url", "http://e:1"], {}).switch_lead == 0.0
+    env = {"DYNSPEC_SWITCH_LEAD": "0.5"}
+    assert parse_config(["--eagle-url", "http://e:1"], env).switch_lead == 0.5
+    cfg = parse_config(["--eagle-url", "http://e:1", "--switch-lead", "1"], env)
+    assert cfg.switch_lead == 1.0 and "switch_lead=1.0" in repr(cfg)
 
 
 def test_key_header_bytes_built_once_in_the_config() -> None:

@@ -122,3 +122,19 @@ def test_going_back_to_eagle_waits_for_may_return(
 ) -> None:
     snap = Snapshot(ONE_EACH, load, mode, 8, 2, may_return=may_return)  # type: ignore[arg-type]
     assert ThresholdPolicy().choose(snap).mode == want
+
+
+@pytest.mark.parametrize(
+    ("mode", "load", "ahead", "want"),
+    [
+        ("eagle", 6, 2.0, "eagle"),  # heading for 8: not past it
+        ("eagle", 6, 2.5, "baseline"),  # heading past 8 before the load is: leave early
+        ("eagle", 9, 0.0, "baseline"),  # no trend: the load alone, as without --switch-lead
+        ("baseline", 6, 0.0, "eagle"),
+        ("baseline", 6, 0.5, "baseline"),  # still rising: do not come back yet
+        ("baseline", 3, 3.0, "eagle"),  # heading for 6: back
+    ],
+)
+def test_the_load_ahead_counts_both_ways(mode: str, load: int, ahead: float, want: str) -> None:
+    snap = Snapshot(ONE_EACH, load, mode, 8, 2, ahead=ahead)  # type: ignore[arg-type]
+    assert ThresholdPolicy().choose(snap).mode == want

@@ -256,3 +256,40 @@ def test_without_a_return_delay_the_mode_goes_back_at_once() -> None:
     d = pools.acquire()
     assert d.pool == "eagle"
     d.release()
+
+
+def _ramp_switch_load(lead: float) -> int:
+    """One pair, threshold 40: an EAGLE stay of 1 s measured, then a load rising 10 a second
+    (every request stays); the load at which the pair left EAGLE."""
+    now = [0.0]
+    pools = Pools(
+        [("http://e1", "eagle"), ("http://b1", "baseline")],
+        ThresholdPolicy(),
+        threshold=40,
+        hysteresis=10,
+        pairs=[("http://e1", "http://b1")],
+        clock=lambda: now[0],
+        switch_lead=lead,
+    )
+    for s in pools.servers:
+        pools.set_healthy(s.url, True)
+    first = pools.acquire()
+    now[0] = 1.0
+    first.release()  # a stay of 1 s
+    held = []
+    while pools.mode == "eagle":
+        now[0] += 0.1
+        held.append(pools.acquire())
+    load = pools.load
+    for lease in held:
+        lease.release()
+    return load
+
+
+def test_switch_lead_leaves_eagle_ahead_of_a_rising_load() -> None:
+    """--switch-lead 1 with stays of 1 s and a load rising 10 a second: the pair leaves EAGLE
+    near 40 - 10 (where the load a stay later passes 40), not at 41 as without it; half a stay
+    ahead, near 40 - 5."""
+    assert _ramp_switch_load(0.0) == 41
+    assert 29 <= _ramp_switch_load(1.0) <= 33
+    assert 34 <= _ramp_switch_load(0.5) <= 38
