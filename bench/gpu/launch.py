@@ -149,10 +149,10 @@ def finish(
     ``extra`` goes into the session's file), or stopped."""
     if keep and session is None:
         keep_session(run, procs, **extra)
-    elif keep:
-        run.keep = True
     else:
-        stop_all(run, procs, session)
+        run.keep = keep
+        if not keep:
+            stop_all(run, procs, session)
     return 0
 
 

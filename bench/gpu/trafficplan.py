@@ -216,6 +216,9 @@ def plan_traffic(
         peak = settle_peak(run, plan)
         toolkit.warm(run, {"eagle": served["eagle"], "baseline": served["baseline"]}, WARM_LEVELS)
     else:
+        # A refused plan leaves the kept launch up for a corrected command (one session lost it:
+        # the next command launched again, about 4 device minutes).
+        run.keep = keep
         peak = settle_peak(run, plan)
     cfg = traffic.TrafficConfig(
         schedules=schedules(plan, peak), input_len=run.steady.input_len,

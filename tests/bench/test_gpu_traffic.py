@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -333,6 +334,29 @@ def test_two_commands_keep_the_launch_and_the_second_finishes(
     ]  # fmt: skip
     assert again.meta["traffic_runs_left"] == 0 and not again.keep
     assert again.meta["launcher_exit"] == "stopped" and not alive(pid, start)
+
+
+def test_a_refused_later_command_keeps_the_kept_launch(
+    tmp_path: Path, fake_launch: list[Any]
+) -> None:
+    """A later --keep command whose plan differs is refused and leaves the launch up, so a
+    corrected command resumes it instead of launching again."""
+    live = FakeLive(per_call=[1, 100])
+    run = make_run(tmp_path)
+    m = models(tmp_path, "hi")
+    assert trafficplan.plan_traffic(run, m, plan=TrafficPlan(), session=None, keep=True,
+                                    run_live=live.run_live) == 0  # fmt: skip
+    session = kept_session(run, "traffic")
+    assert session is not None
+    again = make_run(tmp_path, json.loads(json.dumps(run.meta)))
+    again.tag = session["tag"]
+    with pytest.raises(RunFailed, match="another traffic plan"):
+        trafficplan.plan_traffic(again, m, plan=TrafficPlan(day_seconds=90), session=session,
+                                 keep=True, run_live=live.run_live)  # fmt: skip
+    assert again.keep and len(live.calls) == 1
+    pid, start = session["procs"]["launcher"]
+    assert alive(pid, start)
+    os.killpg(pid, signal.SIGKILL)
 
 
 def test_a_later_command_of_another_plan_is_refused(tmp_path: Path) -> None:
