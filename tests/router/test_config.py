@@ -195,20 +195,19 @@ def test_client_limits_must_be_positive(argv: list[str]) -> None:
     assert exc.value.code == 2
 
 
-def test_switch_margin_from_flags_and_environment() -> None:
-    assert parse_config(["--eagle-url", "http://e:1"], {}).switch_margin == 0.0
-    env = {"DYNSPEC_SWITCH_MARGIN": "0.1"}
-    assert parse_config(["--eagle-url", "http://e:1"], env).switch_margin == 0.1
-    cfg = parse_config(["--eagle-url", "http://e:1", "--switch-margin", "0.25"], env)
-    assert cfg.switch_margin == 0.25 and "switch_margin=0.25" in repr(cfg)
-
-
-def test_switch_lead_from_flags_and_environment() -> None:
-    assert parse_config(["--eagle-url", "http://e:1"], {}).switch_lead == 0.0
-    env = {"DYNSPEC_SWITCH_LEAD": "0.5"}
-    assert parse_config(["--eagle-url", "http://e:1"], env).switch_lead == 0.5
-    cfg = parse_config(["--eagle-url", "http://e:1", "--switch-lead", "1"], env)
-    assert cfg.switch_lead == 1.0 and "switch_lead=1.0" in repr(cfg)
+@pytest.mark.parametrize(
+    ("name", "from_env", "from_flag"), [("switch_margin", 0.1, 0.25), ("switch_lead", 0.5, 1.0)]
+)
+def test_switch_settings_from_flags_and_environment(
+    name: str, from_env: float, from_flag: float
+) -> None:
+    """Off by default; the environment's value; the flag's over it, shown in the repr."""
+    flag = "--" + name.replace("_", "-")
+    assert getattr(parse_config(["--eagle-url", "http://e:1"], {}), name) == 0.0
+    env = {f"DYNSPEC_{name.upper()}": str(from_env)}
+    assert getattr(parse_config(["--eagle-url", "http://e:1"], env), name) == from_env
+    cfg = parse_config(["--eagle-url", "http://e:1", flag, str(from_flag)], env)
+    assert getattr(cfg, name) == from_flag and f"{name}={from_flag}" in repr(cfg)
 
 
 def test_key_header_bytes_built_once_in_the_config() -> None:
