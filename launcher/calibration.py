@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,9 @@ class CalibrationPlan:
     levels: tuple[int, ...] = ()
     running_limits: Mapping[str, int | None] = field(default_factory=dict)
     window_s: float = 4.0
+    # Times each level is measured (--calibrate-passes), each server's levels a pass at a time,
+    # the servers of a GPU set taking turns; the profile takes each level's median.
+    passes: int = 1
     simulated: bool = False
     served_model_name: str = ""
 
@@ -94,8 +97,8 @@ class CalibrationPlan:
         if self.action == "measure":
             return (
                 f"calibration: each server measured alone at C={','.join(map(str, self.levels))} "
-                f"once healthy ({self.why}), written to {self.path} and given to the router as "
-                "--speed-profile"
+                f"({self.passes} passes after a warm-up level) once healthy ({self.why}), "
+                f"written to {self.path} and given to the router as --speed-profile"
             )
         return f"calibration: off ({self.why})" if self.why else None
 
@@ -141,6 +144,7 @@ def calibration_key(
         "gpu": facts.gpu_name,
         "sharing": sharing,
         "load": METHOD,
+        "passes": config.calibrate_passes,
     }
 
 
@@ -220,6 +224,7 @@ def plan_calibration(
         levels=levels_up_to(eagle_limit),
         running_limits=limits,
         window_s=config.calibrate_seconds,
+        passes=config.calibrate_passes,
         simulated=config.simulate,
         served_model_name=config.served_model_name,
     )
@@ -231,37 +236,50 @@ def plan_calibration(
 @dataclass(frozen=True)
 class ServerResult:
     target: Target
-    levels: tuple[Level, ...]
+    levels: tuple[Level, ...]  # per level, the median pass's (its tok/s the median of them all)
     accept_gauge: float | None  # sglang:spec_accept_length after its levels (EAGLE)
+    passes: tuple[tuple[float, ...], ...] = ()  # per level, every pass's tok/s
 
 
-async def _measure_server(
+def median_levels(passes: Sequence[Sequence[Level]]) -> tuple[Level, ...]:
+    """Per level, the pass whose tok/s is the median (the lower middle one of an even count),
+    with the median tok/s."""
+    out = []
+    for same_c in zip(*passes, strict=True):
+        ranked = sorted(same_c, key=lambda lv: lv.tok_s)
+        mid = ranked[(len(ranked) - 1) // 2]
+        out.append(replace(mid, tok_s=statistics.median(lv.tok_s for lv in ranked)))
+    return tuple(out)
+
+
+async def _measure_levels(
     client: httpx.AsyncClient,
     plan: CalibrationPlan,
     target: Target,
+    levels: Sequence[int],
     headers: Mapping[str, str],
-    say: Callable[[str], None],
-) -> ServerResult:
-    levels: list[Level] = []
+    *,
+    say: Callable[[str], None] | None,
+) -> list[Level]:
+    """One closed-loop level after another on ``target``, each once it is quiet; ``say``
+    None: a warm-up, not told."""
+    out: list[Level] = []
     c = 0
     model = plan.served_model_name or "default"  # SGLang's OpenAI routes want one
     try:
-        await wait_quiet(client, target.url, headers)
-        for c in plan.levels:
+        for c in levels:
+            await wait_quiet(client, target.url, headers)
             level = await measure_level(
                 client, target.url, c, model=model, headers=headers, window_s=plan.window_s
             )
-            levels.append(level)
-            tag = " (SIMULATED)" if plan.simulated else ""
-            say(f"calibrate {target.label} C={c}: {level.tok_s:.0f} tok/s{tag}")
-            await wait_quiet(client, target.url, headers)
+            out.append(level)
+            if say is not None:
+                tag = " (SIMULATED)" if plan.simulated else ""
+                say(f"calibrate {target.label} C={c}: {level.tok_s:.0f} tok/s{tag}")
     except CalibrationError as exc:
-        raise CalibrationError(f"{target.label} C={c}: {exc}") from None
-    accept = None
-    if target.mode == "eagle":
-        text = await read_metrics(client, target.url, headers)
-        accept = gauge(text, "sglang:spec_accept_length") if text else None
-    return ServerResult(target, tuple(levels), accept)
+        warm = " (warm-up)" if say is None else ""
+        raise CalibrationError(f"{target.label} C={c}{warm}: {exc}") from None
+    return out
 
 
 async def _measure_set(
@@ -271,8 +289,29 @@ async def _measure_set(
     headers: Mapping[str, str],
     say: Callable[[str], None],
 ) -> list[ServerResult]:
-    # One server of the GPU set at a time: the other one idles beside it.
-    return [await _measure_server(client, plan, t, headers, say) for t in targets]
+    """One server of the GPU set at a time (the other idles beside it): a warm-up level at the
+    top C each (not kept: a server's first loads compile and allocate), then ``plan.passes``
+    passes of every level, the servers taking turns pass by pass, so a slow spell of the GPU
+    falls on one pass of each rather than on all of one server's."""
+    top = plan.levels[-1:]
+    for t in targets:
+        say(f"calibrate {t.label}: a warm-up level at C={top[0]}, not kept")
+        await _measure_levels(client, plan, t, top, headers, say=None)
+    runs: dict[Target, list[list[Level]]] = {t: [] for t in targets}
+    for n in range(plan.passes):
+        if plan.passes > 1:
+            say(f"calibration pass {n + 1} of {plan.passes}")
+        for t in targets:
+            runs[t].append(await _measure_levels(client, plan, t, plan.levels, headers, say=say))
+    results = []
+    for t in targets:
+        accept = None
+        if t.mode == "eagle":
+            text = await read_metrics(client, t.url, headers)
+            accept = gauge(text, "sglang:spec_accept_length") if text else None
+        passes = tuple(tuple(run[i].tok_s for run in runs[t]) for i in range(len(plan.levels)))
+        results.append(ServerResult(t, median_levels(runs[t]), accept, passes))
+    return results
 
 
 async def measure(
@@ -356,7 +395,14 @@ def _source(plan: CalibrationPlan, sets: int, measured_at: str) -> str:
         "each server alone (the other server of its GPU set idle), closed loop, "
         f"{METHOD}, at C={','.join(map(str, plan.levels))}; throughput = aggregate output "
         "tok/s over a steady window (every one of the C requests decoding, until "
-        f"{ROUNDS} rounds of C requests ended or {plan.window_s:g}s passed). "
+        f"{ROUNDS} rounds of C requests ended or {plan.window_s:g}s passed), "
+        + (
+            f"each level the median of {plan.passes} passes (the servers of a GPU set taking "
+            "turns pass by pass, after a warm-up level each at the top C, not kept; every "
+            "pass's figure is in calibration.servers). "
+            if plan.passes > 1
+            else "one pass after a warm-up level each at the top C, not kept. "
+        )
         + combined
         + "accept_length = sglang:spec_accept_length read after the EAGLE levels (else the mean "
         "tokens per stream event at C=1); max_accept_length = the most tokens in one event at "
@@ -366,6 +412,11 @@ def _source(plan: CalibrationPlan, sets: int, measured_at: str) -> str:
         "prompt length are in calibration.servers); max_running_requests as the servers ran "
         "(null: SGLang's default)."
     )
+
+
+def _passes(r: ServerResult) -> list[list[Any]]:
+    """[[C, [tok/s of each pass]], ...]: what each level's median was taken of."""
+    return [[lv.c, [round(x, 1) for x in xs]] for lv, xs in zip(r.levels, r.passes, strict=True)]
 
 
 def build_profile(
@@ -380,6 +431,7 @@ def build_profile(
             "ttft_c1_s": r.levels[0].ttft_s,
             "prompt_tokens_c1": r.levels[0].prompt_tokens,
             "tokens_per_chunk_c1": r.levels[0].tokens_per_chunk,
+            **({"passes": _passes(r)} if r.passes and len(r.passes[0]) > 1 else {}),
             **({"spec_accept_length": r.accept_gauge} if r.target.mode == "eagle" else {}),
         }
         for r in results

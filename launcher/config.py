@@ -112,6 +112,7 @@ class LaunchConfig:
     # --calibrate auto|always|never, and the longest measured window of one level (seconds).
     calibrate: str = "auto"
     calibrate_seconds: float = 4.0
+    calibrate_passes: int = 3
     # The DYNSPEC_* variables that set the launcher's own flags (its children do not get them).
     own_env: frozenset[str] = frozenset()
 
@@ -384,6 +385,7 @@ def config_from_namespace(ns: argparse.Namespace) -> LaunchConfig:
         no_router=bool(ns.no_router),
         calibrate=ns.calibrate,
         calibrate_seconds=float(ns.calibrate_seconds),
+        calibrate_passes=int(ns.calibrate_passes),
     )
 
 

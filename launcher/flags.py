@@ -164,13 +164,21 @@ def build_parser() -> FlagParser:
         default="auto",
         choices=CALIBRATE_CHOICES,
         help="measure each server alone once it is healthy, before the router starts (a short "
-        "closed-loop sweep up to the EAGLE server's running limit, about a minute), write it "
-        "as a speed profile to LOG_DIR/calibration/ (keyed by model, draft, the servers' "
+        "closed-loop sweep up to the EAGLE server's running limit, about a minute a pass), write "
+        "it as a speed profile to LOG_DIR/calibration/ (keyed by model, draft, the servers' "
         "flags, SGLang version and GPU) and give it to the router as --speed-profile; "
         "'auto': when no --speed-profile is given, none is cached for the key, and the router "
         "uses one (--threshold auto or --policy balance); 'always': measure again (not with "
         "--speed-profile) and overwrite the cached one; 'never': do not. A calibration that "
         "fails says so in one line and the router starts without a profile",
+    )
+    r.add_argument(
+        "--calibrate-passes",
+        type=positive_int,
+        default=3,
+        help="how many times the calibration measures each level, the servers of a GPU set "
+        "taking turns pass by pass after one warm-up level each; the profile takes each level's "
+        "median, so one disturbed level does not set the router's start (default 3)",
     )
     m = p.add_argument_group("simulation")
     m.add_argument(

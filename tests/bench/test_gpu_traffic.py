@@ -105,14 +105,15 @@ def test_runs_left(tmp_path: Path) -> None:
 
 
 def test_commands_needed_from_the_h200s_times() -> None:
-    """Set-up 55 s, an MPS launch with its calibration 250 s, the warm pass 26 s; a run is started
+    """Set-up 55 s, an MPS launch with its calibration 350 s, the warm pass 26 s; a run is started
     only when its schedule, the whole drain (30 s) and 15 s fit before the budget less 20 s."""
     plan = TrafficPlan()
     typical = trafficplan.commands_needed(plan, 3, 565, drain=5)
-    assert [n for n, _ in typical] == [1, 4, 4]
+    # The 120-s day does not fit beside the launch in the first command.
+    assert [n for n, _ in typical] == [0, 4, 4, 1]
     worst = trafficplan.commands_needed(plan, 3, 565, drain=30)
-    assert [n for n, _ in worst] == [1, 3, 3, 2]
-    assert worst[0][1] == 55 + 250 + 26 + 150 and worst[-1][1] == 2 * 150 + 25
+    assert [n for n, _ in worst] == [0, 3, 3, 3]
+    assert worst[0][1] == 55 + 350 + 26 and worst[-1][1] == 3 * 150 + 25
     with_rates = TrafficPlan(rates=(2, 8, 32, 64))
     assert sum(n for n, _ in trafficplan.commands_needed(with_rates, 3, 565, drain=5)) == 45
     with pytest.raises(RunFailed, match="longer than one command"):

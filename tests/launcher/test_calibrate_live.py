@@ -18,6 +18,7 @@ import pytest
 from launcher_run import LauncherRun, launched, router_takes_pairs, sim_serves_pairs
 
 FAST = ["--simulate", "--threshold", "auto", "--sim-speed", "10", "--calibrate-seconds", "0.5"]
+FAST += ["--calibrate-passes", "2"]
 FAST += ["--drain-timeout", "5", "--kill-grace", "2"]
 READY = r"\[dynspec\] threshold auto: the router learns"
 LEVELS = (1, 4, 16, 32, 48)
@@ -51,17 +52,30 @@ def test_first_start_measures_next_start_reuses_always_measures_never_skips(
     with launched(tmp_path, *FAST, fake=False) as (run, _):
         run.wait_for(READY, 120)
         out = run.out
-        assert measured_lines(out, "eagle sim") == list(LEVELS)
-        assert measured_lines(out, "baseline sim") == list(LEVELS)
+        assert measured_lines(out, "eagle sim") == list(LEVELS) * 2
+        assert measured_lines(out, "baseline sim") == list(LEVELS) * 2
         assert "(SIMULATED)" in out
-        # Each server alone: every EAGLE level before the first baseline one.
-        assert out.rindex("calibrate eagle sim") < out.index("calibrate baseline sim")
+        # A warm-up level each, then each server alone a pass at a time, taking turns.
+        turns = re.findall(r"\[dynspec\] calibrate (\w+) sim(:| C=)", out)
+        assert [who for who, _ in turns] == ["eagle", "baseline"] + (
+            ["eagle"] * 5 + ["baseline"] * 5
+        ) * 2
+        assert "calibrate eagle sim: a warm-up level at C=48, not kept" in out
+        assert "calibration pass 2 of 2" in out
         (path,) = cached(tmp_path)
         assert re.search(rf"calibration: wrote {re.escape(str(path))} in \d+s; the router", out)
         assert f"--speed-profile {path}" in router_argv(tmp_path)
         stop(run)
     first = json.loads(path.read_text())
-    assert first["source"].startswith("SIMULATED")
+    assert first["source"].startswith("SIMULATED") and "the median of 2 passes" in first["source"]
+    assert first["calibration"]["key"]["passes"] == 2
+    # Each level the median (of two: their mean) of the passes kept beside it.
+    for label, mode in (("eagle sim", "eagle"), ("baseline sim", "baseline")):
+        passes = first["calibration"]["servers"][label]["passes"]
+        assert [c for c, _ in passes] == list(LEVELS) and all(len(xs) == 2 for _, xs in passes)
+        measured = dict(map(tuple, first["modes"][mode]["throughput"]))
+        for c, xs in passes:
+            assert abs(measured[c] - sum(xs) / 2) < 0.2, (label, c)
     assert first["calibration"]["key"]["sglang"].startswith("dynspec-sim ")
     eagle, baseline = (dict(map(tuple, first["modes"][m]["throughput"])) for m in first["modes"])
     # The demo profile: the baseline passes EAGLE between C=4 and C=16 (wall clock, 10x fast).
@@ -79,7 +93,7 @@ def test_first_start_measures_next_start_reuses_always_measures_never_skips(
 
     with launched(tmp_path, *FAST, "--calibrate", "always", fake=False) as (run, _):
         run.wait_for(READY, 120)
-        assert measured_lines(run.out, "eagle sim") == list(LEVELS)
+        assert measured_lines(run.out, "eagle sim") == list(LEVELS) * 2
         assert "(--calibrate always)" in run.out
         stop(run)
     again = json.loads(path.read_text())
@@ -147,7 +161,7 @@ def test_two_gpu_sets_are_measured_at_once_into_one_profile(tmp_path: Path) -> N
         run.wait_for(READY, 120)
         out = run.out
         for label in ("eagle0 sim", "eagle1 sim", "baseline0 sim", "baseline1 sim"):
-            assert measured_lines(out, label) == list(LEVELS), label
+            assert measured_lines(out, label) == list(LEVELS) * 2, label
         (path,) = cached(tmp_path)
         assert f"--speed-profile {path}" in router_argv(tmp_path)
         stop(run)

@@ -22,6 +22,7 @@ from dynspec.launcher.calibration import (
     calibration_key,
     keyed_flags,
     levels_up_to,
+    median_levels,
     plan_calibration,
     write_profile,
 )
@@ -188,6 +189,22 @@ def test_two_gpu_sets_make_one_profile_of_their_medians(tmp_path: Path) -> None:
     assert alone.mode("eagle").accept_length == 3.0
 
 
+def test_each_level_is_the_median_of_its_passes_with_that_passs_other_figures() -> None:
+    def level(c: int, tok_s: float, ttft: float) -> Level:
+        return Level(c, tok_s, ttft, 1.0, 1, 250.0)
+
+    passes = [
+        [level(1, 100.0, 0.1), level(128, 5265.0, 0.9)],  # a disturbed top level
+        [level(1, 90.0, 0.2), level(128, 8824.0, 0.5)],
+        [level(1, 120.0, 0.3), level(128, 9714.0, 0.4)],
+    ]
+    one, top = median_levels(passes)
+    assert (one.tok_s, one.ttft_s) == (100.0, 0.1) and (top.tok_s, top.ttft_s) == (8824.0, 0.5)
+    # An even count: the median is the middle two's mean, the other figures the lower one's.
+    (two,) = median_levels([[level(1, 100.0, 0.1)], [level(1, 80.0, 0.2)]])
+    assert (two.tok_s, two.ttft_s) == (90.0, 0.2)
+
+
 def test_a_cached_profile_is_reused_only_for_its_own_key(tmp_path: Path) -> None:
     first = plan_for(tmp_path, *SIM)
     assert isinstance(first, CalibrationPlan)
@@ -297,7 +314,12 @@ def test_the_flag_its_variable_its_toml_key_help_and_dry_run(tmp_path: Path) -> 
     dry = run_launch(*SIM, "--dry-run", "--log-dir", str(tmp_path / "logs"))
     assert dry.returncode == 0, dry.stderr
     note = dry.stdout.splitlines()[0]
-    assert note.startswith("# calibration: each server measured alone at C=1,4,16,32,48 once")
+    assert note.startswith(
+        "# calibration: each server measured alone at C=1,4,16,32,48 (3 passes after a "
+        "warm-up level) once"
+    )
+    assert load_config([*SIM, "--calibrate-passes", "1"], {}).calibrate_passes == 1
+    assert run_launch(*SIM, "--calibrate-passes", "0", "--dry-run").returncode == 2
     assert "(none cached)" in note and str((tmp_path / "logs/calibration").resolve()) in note
     assert "--speed-profile" not in dry.stdout.splitlines()[-1]
     never = run_launch(*SIM, "--dry-run", "--calibrate", "never")
