@@ -261,14 +261,14 @@ async def _measure_levels(
     *,
     say: Callable[[str], None] | None,
 ) -> list[Level]:
-    """One closed-loop level after another on ``target``, each once it is quiet; ``say``
-    None: a warm-up, not told."""
+    """One closed-loop level after another on ``target``, each on a quiet server, and the
+    server left quiet (its mate is measured next); ``say`` None: a warm-up, not told."""
     out: list[Level] = []
     c = 0
     model = plan.served_model_name or "default"  # SGLang's OpenAI routes want one
     try:
+        await wait_quiet(client, target.url, headers)
         for c in levels:
-            await wait_quiet(client, target.url, headers)
             level = await measure_level(
                 client, target.url, c, model=model, headers=headers, window_s=plan.window_s
             )
@@ -276,6 +276,7 @@ async def _measure_levels(
             if say is not None:
                 tag = " (SIMULATED)" if plan.simulated else ""
                 say(f"calibrate {target.label} C={c}: {level.tok_s:.0f} tok/s{tag}")
+            await wait_quiet(client, target.url, headers)
     except CalibrationError as exc:
         warm = " (warm-up)" if say is None else ""
         raise CalibrationError(f"{target.label} C={c}{warm}: {exc}") from None
