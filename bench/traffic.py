@@ -142,8 +142,8 @@ def _each(
             **more,
             "timestamp": stamp,
         }
-        slos = {k: getattr(cfg, k) for k in ("window_s", "slo_ttft_ms", "slo_tpot_ms")}
-        recs = slo.records(result, sched, head=head, **slos)
+        recs = slo.records(result, sched, head=head, window_s=cfg.window_s,
+                           slo_ttft_ms=cfg.slo_ttft_ms, slo_tpot_ms=cfg.slo_tpot_ms)  # fmt: skip
         for rec in recs:
             append_jsonl(out, rec)
         records += recs
