@@ -38,9 +38,8 @@ EAGLE_SCALE = 0.75
 BASELINE_SCALE = 0.935
 EAGLE_OVERLOAD = 1.10
 SETUP_S = 55.0
-# An MPS launch with a one-pass calibration took 250 s on the H200; three passes and the warm-up
-# levels (--calibrate-passes 3, the launcher's default since) add about 100 s: two more passes of
-# the 48-s calibration an H100 took, estimated, not yet timed.
+# An MPS launch with a one-pass calibration took 250 s on the H200; with three passes and the
+# warm-up levels (--calibrate-passes 3) two H100 launches took 336 and 351 s (1d5e6b7).
 LAUNCH_MPS_S = 350.0
 WARM_S = 26.0
 STOP_S = 25.0
