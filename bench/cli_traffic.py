@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import re
+import shlex
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,6 +45,9 @@ def add_arguments(p: cli.FlagParser) -> None:
         "sampled during its runs (default: routed, if there is one)",
     )  # fmt: skip
     p.add_argument("--targets", default="routed,eagle,baseline", help="--simulate: which to run")
+    p.add_argument("--variant", action="append", default=[], help="--simulate: NAME=FLAGS, "
+                   "repeatable: one more routed target, its router given the routed one's flags "
+                   "and FLAGS (as given: seconds are wall-clock)")  # fmt: skip
     p.add_argument(
         "--layout", choices=("split", "paired"), default="split", help="--simulate: the routed "
         "pair's servers of their own, or on one shared simulated GPU (dynspec-sim --pair)",
@@ -110,6 +117,25 @@ def _schedules(args: argparse.Namespace) -> list[tuple[str, Schedule]]:
     return out
 
 
+def _variants(texts: list[str], settings: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``--variant NAME=FLAGS``: each a new label, its flags checked by the router's own parser."""
+    from dynspec.bench.traffic import TARGETS
+    from dynspec.router.config import parse_config
+
+    out: dict[str, tuple[str, ...]] = {}
+    for name, sep, flags in (text.partition("=") for text in texts):
+        if not (sep and re.fullmatch(r"[a-z0-9][a-z0-9-]*", name)) or name in {*TARGETS, *out}:
+            raise cli.UsageError(f"--variant {name}: NAME=FLAGS, NAME a new label of a-z 0-9 -")
+        try:
+            with contextlib.redirect_stderr(io.StringIO()) as said:
+                out[name] = tuple(shlex.split(flags))
+                parse_config(["--pair", "http://h:1,http://h:2", *settings, *out[name]], {})
+        except (ValueError, SystemExit, cli.UsageError) as exc:
+            why = said.getvalue().strip().split(": error: ")[-1] or exc
+            raise cli.UsageError(f"--variant {name}: {why}") from None
+    return tuple(out.items())
+
+
 def _config(args: argparse.Namespace) -> TrafficConfig:
     from dynspec.bench import traffic
 
@@ -162,20 +188,20 @@ def run(args: argparse.Namespace) -> int:
     if not names or set(names) - set(traffic.TARGETS) or len(set(names)) < len(names):
         raise cli.UsageError(f"--targets: some of {','.join(traffic.TARGETS)}, each once")
     settings = ["--threshold", args.threshold]
-    if args.hysteresis is not None:
-        settings += ["--hysteresis", str(args.hysteresis)]
-    if args.return_delay is not None:
-        # The router's clock is the wall clock: a model-time delay runs --speed times faster.
-        settings += ["--return-delay", repr(args.return_delay / args.speed)]
-    if args.switch_margin is not None:
-        settings += ["--switch-margin", f"{args.switch_margin:g}"]
-    if args.switch_lead is not None:
-        settings += ["--switch-lead", f"{args.switch_lead:g}"]
-    if args.max_concurrency is not None:
-        settings += ["--max-concurrency", str(args.max_concurrency)]
+    # The router's clock is the wall clock: a model-time delay runs --speed times faster.
+    delay = None if args.return_delay is None else args.return_delay / args.speed
+    for flag, value, text in (
+        ("--hysteresis", args.hysteresis, str), ("--return-delay", delay, repr),
+        ("--switch-margin", args.switch_margin, "{:g}".format),
+        ("--switch-lead", args.switch_lead, "{:g}".format),
+        ("--max-concurrency", args.max_concurrency, str),
+    ):  # fmt: skip
+        settings += [flag, text(value)] if value is not None else []
+    variants = _variants(args.variant, settings)
     sim = traffic.SimTraffic(
-        profile=args.profile, layout=args.layout, targets=tuple(names),
-        router_settings=tuple(settings), calibrated=args.calibrated, sharing=args.sharing,
+        profile=args.profile, layout=args.layout, targets=(*names, *(n for n, _ in variants)),
+        router_settings=tuple(settings), variants=variants, calibrated=args.calibrated,
+        sharing=args.sharing,
         startup_timeout=args.startup_timeout, router_log_level=args.router_log_level,
         speed=args.speed, seed=args.seed,
     )  # fmt: skip

@@ -224,6 +224,8 @@ class SimTraffic:
     targets: tuple[str, ...] = TARGETS
     # The routed target's router flags; with ``calibrated`` the profile as --speed-profile too.
     router_settings: tuple[str, ...] = ("--threshold", "auto")
+    # More routed targets (in ``targets`` too): a name and the flags its router gets after those.
+    variants: tuple[tuple[str, tuple[str, ...]], ...] = ()
     calibrated: bool = False
     sharing: str = "timeslice"
     startup_timeout: float = 60.0
@@ -237,19 +239,21 @@ def _sim_target(
     procs: Children, sim: SimTraffic, label: str, seed: int
 ) -> tuple[Target, openloop.Probe | None, Record]:
     """Start what ``label`` runs on, fresh: a server alone, or servers and a router in front."""
-    want = {"eagle": 1, "baseline": 1} if label == "routed" else {label: 1}
-    if label == "routed" and sim.layout == "paired":
+    variants = dict(sim.variants)
+    routed = label == "routed" or label in variants
+    want = {"eagle": 1, "baseline": 1} if routed else {label: 1}
+    if routed and sim.layout == "paired":
         want = {"shared_gpus": 1}
     settings = replace(sim, seed=seed)  # the run's own seed
     servers = harness.start_servers(procs, want, settings, owner=label, launch_intervals=True)
-    if label != "routed":
+    if not routed:
         return Target(label, getattr(servers, label)[0]), None, {}
     if servers.shared_gpus:
         e, b = servers.shared_gpus[0]
         flags: tuple[str, ...] = ("--pair", f"{e},{b}")
     else:
         flags = ("--eagle-url", servers.eagle[0], "--baseline-url", servers.baseline[0])
-    settings_flags = sim.router_settings
+    settings_flags = sim.router_settings + variants.get(label, ())
     if sim.calibrated:
         path = harness.router_profile(procs, load_profile(sim.profile), sim.speed)
         settings_flags += ("--speed-profile", str(path))

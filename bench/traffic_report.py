@@ -56,9 +56,11 @@ def _better(per: dict[str, float | None]) -> tuple[str, float] | None:
     return max(known, key=lambda tv: tv[1]) if known else None
 
 
-def window_goal(records: Sequence[Record], schedule: str) -> tuple[bool | None, list[str]]:
+def window_goal(
+    records: Sequence[Record], schedule: str, label: str
+) -> tuple[bool | None, list[str]]:
     """Every window: routed attainment >= the better single's (medians) minus the slack."""
-    routed = windows(records, schedule, ROUTED)
+    routed = windows(records, schedule, label)
     singles = {t: windows(records, schedule, t) for t in SINGLES}
     misses, judged = [], 0
     for k, recs in routed.items():
@@ -73,18 +75,19 @@ def window_goal(records: Sequence[Record], schedule: str) -> tuple[bool | None, 
     return (not misses if judged else None), misses
 
 
-def goals(records: Sequence[Record]) -> list[tuple[str, bool | None, str]]:
-    """``(goal, passed, detail)`` for every goal the records can judge (None: not judged)."""
+def goals(records: Sequence[Record], routed: str = ROUTED) -> list[tuple[str, bool | None, str]]:
+    """``(goal, passed, detail)`` of ``routed`` (or a ``--variant``) for every goal the records
+    can judge (None: not judged)."""
     out: list[tuple[str, bool | None, str]] = []
     names = schedules(records)
     for name in [n for n in names if not is_sweep(n)]:
-        ok, misses = window_goal(records, name)
+        ok, misses = window_goal(records, name, routed)
         detail = "; ".join(misses[:4]) + (f" (+{len(misses) - 4} more)" if len(misses) > 4 else "")
         if ok is None:
             detail = "not judged: no window had routed and a single server both"
         out.append((f"`{name}`: routed SLO attainment >= better single - 0.02, every window",
                     ok, detail or "every window"))  # fmt: skip
-        mine = _mid(runs(records, name, ROUTED), "goodput")
+        mine = _mid(runs(records, name, routed), "goodput")
         best = _better({t: _mid(runs(records, name, t), "goodput") for t in SINGLES})
         if mine is not None and best is not None and best[1] > 0:
             ratio = mine / best[1]
@@ -92,19 +95,19 @@ def goals(records: Sequence[Record]) -> list[tuple[str, bool | None, str]]:
                         f"{ratio:.3f}x {best[0]} ({mine:.2f} vs {best[1]:.2f} req/s)"))  # fmt: skip
     if sweep := sorted((float(_rate_of(records, n) or 0.0), n) for n in names if is_sweep(n)):
         low, high = sweep[0][1], sweep[-1][1]
-        mine = _mid(runs(records, low, ROUTED), "median_tpot_ms")
+        mine = _mid(runs(records, low, routed), "median_tpot_ms")
         eagle = _mid(runs(records, low, "eagle"), "median_tpot_ms")
         if mine is not None and eagle:
             ratio = mine / eagle
             out.append((f"lowest rate ({low}): routed p50 TPOT within 5% of EAGLE alone",
                         ratio <= 1.05, f"{ratio:.3f}x ({mine:.2f} vs {eagle:.2f} ms)"))  # fmt: skip
-        mine = _mid(runs(records, high, ROUTED), "output_throughput")
+        mine = _mid(runs(records, high, routed), "output_throughput")
         base = _mid(runs(records, high, "baseline"), "output_throughput")
         if mine is not None and base:
             ratio = mine / base
             out.append((f"highest rate ({high}): routed tok/s >= 0.95x baseline alone",
                         ratio >= 0.95, f"{ratio:.3f}x ({mine:,.0f} vs {base:,.0f})"))  # fmt: skip
-    flaps = [(name, _mid(runs(records, name, ROUTED), "switches_per_min")) for name in names]
+    flaps = [(name, _mid(runs(records, name, routed), "switches_per_min")) for name in names]
     flaps = [(n, v) for n, v in flaps if v is not None]
     if flaps:
         worst = max(flaps, key=lambda nv: nv[1] or 0.0)
@@ -218,7 +221,7 @@ def header(records: Sequence[Record]) -> list[str]:
     repeats = max(int(r.get("repeat", 1)) for r in records)
     where = (
         f"profile `{r0.get('profile')}`, layout `{r0.get('layout')}`, routed: "
-        f"`{r0.get('router', '?')}`"
+        f"`{next((r.get('router', '?') for r in records if r.get('target') == ROUTED), '?')}`"
         if r0.get("simulated")
         else f"targets {', '.join(targets(records))}"
     )
@@ -267,7 +270,10 @@ def measured_line(records: Sequence[Record]) -> str:
 
 def render(records: Sequence[Record]) -> str:
     lines = header(records)
-    lines += ["## Goals", "", *(f"- {v}" for v in verdicts(records)), ""]
+    lines += ["## Goals", "", *verdicts(records, ROUTED, "- "), ""]
+    for name in variants(records):
+        flags = next((r.get("router") for r in records if r.get("target") == name), "?")
+        lines += [f"## Goals: `{name}` (router `{flags}`)", "", *verdicts(records, name, "- "), ""]
     for name in schedules(records):
         text = next((r.get("schedule_text") for r in records if r.get("schedule") == name), "")
         lines += [f"## `{name}` ({text})", "", *run_table(records, name), ""]
@@ -278,13 +284,21 @@ def render(records: Sequence[Record]) -> str:
     return "\n".join(lines)
 
 
-def verdicts(records: Sequence[Record]) -> list[str]:
-    """``PASS|MISS|-: goal: detail`` for every goal (``-``: not judged)."""
-    return [f"{report.MARK[ok]}: {goal}: {detail}" for goal, ok, detail in goals(records)]
+def verdicts(records: Sequence[Record], routed: str = ROUTED, lead: str = "") -> list[str]:
+    """``PASS|MISS|-: goal: detail`` for every goal (``-``: not judged), each after ``lead``."""
+    return [f"{lead}{report.MARK[ok]}: {g}: {d}" for g, ok, d in goals(records, routed)]
+
+
+def variants(records: Sequence[Record]) -> list[str]:
+    return [t for t in targets(records) if t not in (ROUTED, *SINGLES)]  # traffic --variant
 
 
 def summary(records: Sequence[Record]) -> str:
-    return "".join(f"{v}\n" for v in verdicts(records))
+    lines = [
+        *verdicts(records),
+        *(v for t in variants(records) for v in verdicts(records, t, f"{t}: ")),
+    ]
+    return "".join(f"{v}\n" for v in lines)
 
 
 COLORS = {"routed": "tab:green", "eagle": "tab:blue", "baseline": "tab:orange"}

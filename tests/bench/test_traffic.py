@@ -257,6 +257,9 @@ def test_goals_on_medians_of_repeats() -> None:
         recs += [_win("day", "routed", r, 1, 0.5), _win("day", "baseline", r, 1, 0.8)]
         recs += [_run("day", "routed", r, goodput=2.0 + r, switches_per_min=3.0)]
         recs += [_run("day", "eagle", r, goodput=1.0), _run("day", "baseline", r, goodput=2.5)]
+    # A variant (traffic --variant) is judged by the same goals under its own name.
+    named = [{**x, "target": "lead"} if x["target"] == "routed" else x for x in recs]
+    assert traffic_report.goals(named, "lead") == traffic_report.goals(recs)
     got = {g: (ok, detail) for g, ok, detail in traffic_report.goals(recs)}
     every = next(k for k in got if "every window" in k)
     # Window 0: routed median 0.95 >= eagle's median 0.93 - 0.02; window 1: 0.5 < 0.8 - 0.02.
@@ -293,6 +296,24 @@ def test_sweep_goals_take_the_lowest_and_highest_rate() -> None:
         (("traffic", "--simulate", "--request-rate", "2", "--url", "x=http://a:1"), "--url"),
         (("traffic", "--request-rate", "2"), "--simulate"),
         (("traffic", "--simulate", "--request-rate", "2", "--threshold", "0"), "--threshold"),
+        (("traffic", "--simulate", "--request-rate", "2", "--variant", "lead"), "NAME=FLAGS"),
+        (("traffic", "--simulate", "--request-rate", "2", "--variant", "eagle="), "NAME=FLAGS"),
+        (
+            ("traffic", "--simulate", "--request-rate", "2", "--variant", "a=", "--variant", "a="),
+            "NAME=FLAGS",
+        ),
+        (
+            ("traffic", "--simulate", "--request-rate", "2", "--variant", "lead=--switch-lead x"),
+            "--variant lead: argument --switch-lead: invalid",
+        ),
+        (
+            ("traffic", "--simulate", "--request-rate", "2", "--variant", "lead=--no-such 1"),
+            "--variant lead: unrecognized arguments: --no-such 1",
+        ),
+        (
+            ("traffic", "--simulate", "--request-rate", "2", "--variant", "q=--hysteresis '1"),
+            "--variant q: No closing quotation",
+        ),
     ],
 )
 def test_bad_usage_is_one_line_and_exit_2(args: tuple[str, ...], needle: str) -> None:
@@ -312,13 +333,15 @@ def test_a_bad_trace_row_is_named_by_its_line(tmp_path: Path) -> None:
 def test_a_tiny_simulated_run_with_a_router_that_sheds(tmp_path: Path) -> None:
     """Routed (a router capped at 2 in flight) and the baseline alone at 30 req/s for 1.5 s of
     model time: the router sheds with 503 and Retry-After, nothing is lost, the report and its
-    picture are written, and --from-jsonl writes them again."""
+    picture are written, and --from-jsonl writes them again. A variant (the same router capped at
+    40, after the routed one's flags) runs too, and is judged under its name."""
     stem = tmp_path / "t"
     r = bench(
         "traffic", "--simulate", "--profile", "demo", "--speed", "4", "--targets",
         "routed,baseline", "--threshold", "8", "--max-concurrency", "2", "--schedule",
         "burst=30@1.5", "--window", "0.5", "--repeats", "1", "--input-len", "16",
-        "--output-len", "16", "--drain", "20", "--out", str(stem), timeout=180,
+        "--output-len", "16", "--drain", "20", "--out", str(stem),
+        "--variant", "cap40=--max-concurrency 40", timeout=240,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     recs = [json.loads(x) for x in stem.with_suffix(".jsonl").read_text().splitlines()]
@@ -328,10 +351,15 @@ def test_a_tiny_simulated_run_with_a_router_that_sheds(tmp_path: Path) -> None:
     assert routed["completed"] + routed["shed"] + routed["failed"] == routed["requests"]
     assert routed["failed"] == 0 and routed["cut"] == 0
     assert whole["baseline"]["completed"] == whole["baseline"]["requests"]
+    wide = whole["cap40"]
+    assert wide["router"].endswith("--max-concurrency 2 --max-concurrency 40")
+    assert wide["completed"] == wide["requests"] > routed["completed"] and wide["shed"] == 0
     rss = routed["router_rss_mib"]
     assert rss["max"] > 0 and len(rss["quarters"]) == 3 and rss["first"] <= rss["max"]
     md = stem.with_suffix(".md").read_text()
     assert md.startswith("# SIMULATED") and "## Shed and cut requests" in md
+    flags = "--threshold 8 --max-concurrency 2 --max-concurrency 40"
+    assert f"## Goals: `cap40` (router `{flags}`)" in md
     assert (tmp_path / "t-burst.png").read_bytes().startswith(PNG_MAGIC)
     again = bench("traffic", "--from-jsonl", str(stem.with_suffix(".jsonl")))
     assert again.returncode == 0, again.stderr
