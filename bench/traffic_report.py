@@ -56,12 +56,10 @@ def _better(per: dict[str, float | None]) -> tuple[str, float] | None:
     return max(known, key=lambda tv: tv[1]) if known else None
 
 
-def window_goal(
-    records: Sequence[Record], schedule: str, label: str
-) -> tuple[bool | None, list[str]]:
-    """Every window: routed attainment >= the better single's (medians) minus the slack."""
-    routed = windows(records, schedule, label)
-    singles = {t: windows(records, schedule, t) for t in SINGLES}
+def window_goal(got: Sequence[Record], name: str, label: str) -> tuple[bool | None, list[str]]:
+    """Every window: ``label``'s attainment >= the better single's (medians) minus the slack."""
+    routed = windows(got, name, label)
+    singles = {t: windows(got, name, t) for t in SINGLES}
     misses, judged = [], 0
     for k, recs in routed.items():
         mine = _mid(recs, "slo_attainment")
@@ -76,8 +74,7 @@ def window_goal(
 
 
 def goals(records: Sequence[Record], routed: str = ROUTED) -> list[tuple[str, bool | None, str]]:
-    """``(goal, passed, detail)`` of ``routed`` (or a ``--variant``) for every goal the records
-    can judge (None: not judged)."""
+    """``(goal, passed, detail)`` of ``routed`` (or a variant) per goal judged (None: not)."""
     out: list[tuple[str, bool | None, str]] = []
     names = schedules(records)
     for name in [n for n in names if not is_sweep(n)]:
@@ -294,11 +291,8 @@ def variants(records: Sequence[Record]) -> list[str]:
 
 
 def summary(records: Sequence[Record]) -> str:
-    lines = [
-        *verdicts(records),
-        *(v for t in variants(records) for v in verdicts(records, t, f"{t}: ")),
-    ]
-    return "".join(f"{v}\n" for v in lines)
+    more = [v for t in variants(records) for v in verdicts(records, t, f"{t}: ")]
+    return "".join(f"{v}\n" for v in [*verdicts(records), *more])
 
 
 COLORS = {"routed": "tab:green", "eagle": "tab:blue", "baseline": "tab:orange"}
