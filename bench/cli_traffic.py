@@ -171,8 +171,8 @@ def run(args: argparse.Namespace) -> int:
         return cli_common.rerender(args.from_jsonl, lambda _: traffic_report)
     cfg = _config(args)
     if args.url:
-        if args.simulate:
-            raise cli.UsageError("--url and --simulate: choose one")
+        if args.simulate or args.variant:  # with --url, another router is another --url
+            raise cli.UsageError("--url: not with --simulate or --variant")
         chosen = cli_common.targets(args.url)
         labels = {t.label for t in chosen}
         watch = args.watch or (["routed"] if "routed" in labels else [])

@@ -297,6 +297,10 @@ def test_sweep_goals_take_the_lowest_and_highest_rate() -> None:
         (("traffic", "--request-rate", "2"), "--simulate"),
         (("traffic", "--simulate", "--request-rate", "2", "--threshold", "0"), "--threshold"),
         (("traffic", "--simulate", "--request-rate", "2", "--variant", "lead"), "NAME=FLAGS"),
+        (
+            ("traffic", "--request-rate", "2", "--url", "x=http://a:1", "--variant", "b="),
+            "--url: not with --simulate or --variant",
+        ),
         (("traffic", "--simulate", "--request-rate", "2", "--variant", "eagle="), "NAME=FLAGS"),
         (
             ("traffic", "--simulate", "--request-rate", "2", "--variant", "a=", "--variant", "a="),
