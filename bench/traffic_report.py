@@ -296,6 +296,12 @@ def summary(records: Sequence[Record]) -> str:
 
 
 COLORS = {"routed": "tab:green", "eagle": "tab:blue", "baseline": "tab:orange"}
+MORE_COLORS = ("tab:purple", "tab:red", "tab:brown", "tab:pink", "tab:olive")  # variants, labels
+
+
+def _color(records: Sequence[Record], t: str) -> str:
+    more = variants(records)
+    return COLORS.get(t) or MORE_COLORS[more.index(t) % len(MORE_COLORS) if t in more else 0]
 
 
 def _series(
@@ -331,13 +337,13 @@ def plot_series(records: Sequence[Record], name: str, path: Path) -> None:
         for t in targets(records):
             for key, style, q in (("median_tpot_ms", "-", "p50"), ("p99_tpot_ms", "--", "p99")):
                 tpot = _series(records, name, t, key)
-                bottom.plot(*tpot, color=COLORS.get(t), linestyle=style, label=f"{t} {q}")
+                bottom.plot(*tpot, color=_color(records, t), linestyle=style, label=f"{t} {q}")
         bottom.set_ylabel("TPOT ms")
         bottom.set_yscale("log")
         bottom.legend(ncol=3, fontsize="small")
         for t in targets(records):
             attained = _series(records, name, t, "slo_attainment")
-            slo.plot(*attained, color=COLORS.get(t), marker="o", markersize=3, label=t)
+            slo.plot(*attained, color=_color(records, t), marker="o", markersize=3, label=t)
         slo.set_ylim(-0.05, 1.05)
         slo.set_ylabel("SLO attainment")
         slo.set_xlabel("time (s)")
@@ -360,7 +366,7 @@ def plot_sweep(records: Sequence[Record], path: Path) -> None:
                 if pts:
                     pts.sort(key=lambda p: (p[0], p[1].median))
                     xs, spreads = [x for x, _ in pts], [m for _, m in pts]
-                    report.errorbars(ax, xs, spreads, color=COLORS.get(t), label=t)
+                    report.errorbars(ax, xs, spreads, color=_color(records, t), label=t)
         left.set_xlabel("request rate (req/s)")
         left.set_ylabel("goodput (req/s meeting both SLOs)")
         right.set_xlabel("request rate (req/s)")
