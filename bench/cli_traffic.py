@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
+import os
 import re
 import shlex
+import sys
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -118,21 +118,25 @@ def _schedules(args: argparse.Namespace) -> list[tuple[str, Schedule]]:
 
 
 def _variants(texts: list[str], settings: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """``--variant NAME=FLAGS``: each a new label, its flags checked by the router's own parser."""
+    """``--variant NAME=FLAGS``: each a new label, its flags checked by the router's ``--check``
+    (a process: the bench imports nothing of the router), without this shell's DYNSPEC_*."""
+    from dynspec.bench.procs import captured, last_line
     from dynspec.bench.traffic import TARGETS
-    from dynspec.router.config import parse_config
 
     out: dict[str, tuple[str, ...]] = {}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNSPEC_")}
     for name, sep, flags in (text.partition("=") for text in texts):
         if not (sep and re.fullmatch(r"[a-z0-9][a-z0-9-]*", name)) or name in {*TARGETS, *out}:
             raise cli.UsageError(f"--variant {name}: NAME=FLAGS, NAME a new label of a-z 0-9 -")
         try:
-            with contextlib.redirect_stderr(io.StringIO()) as said:
-                out[name] = tuple(shlex.split(flags))
-                parse_config(["--pair", "http://h:1,http://h:2", *settings, *out[name]], {})
-        except (ValueError, SystemExit, cli.UsageError) as exc:
-            why = said.getvalue().strip().split(": error: ")[-1] or exc
-            raise cli.UsageError(f"--variant {name}: {why}") from None
+            out[name] = tuple(shlex.split(flags))
+        except ValueError as exc:
+            raise cli.UsageError(f"--variant {name}: {exc}") from None
+        argv = ["--check", "--pair", "http://h:1,http://h:2", *settings, *out[name]]
+        r = captured([sys.executable, "-m", "dynspec.router", *argv], env=env, timeout=60)
+        if r.returncode:
+            why = last_line(r.stderr).split(": error: ")[-1]
+            raise cli.UsageError(f"--variant {name}: {why}")
     return tuple(out.items())
 
 

@@ -116,7 +116,14 @@ def serve(config: RouterConfig) -> int:
     return 0
 
 
+def check(config: RouterConfig) -> int:
+    """``--check``: the settings hold (``config_from_args`` raised nothing); serve nothing."""
+    print(f"{PROG}: the settings hold: {config!r}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     ns = build_parser().parse_layered(sys.argv[1:] if argv is None else argv)
     configure_logging(ns.log_level)
-    run_main(PROG, lambda: serve(config_from_args(ns)), ns.log_level)
+    act = check if ns.check else serve
+    run_main(PROG, lambda: act(config_from_args(ns)), ns.log_level)

@@ -461,6 +461,12 @@ def build_parser() -> FlagParser:
     )
     # -- end client limits --
     add_log_level(p)
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="read every flag, DYNSPEC_* variable "
+        "and --speed-profile, say whether they hold and exit (0, else 2): no serving",
+    )
     return p
 
 

@@ -16,7 +16,7 @@ FLAGS = (
     "--eagle-url", "--baseline-url", "--policy", "--threshold", "--hysteresis", "--api-key",
     "--backend-api-key", "--admin-api-key", "--max-body-bytes", "--request-timeout",
     "--health-interval", "--max-concurrency", "--drain-timeout", "--upstream-ca",
-    "--no-direct-relay", "--speed-profile", "--metrics-interval",
+    "--no-direct-relay", "--speed-profile", "--metrics-interval", "--check",
 )  # fmt: skip
 REPO = Path(__file__).resolve().parents[2]
 DEMO = str(REPO / "launcher/sim/profiles/demo.json")
@@ -87,6 +87,29 @@ def test_help_lists_every_flag_with_its_variable() -> None:
     for flag in FLAGS:
         assert flag in r.stdout
     assert "DYNSPEC_MAX_BODY_BYTES" in r.stdout
+
+
+def test_check_reads_the_settings_and_serves_nothing() -> None:
+    """``--check`` exits 0 on settings that hold, without listening (the port is taken here),
+    and 2 with the usual one line on ones that do not (a flag's value, a rule between flags, a
+    speed profile that does not read)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = str(s.getsockname()[1])
+        ok = run_router("--check", "--pair", "http://e:1,http://b:2", "--port", port)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("dynspec-router: the settings hold: RouterConfig(")
+    for argv in (
+        ["--switch-lead", "x"], ["--threshold", "4", "--hysteresis", "4"],
+        ["--speed-profile", "/no/such/profile.json"],
+    ):  # fmt: skip
+        r = run_router("--check", "--pair", "http://e:1,http://b:2", *argv)
+        assert r.returncode == 2, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+        assert r.stderr.startswith("dynspec-router: error:") and not r.stdout
 
 
 def test_port_in_use_is_runtime_error_exit_1() -> None:
