@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shlex
 import sys
@@ -120,11 +119,11 @@ def _schedules(args: argparse.Namespace) -> list[tuple[str, Schedule]]:
 def _variants(texts: list[str], settings: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """``--variant NAME=FLAGS``: each a new label, its flags checked by the router's ``--check``
     (a process: the bench imports nothing of the router), without this shell's DYNSPEC_*."""
-    from dynspec.bench.procs import captured, last_line
+    from dynspec.bench.procs import captured, environment_without, last_line
     from dynspec.bench.traffic import TARGETS
 
     out: dict[str, tuple[str, ...]] = {}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNSPEC_")}
+    env = environment_without(("DYNSPEC_",))
     for name, sep, flags in (text.partition("=") for text in texts):
         if not (sep and re.fullmatch(r"[a-z0-9][a-z0-9-]*", name)) or name in {*TARGETS, *out}:
             raise cli.UsageError(f"--variant {name}: NAME=FLAGS, NAME a new label of a-z 0-9 -")

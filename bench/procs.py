@@ -38,6 +38,11 @@ def captured(
     return subprocess.run(list(argv), capture_output=True, text=True, check=check, **kw)
 
 
+def environment_without(prefixes: Sequence[str]) -> dict[str, str]:
+    """This process's environment less the variables that start with one of ``prefixes``."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(tuple(prefixes))}
+
+
 def last_line(text: str) -> str:
     """The last line of ``text`` that is not blank ("" where none is)."""
     lines = [ln for ln in text.splitlines() if ln.strip()]
@@ -135,7 +140,7 @@ class Children:
     ) -> subprocess.Popen[bytes]:
         if log is None and self.log_dir is not None:
             log = self.log_dir / f"{name}.log"
-        base = {k: v for k, v in os.environ.items() if not k.startswith(self.drop_env)}
+        base = environment_without(self.drop_env)
         out: IO[bytes] | int = subprocess.DEVNULL
         if log is not None:
             out = open(log, "ab" if append else "wb")  # noqa: SIM115 - closed once the child has it

@@ -218,7 +218,7 @@ def header(records: Sequence[Record]) -> list[str]:
     repeats = max(int(r.get("repeat", 1)) for r in records)
     where = (
         f"profile `{r0.get('profile')}`, layout `{r0.get('layout')}`, routed: "
-        f"`{next((r.get('router', '?') for r in records if r.get('target') == ROUTED), '?')}`"
+        f"`{router_of(records, ROUTED)}`"
         if r0.get("simulated")
         else f"targets {', '.join(targets(records))}"
     )
@@ -269,7 +269,7 @@ def render(records: Sequence[Record]) -> str:
     lines = header(records)
     lines += ["## Goals", "", *verdicts(records, ROUTED, "- "), ""]
     for name in variants(records):
-        flags = next((r.get("router") for r in records if r.get("target") == name), "?")
+        flags = router_of(records, name)
         lines += [f"## Goals: `{name}` (router `{flags}`)", "", *verdicts(records, name, "- "), ""]
     for name in schedules(records):
         text = next((r.get("schedule_text") for r in records if r.get("schedule") == name), "")
@@ -286,6 +286,11 @@ def verdicts(records: Sequence[Record], routed: str = ROUTED, lead: str = "") ->
     return [f"{lead}{report.MARK[ok]}: {g}: {d}" for g, ok, d in goals(records, routed)]
 
 
+def router_of(records: Sequence[Record], label: str) -> str:
+    """The router flags a simulated routed target (``label``) ran with, ``?`` where none."""
+    return next((str(r.get("router", "?")) for r in records if r.get("target") == label), "?")
+
+
 def variants(records: Sequence[Record]) -> list[str]:
     return [t for t in targets(records) if t not in (ROUTED, *SINGLES)]  # traffic --variant
 
@@ -300,8 +305,8 @@ MORE_COLORS = ("tab:purple", "tab:red", "tab:brown", "tab:pink", "tab:olive")  #
 
 
 def _color(records: Sequence[Record], t: str) -> str:
-    more = variants(records)
-    return COLORS.get(t) or MORE_COLORS[more.index(t) % len(MORE_COLORS) if t in more else 0]
+    """Every target but routed and the singles is a variant (``targets``, ``variants``)."""
+    return COLORS.get(t) or MORE_COLORS[variants(records).index(t) % len(MORE_COLORS)]
 
 
 def _series(
