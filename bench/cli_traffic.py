@@ -7,6 +7,7 @@ import argparse
 import re
 import shlex
 import sys
+from collections.abc import Collection, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -116,26 +117,54 @@ def _schedules(args: argparse.Namespace) -> list[tuple[str, Schedule]]:
     return out
 
 
-def _variants(texts: list[str], settings: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """``--variant NAME=FLAGS``: each a new label, its flags checked by the router's ``--check``
-    (a process: the bench imports nothing of the router), without this shell's DYNSPEC_*."""
+Variant = tuple[str, tuple[str, ...]]  # a variant's name and router flags
+
+
+def target_names(text: str, flag: str = "--targets") -> tuple[str, ...]:
+    """``--targets LIST``: some of ``traffic.TARGETS``, each once, in the order given."""
+    from dynspec.bench.traffic import TARGETS
+
+    names = [n for n in text.replace(" ", "").split(",") if n]
+    if not names or set(names) - set(TARGETS) or len(set(names)) < len(names):
+        raise cli.UsageError(f"{flag}: some of {','.join(TARGETS)}, each once")
+    return tuple(names)
+
+
+def variant_of(text: str, taken: Collection[str], flag: str = "--variant") -> Variant:
+    """``NAME=FLAGS``: a new label (none of ``taken``) and its router flags, split as a shell
+    would."""
+    name, sep, flags = text.partition("=")
+    if not (sep and re.fullmatch(r"[a-z0-9][a-z0-9-]*", name)) or name in taken:
+        raise cli.UsageError(f"{flag} {name}: NAME=FLAGS, NAME a new label of a-z 0-9 -")
+    try:
+        return name, tuple(shlex.split(flags))
+    except ValueError as exc:
+        raise cli.UsageError(f"{flag} {name}: {exc}") from None
+
+
+def check_router(
+    who: str, flags: Sequence[str], *, python: str = sys.executable,
+    env: Mapping[str, str] | None = None, error: type[Exception] = cli.UsageError,
+) -> None:  # fmt: skip
+    """``flags`` as the router reads them (``--check``, a process: the bench imports nothing of
+    the router), by default without this shell's DYNSPEC_*; ``error`` says why, after ``who``."""
     from dynspec.bench.procs import captured, environment_without, last_line
+
+    env = environment_without(("DYNSPEC_",)) if env is None else env
+    argv = [python, "-m", "dynspec.router", "--check", "--pair", "http://h:1,http://h:2", *flags]
+    if (r := captured(argv, env=env, timeout=60)).returncode:
+        raise error(f"{who}: {last_line(r.stderr).split(': error: ')[-1]}")
+
+
+def _variants(texts: list[str], settings: list[str]) -> tuple[Variant, ...]:
+    """``--variant NAME=FLAGS``: each a new label, its flags checked by the router."""
     from dynspec.bench.traffic import TARGETS
 
     out: dict[str, tuple[str, ...]] = {}
-    env = environment_without(("DYNSPEC_",))
-    for name, sep, flags in (text.partition("=") for text in texts):
-        if not (sep and re.fullmatch(r"[a-z0-9][a-z0-9-]*", name)) or name in {*TARGETS, *out}:
-            raise cli.UsageError(f"--variant {name}: NAME=FLAGS, NAME a new label of a-z 0-9 -")
-        try:
-            out[name] = tuple(shlex.split(flags))
-        except ValueError as exc:
-            raise cli.UsageError(f"--variant {name}: {exc}") from None
-        argv = ["--check", "--pair", "http://h:1,http://h:2", *settings, *out[name]]
-        r = captured([sys.executable, "-m", "dynspec.router", *argv], env=env, timeout=60)
-        if r.returncode:
-            why = last_line(r.stderr).split(": error: ")[-1]
-            raise cli.UsageError(f"--variant {name}: {why}")
+    for text in texts:
+        name, flags = variant_of(text, {*TARGETS, *out})
+        check_router(f"--variant {name}", [*settings, *flags])
+        out[name] = flags
     return tuple(out.items())
 
 
@@ -187,9 +216,7 @@ def run(args: argparse.Namespace) -> int:
         live = partial(traffic.run_live, chosen, cfg, out, watch={w: by[w] for w in watch})
         return cli_common.run_then_report(live, out, "runs", traffic_report)
     prof = cli_common.sim_profile(args)
-    names = [n for n in args.targets.replace(" ", "").split(",") if n]
-    if not names or set(names) - set(traffic.TARGETS) or len(set(names)) < len(names):
-        raise cli.UsageError(f"--targets: some of {','.join(traffic.TARGETS)}, each once")
+    names = target_names(args.targets)
     settings = ["--threshold", args.threshold]
     # The router's clock is the wall clock: a model-time delay runs --speed times faster.
     delay = None if args.return_delay is None else args.return_delay / args.speed
