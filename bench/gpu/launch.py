@@ -18,7 +18,7 @@ from typing import Any
 
 from dynspec.bench.gpu.leftovers import compute_apps
 from dynspec.bench.gpu.toolkit import SGLANG_ARGS, Run, RunFailed
-from dynspec.bench.procs import alive, captured, last_line, proc_stat
+from dynspec.bench.procs import alive, captured, last_line, proc_stat, wait_http
 from dynspec.launcher.process import tail
 
 EAGLE_STEPS = (
@@ -125,6 +125,33 @@ def drop_flag(argv: Sequence[str], flag: str) -> list[str]:
     return out
 
 
+def router_argv(
+    commands: Sequence[str], port: int | str, *, drop: Sequence[str] = (), more: Sequence[str] = ()
+) -> list[str]:
+    """A second router in front of the launch's servers: the launcher's router command line (its
+    ``--dry-run``'s, ``meta.json``'s ``commands``) on ``port``, less ``drop`` (each flag with its
+    value), then ``more``."""
+    lines = [c for c in commands if " -m dynspec.router " in f" {c} "]
+    if not lines:
+        raise RunFailed("the launcher's --dry-run printed no router command")
+    argv = [a for a in shlex.split(lines[-1]) if "=" not in a or a.startswith("-")]
+    for flag in ("--port", *drop):
+        argv = drop_flag(argv, flag)
+    return [*argv, "--port", str(port), *more]
+
+
+def start_router(run: Run, name: str, argv: Sequence[str], port: int) -> subprocess.Popen[bytes]:
+    """A second router (``router_argv``), logging to ``logs/NAME.log``, until it is healthy."""
+    log = run.logs / f"{name}.log"
+    proc = run.spawn(name, argv, log)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 60.0, proc=proc)
+    except (RuntimeError, TimeoutError):
+        run.stop(proc)
+        raise RunFailed(f"{name} did not come up; see {log}") from None
+    return proc
+
+
 def start_launch(run: Run, launch: Sequence[str]) -> subprocess.Popen[bytes]:
     """``start_launcher``, then what the GPU runs and the launch's calibration, for the results."""
     proc = start_launcher(run, launch)
@@ -159,18 +186,17 @@ def finish(
 def stop_all(
     run: Run, procs: Mapping[str, subprocess.Popen[bytes]], session: dict[str, Any] | None
 ) -> None:
-    """The launcher (SIGINT: its router drains, its servers stop) and the cost router, whether
-    this command started them or an earlier one kept them; then what the GPU still runs."""
+    """A second router (``start_router``) first, then the launcher (SIGINT: its router drains, its
+    servers stop), whether this command or an earlier one started them; then what the GPU runs."""
     if session is None:
-        if "cost_router" in procs:
-            run.stop(procs["cost_router"], grace=20.0)
+        for name in [n for n in procs if n != "launcher"]:
+            run.stop(procs[name], grace=20.0)
         stop_launcher(run, procs["launcher"])
     else:
-        for name in ("cost_router", "launcher"):
-            if name in session["procs"]:
-                pid, start = session["procs"][name]
-                run.say(f"stopping the kept {name} (pid {pid})")
-                stop_kept(int(pid), int(start))
+        for name in sorted(session["procs"], key=lambda n: n == "launcher"):
+            pid, start = session["procs"][name]
+            run.say(f"stopping the kept {name} (pid {pid})")
+            stop_kept(int(pid), int(start))
         pid, start = session["procs"]["launcher"]
         # Not this command's child: its exit code is its parent's to read, not ours.
         run.meta["launcher_exit"] = "running" if alive(int(pid), int(start)) else "stopped"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import shlex
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -19,9 +18,9 @@ from typing import Any
 from dynspec.bench.cli_common import levels as parse_levels
 from dynspec.bench.gpu import toolkit
 from dynspec.bench.gpu.attempt import Body
-from dynspec.bench.gpu.launch import drop_flag, finish, launch_argv, start_launch
+from dynspec.bench.gpu.launch import finish, launch_argv, router_argv, start_launch, start_router
 from dynspec.bench.metrics import samples
-from dynspec.bench.procs import cmdline, cpu_seconds, descendants, fetch, free_port, wait_http
+from dynspec.bench.procs import cmdline, cpu_seconds, descendants, fetch, free_port
 
 TITLE = "One H200 = one pair, SGLang 0.5.17, random 8B (tp 1)"
 COST_LEVELS = (16, 64, 128, 256)  # router-cost's levels; with --router-cost: the plan's >= 16
@@ -117,12 +116,8 @@ def baseline_from(study: Study, levels: Sequence[int], c: int) -> Study:
 def cost_router_argv(commands: Sequence[str], port: int) -> list[str]:
     """The launcher's router command line (from its ``--dry-run``) on ``port`` with a threshold
     above any load and no speed profile: the same router, every request on EAGLE."""
-    lines = [c for c in commands if " -m dynspec.router " in f" {c} "]
-    if not lines:
-        raise toolkit.RunFailed("the launcher's --dry-run printed no router command")
-    argv = [a for a in shlex.split(lines[-1]) if "=" not in a or a.startswith("-")]
-    argv = drop_flag(drop_flag(drop_flag(argv, "--port"), "--threshold"), "--speed-profile")
-    return [*argv, "--port", str(port), "--threshold", str(ABOVE_ANY_LOAD)]
+    more = ("--threshold", str(ABOVE_ANY_LOAD))
+    return router_argv(commands, port, drop=("--threshold", "--speed-profile"), more=more)
 
 
 def router_pid(launcher_pid: int, port: int) -> int | None:
@@ -259,13 +254,7 @@ def plan_steady(
         if any(t.what == "cost" for t in study.targets):
             argv = cost_router_argv(run.meta["commands"], cost_port)
             run.meta["cost_router_argv"] = argv
-            procs["cost_router"] = run.spawn("cost-router", argv, run.logs / "cost-router.log")
-            try:
-                wait_http(urls["cost"] + "/health", 60.0, proc=procs["cost_router"])
-            except (RuntimeError, TimeoutError):
-                raise toolkit.RunFailed(
-                    f"the cost router did not come up; see {run.logs}/cost-router.log"
-                ) from None
+            procs["cost_router"] = start_router(run, "cost-router", argv, cost_port)
         servers = {t.what: urls[t.what] for t in study.targets if t.what in ("eagle", "baseline")}
         toolkit.warm(run, servers, wanted)
         pids = {name: proc.pid for name, proc in procs.items()}
