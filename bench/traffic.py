@@ -193,9 +193,12 @@ def run_live(
     watch: Mapping[str, str] | None = None,
     extra: Mapping[str, Any] | None = None,
     deadline: float | None = None,
+    fields: Mapping[str, Record] | None = None,
 ) -> list[Record]:
     """Every run of the plan against ``targets`` (up already), appended to ``out``; ``watch``:
-    label -> the router URL sampled in its runs; no run starts that would end past ``deadline``.
+    label -> the router URL sampled in its runs; ``fields``: label -> more fields of its records
+    (a variant's ``router``, as ``run_simulated``'s); no run starts that would end past
+    ``deadline``.
     Each target gets prompts of its own: targets that are up may share servers, and a prefix
     cache warmed by one target's prompts would serve another's."""
     by_label = {t.label: t for t in targets}
@@ -205,7 +208,8 @@ def run_live(
         url = watched.get(run.target)
         probe = router_probe(url) if url else None
         target = by_label[run.target]
-        return asyncio.run(_drive(target, got, key, cfg, probe)), {"url": target.base_url}
+        more = {"url": target.base_url, **(fields or {}).get(run.target, {})}
+        return asyncio.run(_drive(target, got, key, cfg, probe)), more
 
     return _each(
         cfg, list(by_label), out, body, extra=dict(extra or {}), deadline=deadline, own_prompts=True

@@ -7,6 +7,7 @@ and its flags: docs/benchmarks.md, "The plans" and "The traffic plan's day peak"
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import shlex
 import subprocess
@@ -19,16 +20,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dynspec.bench import arrivals
+from dynspec.bench.cli_traffic import check_router, target_names, variant_of
 from dynspec.bench.gpu import toolkit
-from dynspec.bench.gpu.launch import finish, launch_argv, start_launch
-from dynspec.common.cli import fraction, non_negative_float, positive_float
+from dynspec.bench.gpu.launch import finish, launch_argv, router_argv, start_launch, start_router
+from dynspec.bench.procs import free_port
+from dynspec.common.cli import UsageError, fraction, non_negative_float, positive_float
+from dynspec.launcher.config import load_config
 from dynspec.launcher.sim.profile import Profile, ProfileError, load_profile
+from dynspec.launcher.spec import build_router_spec
 
 if TYPE_CHECKING:
     from dynspec.bench.gpu.attempt import Body
     from dynspec.bench.load import Target
 
 RESULTS = "traffic.jsonl"
+VARIANT = "--traffic-variant"
 TARGETS = ("routed", "eagle", "baseline")
 WARM_LEVELS = (1, 16, 64, 128, 256)
 BASELINE_LIMIT = 128  # both servers capped at 128 running, as in every pair run since pair-a-capped
@@ -75,6 +81,20 @@ class TrafficPlan:
     switch_lead: float = 0.0  # the router's --switch-lead (0: its default, off)
     log_level: str = "info"
     mps: bool = True  # pair-b's launch; False: pair-a's, the two servers time-slicing the GPU
+    targets: tuple[str, ...] = TARGETS
+    # --traffic-variant NAME=FLAGS: one more target, a second router with FLAGS after the plan's.
+    variant: str = ""
+    variant_flags: tuple[str, ...] = ()
+
+    def labels(self) -> tuple[str, ...]:
+        """The targets ``run_live`` runs, in order: ``targets``, then the variant."""
+        return (*self.targets, *([self.variant] if self.variant else []))
+
+    def router_flags(self) -> list[str]:
+        """The router's flags that the plan sets (the launch passes them on)."""
+        given = (("--return-delay", self.return_delay), ("--switch-margin", self.switch_margin),
+                 ("--switch-lead", self.switch_lead))  # fmt: skip
+        return ["--threshold", self.threshold, *(x for f, v in given if v for x in (f, f"{v:g}"))]
 
     def schedule_seconds(self) -> list[tuple[str, float]]:
         """Each schedule's name and length, in the order ``run_live`` runs them."""
@@ -137,11 +157,11 @@ def read_profile(folder: Path, pattern: str = "*.json") -> Profile:
         raise toolkit.RunFailed(f"calibration {found[-1]}: {exc}") from None
 
 
-def build_targets(ports: Sequence[int]) -> list[Target]:
-    """``load.Target`` of the router and of each server alone, in ``TARGETS``' order."""
+def build_targets(urls: Mapping[str, str], labels: Sequence[str]) -> list[Target]:
+    """``load.Target`` of each of ``labels`` at its URL in ``urls``, in ``labels``' order."""
     from dynspec.bench import load
 
-    return [load.Target(label, url) for label, url in toolkit.pair_urls(ports).items()]
+    return [load.Target(label, urls[label]) for label in labels]
 
 
 # ``dynspec.bench.traffic.run_live``'s signature (a test's stand-in has it too).
@@ -185,12 +205,24 @@ def settle_peak(run: toolkit.Run, plan: TrafficPlan) -> float:
 
 def plan_launch(run: toolkit.Run, models: Path, plan: TrafficPlan) -> list[str]:
     """The plan's ``dynspec-launch`` command line (``launch_argv`` with the plan's settings)."""
-    router = ["--return-delay", f"{plan.return_delay:g}"] if plan.return_delay else []
-    router += ["--switch-margin", f"{plan.switch_margin:g}"] if plan.switch_margin else []
-    router += ["--switch-lead", f"{plan.switch_lead:g}"] if plan.switch_lead else []
     return launch_argv(run, models, threshold=plan.threshold, mps=plan.mps, draft=plan.draft,
                        baseline_limit=plan.baseline_limit, baseline_args=plan.baseline_args,
-                       more=[*router, "--log-level", plan.log_level])  # fmt: skip
+                       more=[*plan.router_flags()[2:], "--log-level", plan.log_level])  # fmt: skip
+
+
+def check_variant(plan: TrafficPlan, **how: Any) -> None:
+    """The variant's flags after the plan's as the router reads them (``check_router``)."""
+    check_router(f"{VARIANT} {plan.variant}", [*plan.router_flags(), *plan.variant_flags], **how)
+
+
+def start_variant(run: toolkit.Run, plan: TrafficPlan, port: int) -> subprocess.Popen[bytes]:
+    """The variant's router on ``port``: the launch's router, the launch's calibration its
+    ``--speed-profile`` (as the launcher gives its own), then the variant's flags."""
+    found = sorted((run.logs / "calibration").glob("*.json"))
+    more = [*(["--speed-profile", str(found[-1])] if found else []), *plan.variant_flags]
+    argv = router_argv(run.meta["commands"], port, drop=["--speed-profile"], more=more)
+    run.meta["variant_router_argv"] = argv
+    return start_router(run, f"router-{plan.variant}", argv, port)
 
 
 def plan_traffic(
@@ -212,8 +244,14 @@ def plan_traffic(
     toolkit.check_models(models, plan.draft)
     out = run.results / RESULTS
     served = toolkit.pair_urls(run.ports)
+    routers = {"routed": served["routed"]}  # sampled in their runs
+    port = int((session or {}).get("variant_port") or free_port())
+    if plan.variant:
+        routers[plan.variant] = served[plan.variant] = f"http://127.0.0.1:{port}"
     procs: dict[str, subprocess.Popen[bytes]] = {}
     if session is None:
+        if plan.variant:  # before the launch: flags the router refuses cost no launch
+            check_variant(plan, python=run.python, env=run.env, error=toolkit.RunFailed)
         procs["launcher"] = start_launch(run, plan_launch(run, models, plan))
         peak = settle_peak(run, plan)
         toolkit.warm(run, {"eagle": served["eagle"], "baseline": served["baseline"]}, WARM_LEVELS)
@@ -232,15 +270,24 @@ def plan_traffic(
              "gpu": run.meta.get("versions", {}).get("gpu")}  # fmt: skip
     names = [name for name, _ in plan.schedule_seconds()]
     run.say(f"traffic: {', '.join(names)} (day peak {peak:g} req/s) x {run.steady.repeats} "
-            f"repeats over {', '.join(TARGETS)}")  # fmt: skip
+            f"repeats over {', '.join(plan.labels())}")  # fmt: skip
     live = run_live or traffic.run_live
-    live(build_targets(run.ports), cfg, out, watch={"routed": served["routed"]}, extra=extra,
-         deadline=run.sweep_deadline(seconds))  # fmt: skip
-    left = len(traffic.runs_left(cfg, TARGETS, out))
-    run.meta["traffic_runs_left"] = left
-    if left:
-        run.say(f"{left} runs left (the budget): the next command with --keep resumes")
-    return finish(run, procs, session, keep=keep and left > 0)
+    # The variant's records name its router flags, as the simulated variant's do.
+    fields = {plan.variant: {"router": shlex.join([*plan.router_flags(), *plan.variant_flags])}}
+    if plan.variant and session is None:
+        procs["variant_router"] = start_variant(run, plan, port)
+    try:
+        live(build_targets(served, plan.labels()), cfg, out, watch=routers, extra=extra,
+             deadline=run.sweep_deadline(seconds), fields=fields)  # fmt: skip
+        left = len(traffic.runs_left(cfg, plan.labels(), out))
+        run.meta["traffic_runs_left"] = left
+        if left:
+            run.say(f"{left} runs left (the budget): the next command with --keep resumes")
+        return finish(run, procs, session, keep=keep and left > 0, variant_port=port)
+    except BaseException:  # no router of this command's outlives it (the launch: attempt's end)
+        if "variant_router" in procs:
+            run.stop(procs["variant_router"])
+        raise
 
 
 # -- the operator's view: the estimate and the dry run ----------------------------------------
@@ -254,7 +301,7 @@ def commands_needed(
     whole drain and ``RUN_MARGIN_S`` fit before the deadline): the first command also sets up,
     launches and warms, the last stops the launch."""
     room = budget - toolkit.KEEP_RESERVE_S
-    lengths = [s for _, s in plan.schedule_seconds()] * repeats * len(TARGETS)
+    lengths = [s for _, s in plan.schedule_seconds()] * repeats * len(plan.labels())
     if any(s + plan.drain_s + RUN_MARGIN_S > room for s in lengths):
         raise toolkit.RunFailed("a run is longer than one command's budget")
     out: list[tuple[int, float]] = []
@@ -271,7 +318,7 @@ def commands_needed(
 
 
 def estimate_lines(plan: TrafficPlan, repeats: int, budget: float) -> list[str]:
-    total = len(plan.schedule_seconds()) * repeats * len(TARGETS)
+    total = len(plan.schedule_seconds()) * repeats * len(plan.labels())
     lines = [
         f"# {total} runs; device commands of --budget {budget:g} with --keep (the first sets up "
         f"{SETUP_S:.0f} s, launches {LAUNCH_MPS_S:.0f} s, warms {WARM_S:.0f} s):"
@@ -316,7 +363,7 @@ def dry_run(args: argparse.Namespace) -> str:
         + (f"switch lead {plan.switch_lead:g}, " if plan.switch_lead else "")
         + "log level "
         f"{plan.log_level}), a warm pass at C={','.join(map(str, WARM_LEVELS))}, then "
-        f"{st.repeats} repeats x each schedule x {', '.join(TARGETS)} (order rotated each "
+        f"{st.repeats} repeats x each schedule x {', '.join(plan.labels())} (order rotated each "
         f"repeat, the same arrivals within a repeat), {st.input_len} tokens in, "
         f"{st.output_len} out, drain {plan.drain_s:g} s",
         f"# day: the compressed day over {plan.day_seconds:g} s (day:{plan.day_seconds:g}), "
@@ -325,6 +372,12 @@ def dry_run(args: argparse.Namespace) -> str:
         *estimate_lines(plan, st.repeats, budget),
         shlex.join(launch),
     ]
+    if plan.variant:  # the launcher's router command as its --dry-run builds it, then FLAGS
+        spec = build_router_spec(load_config(launch[3:], environ={})).argv
+        argv = router_argv([shlex.join([run.python, *spec[1:]])], "PORT", more=plan.variant_flags)
+        lines += [f"# {plan.variant}: a second router on a free PORT, the launch's calibration its "
+                  f"--speed-profile, its log {run.logs}/router-{plan.variant}.log",
+                  shlex.join(argv)]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -364,6 +417,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--traffic-log-level", choices=("info", "debug"), help="the launch's (info)")
     p.add_argument("--traffic-mps", choices=("on", "off"), help="the launch's --mps (on)")
+    p.add_argument("--traffic-targets", help="some of routed,eagle,baseline (default: all)")
+    p.add_argument(VARIANT, help="NAME=FLAGS: one more target, a second router (the launch's, "
+                   "then FLAGS) in front of the same servers")  # fmt: skip
 
 
 def check_flags(args: argparse.Namespace) -> str | None:
@@ -382,7 +438,14 @@ def check_flags(args: argparse.Namespace) -> str | None:
     if wrong:
         return f"{', '.join(wrong)}: not for the traffic plan (it runs schedules, not levels)"
     budget = min(args.budget, 600.0)
-    plan = plan_of(args)
+    try:
+        plan = plan_of(args)
+        # The GPU machine's own Python has the router's packages only from the bundle: there the
+        # plan checks the flags before its launch (check_variant).
+        if plan.variant and importlib.util.find_spec("uvicorn"):
+            check_variant(plan)
+    except UsageError as exc:
+        return str(exc)
     longest = max(s for _, s in plan.schedule_seconds()) + plan.drain_s + RUN_MARGIN_S
     if longest > budget - toolkit.KEEP_RESERVE_S:
         return f"a run takes up to {longest:g} s, more than --budget {args.budget:g} holds"
@@ -395,6 +458,12 @@ def plan_of(args: argparse.Namespace) -> TrafficPlan:
              "log_level")  # fmt: skip
     given = {k: v for k in names if (v := getattr(args, f"traffic_{k}"))}
     limit = BASELINE_LIMIT if args.baseline_limit is None else args.baseline_limit
+    if args.traffic_targets is not None:
+        given["targets"] = target_names(args.traffic_targets, "--traffic-targets")
+    if args.traffic_variant is not None:
+        given["variant"], given["variant_flags"] = variant_of(
+            args.traffic_variant, TARGETS, VARIANT
+        )
     return TrafficPlan(
         **given, peak=args.traffic_peak, rates=args.traffic_rates or (), draft=args.draft,
         threshold=args.threshold or "auto", baseline_limit=limit,

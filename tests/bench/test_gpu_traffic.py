@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -16,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from utils import free_port, running
+from utils import free_port, rerendered, running
 
 from dynspec.bench.gpu import cli, toolkit, trafficplan
 from dynspec.bench.gpu import launch as launching
 from dynspec.bench.gpu.launch import kept_session
 from dynspec.bench.gpu.toolkit import Run, RunFailed, Steady
-from dynspec.bench.gpu.trafficplan import TrafficPlan, capacity
-from dynspec.bench.procs import alive
+from dynspec.bench.gpu.trafficplan import TARGETS, TrafficPlan, capacity
+from dynspec.bench.procs import alive, http_status, proc_stat
 from dynspec.bench.traffic import TrafficConfig, runs_left
 from dynspec.launcher.sim.profile import Profile, profile_from_dict
 
@@ -66,7 +67,7 @@ def test_a_calibration_without_a_curve_is_refused(tmp_path: Path) -> None:
 
 
 def test_targets_are_the_router_and_each_servers_own_port() -> None:
-    targets = trafficplan.build_targets((8000, 30001, 30002))
+    targets = trafficplan.build_targets(toolkit.pair_urls((8000, 30001, 30002)), TARGETS)
     assert [(t.label, t.base_url, t.endpoint) for t in targets] == [
         ("routed", "http://127.0.0.1:8000", "chat"),
         ("eagle", "http://127.0.0.1:30001", "chat"),
@@ -118,6 +119,12 @@ def test_commands_needed_from_the_h200s_times() -> None:
     assert sum(n for n, _ in trafficplan.commands_needed(with_rates, 3, 565, drain=5)) == 45
     with pytest.raises(RunFailed, match="longer than one command"):
         trafficplan.commands_needed(TrafficPlan(day_seconds=600), 1, 565, drain=5)
+    # A variant is one more target, --traffic-targets fewer: runs of each repeat and schedule.
+    four = TrafficPlan(variant="lead0", variant_flags=("--switch-lead", "0"))
+    assert four.labels() == ("routed", "eagle", "baseline", "lead0")
+    assert sum(n for n, _ in trafficplan.commands_needed(four, 3, 565, drain=30)) == 12
+    two = replace(four, targets=("routed", "baseline"), variant="")
+    assert sum(n for n, _ in trafficplan.commands_needed(two, 3, 565, drain=30)) == 6
 
 
 def usage_error(argv: Sequence[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -146,6 +153,23 @@ def test_bad_flags_are_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path
         (["--plan", "traffic", "--traffic-mps", "no"], "invalid choice: 'no'"),
         (["--plan", "router-cost", "--baseline-limit", "128"],
          "only the pair-a, pair-b and traffic plans"),
+        (["--plan", "pair-a", "--traffic-variant", "a=--switch-lead 1"],
+         "--traffic-variant: only the traffic plan"),
+        (["--plan", "pair-b", "--traffic-targets", "routed"], "--traffic-targets: only the"),
+        (["--plan", "traffic", "--traffic-targets", "routed,routed"],
+         "--traffic-targets: some of routed,eagle,baseline, each once"),
+        (["--plan", "traffic", "--traffic-targets", "routed,lead"], "--traffic-targets: some of"),
+        (["--plan", "traffic", "--traffic-variant", "lead"], "--traffic-variant lead: NAME=FLAGS"),
+        (["--plan", "traffic", "--traffic-variant", "Lead=--switch-lead 1"], "NAME=FLAGS"),
+        (["--plan", "traffic", "--traffic-variant", "eagle=--switch-lead 1"],
+         "--traffic-variant eagle: NAME=FLAGS, NAME a new label"),
+        (["--plan", "traffic", "--traffic-variant", "q=--hysteresis '1"],
+         "--traffic-variant q: No closing quotation"),
+        # The router's own reading of the flags after the plan's (python -m dynspec.router --check).
+        (["--plan", "traffic", "--traffic-variant", "lead=--switch-lead x"],
+         "--traffic-variant lead: argument --switch-lead: invalid"),
+        (["--plan", "traffic", "--traffic-variant", "lead=--no-such 1"],
+         "--traffic-variant lead: unrecognized arguments: --no-such 1"),
     ]  # fmt: skip
     for argv, needle in cases:
         assert needle in usage_error(argv, capsys), argv
@@ -182,6 +206,28 @@ def test_dry_run_prints_the_launch_the_schedules_and_the_commands(
     with pytest.raises(SystemExit):
         cli.cmd_run([*given, "--dry-run", "--out", "o"])
     assert "peak 40 req/s (--traffic-peak)" in capsys.readouterr().out
+
+
+def test_dry_run_shows_the_variants_router(capsys: pytest.CaptureFixture[str]) -> None:
+    """The variant's router: the launch's router command as the launcher builds it, on a free
+    port, then the variant's flags; the targets it runs with and the runs they make."""
+    argv = ["--plan", "traffic", "--dry-run", "--out", "o", "--work", "/w", "--traffic-peak", "40",
+            "--traffic-switch-lead", "1", "--traffic-targets", "routed,baseline",
+            "--traffic-variant", "lead0=--switch-lead 0"]  # fmt: skip
+    with pytest.raises(SystemExit) as exc:
+        cli.cmd_run(argv)
+    lines = capsys.readouterr().out.splitlines()
+    assert exc.value.code == 0, lines
+    assert "3 repeats x each schedule x routed, baseline, lead0 (order" in lines[0]
+    assert lines[2].startswith("# 9 runs;")
+    launch, router = [ln.split() for ln in lines if not ln.startswith("#")]
+    assert lines[-2] == ("# lead0: a second router on a free PORT, the launch's calibration its "
+                         "--speed-profile, its log /w/logs/router-lead0.log")  # fmt: skip
+    assert router[:3] == ["python3", "-m", "dynspec.router"] and "--threshold" in router
+    assert router[router.index("--log-level") + 1] == "info" and router.count("--port") == 1
+    assert router[-4:] == ["--port", "PORT", "--switch-lead", "0"]
+    assert router[-6:-4] == ["--switch-lead", "1"]  # the launch's, then the variant's
+    assert launch[launch.index("--port") + 1] == "8000"
 
 
 def test_traffic_mps_off_launches_the_pair_without_mps(
@@ -227,9 +273,10 @@ class FakeLive:
         watch: Mapping[str, str] | None = None,
         extra: Mapping[str, Any] | None = None,
         deadline: float | None = None,
+        fields: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> list[dict[str, Any]]:
         self.calls.append({"targets": targets, "cfg": cfg, "watch": watch, "extra": extra,
-                           "deadline": deadline})  # fmt: skip
+                           "deadline": deadline, "fields": fields})  # fmt: skip
         budget = self.per_call[len(self.calls) - 1]
         left = runs_left(cfg, [t.label for t in targets], out)
         labels = [t.label for t in targets]
@@ -242,7 +289,7 @@ class FakeLive:
                         continue
                     if len(made) == budget:
                         return made
-                    row = {**rec(name, r, label), **(extra or {})}
+                    row = {**rec(name, r, label), **(extra or {}), **(fields or {}).get(label, {})}
                     with out.open("a") as f:
                         f.write(json.dumps(row) + "\n")
                     made.append(row)
@@ -392,6 +439,162 @@ def test_the_real_runner_on_a_simulator_ends_the_plan_and_stops_the_launch(
     assert run.meta["traffic_runs_left"] == 0 and not run.keep
     assert run.meta["traffic"] == {"settings": plan.settings(), "peak_rps": 12}
     assert "launcher_exit" in run.meta
+
+
+# -- a variant: a second router in the same launch ------------------------------------------------
+
+LEAD0 = TrafficPlan(switch_lead=1, variant="lead0", variant_flags=("--switch-lead", "0"))
+
+
+@pytest.fixture
+def variant_launch(
+    fake_launch: list[Any], monkeypatch: pytest.MonkeyPatch, eagle_sim: str
+) -> list[Any]:
+    """``fake_launch`` whose launcher's --dry-run printed a real router command: a dynspec-sim
+    as its EAGLE server, a port nobody serves as its baseline (one healthy server: its /health
+    answers)."""
+    started = launching.start_launcher
+    router = [sys.executable, "-m", "dynspec.router", "--eagle-url", eagle_sim, "--baseline-url",
+              f"http://127.0.0.1:{free_port()}", "--host", "127.0.0.1", "--port", "8000",
+              "--threshold", "auto", "--log-level", "debug", "--switch-lead", "1"]  # fmt: skip
+
+    def start(run: Run, launch: Sequence[str]) -> Any:
+        proc = started(run, launch)
+        run.meta["commands"] = ["CUDA_VISIBLE_DEVICES=0 py -m sglang.launch_server --port 30001",
+                                f"DYNSPEC_X=1 {shlex.join(router)}"]  # fmt: skip
+        return proc
+
+    monkeypatch.setattr(launching, "start_launcher", start)
+    return fake_launch
+
+
+def test_the_variants_router_is_kept_with_the_launch_and_stopped_with_it(
+    tmp_path: Path, variant_launch: list[Any]
+) -> None:
+    """The launch's router command on a port of its own, the launch's calibration its speed
+    profile, then the variant's flags; its own log; a target after the others, sampled, its
+    records naming its flags; kept with the launch for the next command, which stops both."""
+    live = FakeLive(per_call=[1, 100])
+    run = make_run(tmp_path)
+    m = models(tmp_path, "hi")
+    assert trafficplan.plan_traffic(run, m, plan=LEAD0, session=None, keep=True,
+                                    run_live=live.run_live) == 0  # fmt: skip
+    session = kept_session(run, "traffic")
+    assert session is not None and set(session["procs"]) == {"launcher", "variant_router"}
+    port = session["variant_port"]
+    url = f"http://127.0.0.1:{port}"
+    argv = run.meta["variant_router_argv"]
+    assert argv[:5] == [sys.executable, "-m", "dynspec.router", "--eagle-url", "http://127.0.0.1:"
+                        + argv[4].rsplit(":", 1)[-1]]  # fmt: skip
+    profile_path = str(run.logs / "calibration" / "llama8b-random-x.json")
+    assert argv[-6:] == ["--port", str(port), "--speed-profile", profile_path, "--switch-lead", "0"]
+    assert argv.count("--port") == 1 and argv[argv.index("--log-level") + 1] == "debug"
+    assert "==> " + shlex.join(argv) in (run.logs / "router-lead0.log").read_text()
+    call = live.calls[0]
+    assert [t.label for t in call["targets"]] == ["routed", "eagle", "baseline", "lead0"]
+    assert call["targets"][3].base_url == url
+    assert call["watch"] == {"routed": "http://127.0.0.1:8000", "lead0": url}
+    assert call["fields"]["lead0"] == {"router": "--threshold auto --switch-lead 1 --switch-lead 0"}
+    pid, start = session["procs"]["variant_router"]
+    assert alive(pid, start) and http_status(url + "/health") == 200
+
+    again = make_run(tmp_path, json.loads(json.dumps(run.meta)))
+    again.tag = session["tag"]
+    assert trafficplan.plan_traffic(again, m, plan=LEAD0, session=session, keep=True,
+                                    run_live=live.run_live) == 0  # fmt: skip
+    assert len(variant_launch) == 2 and live.calls[1]["watch"] == call["watch"]
+    rows = [json.loads(ln) for ln in (run.results / "traffic.jsonl").read_text().splitlines()]
+    assert [(r["repeat"], r["target"]) for r in rows][:4] == [
+        (1, "routed"), (1, "eagle"), (1, "baseline"), (1, "lead0"),
+    ]  # fmt: skip
+    assert [r.get("router") for r in rows if r["target"] == "lead0"] == [
+        "--threshold auto --switch-lead 1 --switch-lead 0"
+    ] * 2
+    assert again.meta["traffic_runs_left"] == 0 and not again.keep
+    assert not alive(pid, start) and not alive(*session["procs"]["launcher"])
+
+
+def test_the_variants_router_is_stopped_when_the_plan_fails(
+    tmp_path: Path, variant_launch: list[Any]
+) -> None:
+    def broken(*args: Any, **kw: Any) -> list[dict[str, Any]]:
+        raise RuntimeError("the runner broke")
+
+    run = make_run(tmp_path)
+    with pytest.raises(RuntimeError, match="the runner broke"):
+        trafficplan.plan_traffic(run, models(tmp_path, "hi"), plan=LEAD0, session=None,
+                                 keep=True, run_live=broken)  # fmt: skip
+    (pid,) = [p for p, log in run.children.logs.items() if log and log.name == "router-lead0.log"]
+    assert proc_stat(pid) is None  # stopped and reaped; the launcher is attempt's to stop
+    argv = run.meta["variant_router_argv"]
+    assert http_status(f"http://127.0.0.1:{argv[argv.index('--port') + 1]}/health") is None
+    run.stop_all()
+
+
+def test_variant_flags_the_router_refuses_stop_the_plan_before_its_launch(
+    tmp_path: Path, fake_launch: list[Any]
+) -> None:
+    """On the GPU machine the bench's own Python has the router's packages only from the bundle,
+    so the plan checks the flags itself, with the launch's Python and environment."""
+    bad = replace(LEAD0, variant_flags=("--no-such", "1"))
+    with pytest.raises(RunFailed, match="--traffic-variant lead0: unrecognized arguments"):
+        trafficplan.plan_traffic(make_run(tmp_path), models(tmp_path, "hi"), plan=bad, keep=True,
+                                 session=None, run_live=FakeLive([1]).run_live)  # fmt: skip
+    assert fake_launch == []
+
+
+def test_a_later_command_with_another_variant_or_targets_is_refused(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    run.meta["traffic"] = json.loads(json.dumps({"settings": LEAD0.settings(), "peak_rps": 62.7}))
+    assert trafficplan.settle_peak(run, LEAD0) == 62.7
+    for other, why in (
+        (replace(LEAD0, variant="", variant_flags=()), "variant lead0 there,  here"),
+        (replace(LEAD0, variant_flags=("--switch-lead", "2")),
+         "variant_flags ['--switch-lead', '0'] there, ['--switch-lead', '2'] here"),
+        (replace(LEAD0, targets=("routed", "baseline")),
+         "targets ['routed', 'eagle', 'baseline'] there, ['routed', 'baseline'] here"),
+    ):  # fmt: skip
+        with pytest.raises(RunFailed, match="another traffic plan") as exc:
+            trafficplan.settle_peak(run, other)
+        assert why in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_traffic_targets_and_the_variant_are_what_run_live_runs(
+    tmp_path: Path, fake_launch: list[Any]
+) -> None:
+    live = FakeLive(per_call=[100])
+    run = make_run(tmp_path, repeats=1)
+    plan = TrafficPlan(targets=("routed", "baseline"))
+    assert trafficplan.plan_traffic(run, models(tmp_path, "hi"), plan=plan, session=None,
+                                    keep=True, run_live=live.run_live) == 0  # fmt: skip
+    assert [t.label for t in live.calls[0]["targets"]] == ["routed", "baseline"]
+    assert run.meta["traffic_runs_left"] == 0 and not run.keep
+    args = ["--plan", "traffic", "--out", "o", "--traffic-targets", "baseline,routed",
+            "--traffic-variant", "v2=--switch-lead 2 --hysteresis 3"]  # fmt: skip
+    got = trafficplan.plan_of(cli.run_parser().parse_args(args))
+    assert got.labels() == ("baseline", "routed", "v2")
+    assert got.variant_flags == ("--switch-lead", "2", "--hysteresis", "3")
+
+
+def test_the_real_runner_runs_the_variant_and_the_report_judges_it(
+    tmp_path: Path, variant_launch: list[Any], eagle_sim: str
+) -> None:
+    """``run_live`` itself with the variant's router in front of a dynspec-sim: its records as
+    the simulated variant's, so ``traffic --from-jsonl`` judges it under its own goals."""
+    port = int(eagle_sim.rsplit(":", 1)[-1])
+    run = make_run(tmp_path, repeats=1)
+    run.ports = (port, port, port)
+    plan = replace(LEAD0, day_seconds=1, peak=12, drain_s=5)
+    assert trafficplan.plan_traffic(run, models(tmp_path, "hi"), plan=plan, session=None,
+                                    keep=False) == 0  # fmt: skip
+    out = run.results / "traffic.jsonl"
+    whole = [json.loads(ln) for ln in out.read_text().splitlines()]
+    whole = [r for r in whole if r["scope"] == "run"]
+    assert [r["target"] for r in whole] == ["routed", "eagle", "baseline", "lead0"]
+    (lead0,) = [r for r in whole if r["target"] == "lead0"]
+    assert lead0["requests"] > 0 and lead0["url"].endswith(run.meta["variant_router_argv"][-5])
+    md, _ = rerendered("traffic", out)
+    assert "## Goals: `lead0` (router `--threshold auto --switch-lead 1 --switch-lead 0`)" in md
 
 
 def rec(schedule: str, repeat: int, target: str, **kw: object) -> dict[str, object]:
