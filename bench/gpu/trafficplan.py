@@ -249,34 +249,35 @@ def plan_traffic(
     if plan.variant:
         routers[plan.variant] = served[plan.variant] = f"http://127.0.0.1:{port}"
     procs: dict[str, subprocess.Popen[bytes]] = {}
-    if session is None:
-        if plan.variant:  # before the launch: flags the router refuses cost no launch
-            check_variant(plan, python=run.python, env=run.env, error=toolkit.RunFailed)
-        procs["launcher"] = start_launch(run, plan_launch(run, models, plan))
-        peak = settle_peak(run, plan)
-        toolkit.warm(run, {"eagle": served["eagle"], "baseline": served["baseline"]}, WARM_LEVELS)
-    else:
-        # A refused plan leaves the kept launch up for a corrected command (one session lost it:
-        # the next command launched again, about 4 device minutes).
-        run.keep = keep
-        peak = settle_peak(run, plan)
-    cfg = traffic.TrafficConfig(
-        schedules=schedules(plan, peak), input_len=run.steady.input_len,
-        output_len=run.steady.output_len, repeats=run.steady.repeats, drain_s=plan.drain_s,
-        slo_ttft_ms=SLO_TTFT_MS, slo_tpot_ms=SLO_TPOT_MS, command=command,
-    )  # fmt: skip
-    extra = {"plan": "traffic", "commit": run.meta.get("commit"), "draft": plan.draft,
-             "peak_rps": peak, "mps": plan.mps,
-             "gpu": run.meta.get("versions", {}).get("gpu")}  # fmt: skip
-    names = [name for name, _ in plan.schedule_seconds()]
-    run.say(f"traffic: {', '.join(names)} (day peak {peak:g} req/s) x {run.steady.repeats} "
-            f"repeats over {', '.join(plan.labels())}")  # fmt: skip
-    live = run_live or traffic.run_live
-    # The variant's records name its router flags, as the simulated variant's do.
-    fields = {plan.variant: {"router": shlex.join([*plan.router_flags(), *plan.variant_flags])}}
-    if plan.variant and session is None:
-        procs["variant_router"] = start_variant(run, plan, port)
     try:
+        if session is None:
+            if plan.variant:  # before the launch: flags the router refuses cost no launch
+                check_variant(plan, python=run.python, env=run.env, error=toolkit.RunFailed)
+            procs["launcher"] = start_launch(run, plan_launch(run, models, plan))
+            peak = settle_peak(run, plan)
+            if plan.variant:  # up before the warm pass: both routers' learners see its polls
+                procs["variant_router"] = start_variant(run, plan, port)
+            warm = {"eagle": served["eagle"], "baseline": served["baseline"]}
+            toolkit.warm(run, warm, WARM_LEVELS)
+        else:
+            # A refused plan leaves the kept launch up for a corrected command (one session lost
+            # it: the next command launched again, about 4 device minutes).
+            run.keep = keep
+            peak = settle_peak(run, plan)
+        cfg = traffic.TrafficConfig(
+            schedules=schedules(plan, peak), input_len=run.steady.input_len,
+            output_len=run.steady.output_len, repeats=run.steady.repeats, drain_s=plan.drain_s,
+            slo_ttft_ms=SLO_TTFT_MS, slo_tpot_ms=SLO_TPOT_MS, command=command,
+        )  # fmt: skip
+        extra = {"plan": "traffic", "commit": run.meta.get("commit"), "draft": plan.draft,
+                 "peak_rps": peak, "mps": plan.mps,
+                 "gpu": run.meta.get("versions", {}).get("gpu")}  # fmt: skip
+        names = [name for name, _ in plan.schedule_seconds()]
+        run.say(f"traffic: {', '.join(names)} (day peak {peak:g} req/s) x {run.steady.repeats} "
+                f"repeats over {', '.join(plan.labels())}")  # fmt: skip
+        live = run_live or traffic.run_live
+        # The variant's records name its router flags, as the simulated variant's do.
+        fields = {plan.variant: {"router": shlex.join([*plan.router_flags(), *plan.variant_flags])}}
         live(build_targets(served, plan.labels()), cfg, out, watch=routers, extra=extra,
              deadline=run.sweep_deadline(seconds), fields=fields)  # fmt: skip
         left = len(traffic.runs_left(cfg, plan.labels(), out))

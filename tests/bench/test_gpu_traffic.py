@@ -314,6 +314,7 @@ def fake_launch(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     def warm(run: Run, urls: Mapping[str, str], levels: Sequence[int]) -> None:
         seen.append(("warm", dict(urls), tuple(levels)))
+        seen.append(("variant up at the warm pass", "variant_router_argv" in run.meta))
 
     monkeypatch.setattr(toolkit, "warm", warm)
     monkeypatch.setattr(launching, "compute_apps", lambda **kw: (True, ""))
@@ -346,7 +347,7 @@ def test_two_commands_keep_the_launch_and_the_second_finishes(
     m = models(tmp_path, "hi")
     assert trafficplan.plan_traffic(run, m, plan=TrafficPlan(), session=None, keep=True,
                                     run_live=live.run_live) == 0  # fmt: skip
-    (launch, warmed) = fake_launch
+    (launch, warmed, _) = fake_launch
     assert launch[1][launch[1].index("--draft-model-path") + 1] == str(m / "eagle3-hi")
     assert "--mps" in launch[1] and launch[1][launch[1].index("--threshold") + 1] == "auto"
     servers = {"eagle": "http://127.0.0.1:30001", "baseline": "http://127.0.0.1:30002"}
@@ -374,7 +375,7 @@ def test_two_commands_keep_the_launch_and_the_second_finishes(
     again.tag = session["tag"]
     assert trafficplan.plan_traffic(again, m, plan=TrafficPlan(), session=session, keep=True,
                                     run_live=live.run_live) == 0  # fmt: skip
-    assert len(fake_launch) == 2 and len(live.calls) == 2
+    assert len(fake_launch) == 3 and len(live.calls) == 2
     assert live.calls[1]["cfg"] == cfg
     rows = [json.loads(ln) for ln in (run.results / "traffic.jsonl").read_text().splitlines()]
     assert [(r["repeat"], r["target"]) for r in rows] == [
@@ -496,7 +497,8 @@ def test_the_variants_router_is_kept_with_the_launch_and_stopped_with_it(
     again.tag = session["tag"]
     assert trafficplan.plan_traffic(again, m, plan=LEAD0, session=session, keep=True,
                                     run_live=live.run_live) == 0  # fmt: skip
-    assert len(variant_launch) == 2 and live.calls[1]["watch"] == call["watch"]
+    assert ("variant up at the warm pass", True) in variant_launch  # as the launch's router
+    assert len(variant_launch) == 3 and live.calls[1]["watch"] == call["watch"]
     rows = [json.loads(ln) for ln in (run.results / "traffic.jsonl").read_text().splitlines()]
     assert [(r["repeat"], r["target"]) for r in rows][:4] == [
         (1, "routed"), (1, "eagle"), (1, "baseline"), (1, "lead0"),
