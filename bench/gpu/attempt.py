@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from dynspec.bench.gpu import toolkit
+from dynspec.bench.gpu.fingerprint import code_sha256
 from dynspec.bench.gpu.launch import kept_session, session_file
 from dynspec.bench.gpu.leftovers import TAG_VAR, kill_tagged
 
@@ -66,7 +67,9 @@ def attempt(a: Attempt, body: Body) -> NoReturn:
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     run.meta.update(tag=run.tag, plan=a.plan, commit=a.commit, steady=vars(a.steady))
     run.meta.setdefault("started", started)
-    command: dict[str, Any] = {"started": started, "resumed": session is not None}
+    # Each command's code, checked against --commit where git is (fingerprint.py).
+    command: dict[str, Any] = {"started": started, "resumed": session is not None,
+                               "commit": a.commit, "code_sha256": code_sha256()}  # fmt: skip
     run.meta.setdefault("device_commands", []).append(command)
     code, failure = 1, None
     try:
