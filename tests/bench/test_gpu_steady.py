@@ -11,10 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from gpu_fake_site import fake_path, make_bundle, make_models
 from utils import free_port
 
 from dynspec.bench.gpu import steady, steadyreport
+from dynspec.bench.gpu.fingerprint import code_sha256
 from dynspec.bench.gpu.launch import launch_argv
 from dynspec.bench.gpu.leftovers import tagged_pids
 from dynspec.bench.gpu.toolkit import FIXED_ENV, Run
@@ -202,6 +204,9 @@ def gpu_run(tmp: Path, ports: str, *extra: str) -> subprocess.CompletedProcess[s
     )
 
 
+# The launch calibrates its two simulated servers in three passes (657cab5): 150-170 s of this
+# test alone on 2 cores, past the suite's 180 s beside a CPU-bound process (CI runs one).
+@pytest.mark.timeout(360)
 def test_pair_a_over_two_commands_keeps_its_launcher_and_resumes_the_sweep(tmp_path: Path) -> None:
     ports = f"{free_port()},{free_port()},{free_port()}"
     bundle, models = make_bundle(tmp_path), make_models(tmp_path)
@@ -244,6 +249,10 @@ def test_pair_a_over_two_commands_keeps_its_launcher_and_resumes_the_sweep(tmp_p
         assert seen.get("router_delay", {"n": r["completed"]})["n"] >= r["completed"]
     meta = json.loads((out / "meta.json").read_text())
     assert [c["resumed"] for c in meta["device_commands"]] == [False, True]
+    # Each command names the code it ran (fingerprint.py), beside its --commit.
+    assert {(c["commit"], c["code_sha256"]) for c in meta["device_commands"]} == {
+        (meta["commit"], code_sha256())
+    }
     assert meta["launcher_exit"] == "stopped" and meta["leftovers_killed"] == []
     assert tagged_pids(session["tag"]) == []
     assert not (tmp_path / "work" / "session.json").exists()
