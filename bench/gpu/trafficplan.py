@@ -91,10 +91,15 @@ class TrafficPlan:
         return (*self.targets, *([self.variant] if self.variant else []))
 
     def router_flags(self) -> list[str]:
-        """The router's flags that the plan sets (the launch passes them on)."""
+        """The router's flags that the plan sets, which the launch passes on (its threshold goes
+        to ``launch_argv`` apart)."""
         given = (("--return-delay", self.return_delay), ("--switch-margin", self.switch_margin),
                  ("--switch-lead", self.switch_lead))  # fmt: skip
-        return ["--threshold", self.threshold, *(x for f, v in given if v for x in (f, f"{v:g}"))]
+        return [x for f, v in given if v for x in (f, f"{v:g}")]
+
+    def variant_router_flags(self) -> list[str]:
+        """The variant's router flags as its records name them: the plan's, then FLAGS."""
+        return ["--threshold", self.threshold, *self.router_flags(), *self.variant_flags]
 
     def schedule_seconds(self) -> list[tuple[str, float]]:
         """Each schedule's name and length, in the order ``run_live`` runs them."""
@@ -145,16 +150,21 @@ def capacity(profile: Profile, output_len: int) -> Capacity:
     return Capacity(round(eagle, 1), round(baseline, 1), round(peak, 1))
 
 
-def read_profile(folder: Path, pattern: str = "*.json") -> Profile:
-    """The calibration profile (the last ``pattern`` file) in ``folder``, read by the launcher's
-    reader."""
+def calibration_file(folder: Path, pattern: str = "*.json") -> Path | None:
+    """The calibration profile in ``folder``: the last ``pattern`` file (None: none there)."""
     found = sorted(folder.glob(pattern)) if folder.is_dir() else []
-    if not found:
+    return found[-1] if found else None
+
+
+def read_profile(folder: Path, pattern: str = "*.json") -> Profile:
+    """``calibration_file``, read by the launcher's reader."""
+    found = calibration_file(folder, pattern)
+    if found is None:
         raise toolkit.RunFailed(f"no calibration profile in {folder}: give --traffic-peak")
     try:
-        return load_profile(str(found[-1]))
+        return load_profile(str(found))
     except ProfileError as exc:
-        raise toolkit.RunFailed(f"calibration {found[-1]}: {exc}") from None
+        raise toolkit.RunFailed(f"calibration {found}: {exc}") from None
 
 
 def build_targets(urls: Mapping[str, str], labels: Sequence[str]) -> list[Target]:
@@ -207,19 +217,20 @@ def plan_launch(run: toolkit.Run, models: Path, plan: TrafficPlan) -> list[str]:
     """The plan's ``dynspec-launch`` command line (``launch_argv`` with the plan's settings)."""
     return launch_argv(run, models, threshold=plan.threshold, mps=plan.mps, draft=plan.draft,
                        baseline_limit=plan.baseline_limit, baseline_args=plan.baseline_args,
-                       more=[*plan.router_flags()[2:], "--log-level", plan.log_level])  # fmt: skip
+                       more=[*plan.router_flags(), "--log-level", plan.log_level])  # fmt: skip
 
 
 def check_variant(plan: TrafficPlan, **how: Any) -> None:
     """The variant's flags after the plan's as the router reads them (``check_router``)."""
-    check_router(f"{VARIANT} {plan.variant}", [*plan.router_flags(), *plan.variant_flags], **how)
+    check_router(f"{VARIANT} {plan.variant}", plan.variant_router_flags(), **how)
 
 
 def start_variant(run: toolkit.Run, plan: TrafficPlan, port: int) -> subprocess.Popen[bytes]:
     """The variant's router on ``port``: the launch's router, the launch's calibration its
-    ``--speed-profile`` (as the launcher gives its own), then the variant's flags."""
-    found = sorted((run.logs / "calibration").glob("*.json"))
-    more = [*(["--speed-profile", str(found[-1])] if found else []), *plan.variant_flags]
+    ``--speed-profile`` (as the launcher gives its own; the one the day's peak was read from),
+    then the variant's flags."""
+    found = calibration_file(run.logs / "calibration")
+    more = [*(["--speed-profile", str(found)] if found else []), *plan.variant_flags]
     argv = router_argv(run.meta["commands"], port, drop=["--speed-profile"], more=more)
     run.meta["variant_router_argv"] = argv
     return start_router(run, f"router-{plan.variant}", argv, port)
@@ -277,7 +288,7 @@ def plan_traffic(
                 f"repeats over {', '.join(plan.labels())}")  # fmt: skip
         live = run_live or traffic.run_live
         # The variant's records name its router flags, as the simulated variant's do.
-        fields = {plan.variant: {"router": shlex.join([*plan.router_flags(), *plan.variant_flags])}}
+        fields = {plan.variant: {"router": shlex.join(plan.variant_router_flags())}}
         live(build_targets(served, plan.labels()), cfg, out, watch=routers, extra=extra,
              deadline=run.sweep_deadline(seconds), fields=fields)  # fmt: skip
         left = len(traffic.runs_left(cfg, plan.labels(), out))
